@@ -1,0 +1,63 @@
+// A migration plan (format teraio.plan v1, docs/formats.md): the moves of one iteration, repeated
+// every iteration. Move indices are kernel indices of the trace the plan was made for.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "teraio/trace.h"
+
+namespace teraio {
+
+// A storage tier as the planner sees it. read = tier -> GPU (prefetch), write = GPU -> tier
+// (offload). Bandwidths in GB/s = 1e9 bytes per second.
+struct TierSpec {
+  std::string name;
+  uint64_t capacity_bytes = 0;
+  double read_gbps = 0;
+  double write_gbps = 0;
+};
+
+// Parses NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. "ssd:2TiB:6.5:6.5". Throws teraio::Error.
+TierSpec parse_tier_spec(std::string_view text);
+
+enum class MoveOp : uint8_t { offload, prefetch };
+std::string_view to_string(MoveOp op);
+
+// offload: may begin once kernel `start` has finished, must be complete by the end of kernel
+// `deadline`; the tensor's device memory is free from then on.
+// prefetch: takes the tensor's device memory when kernel `start` begins, must be complete before
+// kernel `deadline` begins (the kernel that next uses the tensor).
+// Indices are cyclic: deadline < start wraps into the next iteration.
+struct Move {
+  TensorId tensor = 0;
+  MoveOp op = MoveOp::offload;
+  uint32_t tier = 0;  // index into Plan::tiers
+  KernelIndex start = 0;
+  KernelIndex deadline = 0;
+};
+
+struct Prediction {
+  double iteration_us = 0;
+  double ideal_us = 0;
+  double stall_us = 0;
+  double peak_bytes = 0;
+};
+
+struct Plan {
+  uint64_t budget_bytes = 0;
+  std::vector<TierSpec> tiers;
+  std::vector<Move> moves;
+  Prediction predicted;
+  // Extra fields written by the planner for people (e.g. planner statistics), as raw JSON.
+  std::vector<std::pair<std::string, std::string>> extra;
+};
+
+Plan read_plan(const std::string& path);
+Plan parse_plan(std::string_view json, std::string_view source = "<plan>");
+void write_plan(const Plan& plan, const std::string& path);
+std::string plan_to_json(const Plan& plan);
+
+}  // namespace teraio

@@ -1,0 +1,47 @@
+// Validity of a plan against its trace (docs/formats.md, "When a plan is valid"), and the pairing
+// of each offload with the prefetch that brings the tensor back. Shared by the planner's tests, the
+// simulator and the `plan`/`simulate` commands.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "teraio/analysis.h"
+#include "teraio/plan.h"
+#include "teraio/trace.h"
+
+namespace teraio {
+
+// One offload and the prefetch that follows it (same tensor, same tier). All distances are cyclic
+// kernel distances from offload.start: 0 <= offload_done < prefetch_begin <= prefetch_deadline <= N.
+struct MovePair {
+  size_t offload_index = 0;   // into Plan::moves
+  size_t prefetch_index = 0;  // into Plan::moves
+  TensorId tensor = 0;
+  uint32_t tier = 0;
+  uint64_t bytes = 0;
+  KernelIndex start = 0;          // offload.start
+  uint32_t offload_done = 0;      // distance to offload.deadline
+  uint32_t prefetch_begin = 0;    // distance to prefetch.start (in 1..N)
+  uint32_t prefetch_deadline = 0; // distance to prefetch.deadline (in 1..N)
+};
+
+struct PlanCheck {
+  bool valid = true;
+  std::vector<std::string> errors;     // the first `max_errors` problems, each naming the move
+  size_t error_count = 0;
+  std::vector<MovePair> pairs;         // valid pairs (invalid moves are left out)
+  std::vector<uint64_t> resident_bytes;  // per kernel, under the plan
+  uint64_t peak_bytes = 0;
+  KernelIndex peak_kernel = 0;
+  std::vector<uint64_t> tier_peak_bytes;  // per tier: most bytes held at once
+};
+
+// Checks every rule of docs/formats.md: indices and tiers in range, offload/prefetch pairing,
+// no use of a tensor while it is away, non-persistent tensors not moved outside their lifetime,
+// resident bytes within budget at every kernel, tier capacities respected.
+PlanCheck check_plan(const Trace& trace, const Lifetimes& lifetimes, const Plan& plan,
+                     size_t max_errors = 20);
+
+}  // namespace teraio

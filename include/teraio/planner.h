@@ -1,0 +1,36 @@
+// The migration planner (the paper's Algorithm 1, made fast): trace + budget + tiers -> Plan.
+// Pure computation: no CUDA, no I/O, no threads. docs/planner.md explains every decision.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "teraio/plan.h"
+#include "teraio/trace.h"
+
+namespace teraio {
+
+struct PlannerOptions {
+  uint64_t budget_bytes = 0;
+  // In order of preference (e.g. ssd first, then host). Each tier has its own read and write link.
+  std::vector<TierSpec> tiers;
+  // Tensors smaller than this are never moved.
+  uint64_t min_tensor_bytes = 1 << 20;
+};
+
+struct PlannerStats {
+  size_t candidates = 0;        // inactive periods considered
+  size_t chosen = 0;            // periods turned into an offload/prefetch pair
+  size_t forced = 0;            // pairs added for pressure the bandwidth cannot hide (they stall)
+  uint64_t peak_before_bytes = 0;
+  uint64_t peak_after_bytes = 0;  // planned resident peak (<= budget when the plan fits)
+  double plan_seconds = 0;
+};
+
+// Plans moves so that resident bytes stay within opts.budget_bytes at every kernel. Throws
+// teraio::Error naming the kernel when one kernel's own tensors exceed the budget, or on bad
+// options (no tiers, zero bandwidth). The returned plan is valid (see plan_check.h); its
+// `predicted` field is left for the simulator to fill.
+Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* stats = nullptr);
+
+}  // namespace teraio

@@ -1,0 +1,54 @@
+// Discrete-event replay of a plan over a trace: kernels take their traced time, each tier has a
+// read and a write link, transfers queue, kernels wait for late prefetches (urgent fetches jump the
+// queue) and prefetches wait for memory. docs/simulator.md has the model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "teraio/plan.h"
+#include "teraio/trace.h"
+
+namespace teraio {
+
+struct SimOptions {
+  // Bandwidths to simulate with; when empty, the plan's tier bandwidths are used. Must match the
+  // plan's tiers by index when given (used to replay a plan at a bandwidth it was not made for).
+  std::vector<TierSpec> actual_tiers;
+  // Iterations to replay; the result reports the last (steady state, wrap-around moves included).
+  int iterations = 2;
+  bool record_timeline = false;  // fill SimResult::kernel_start_us / transfers
+};
+
+struct TierTraffic {
+  uint64_t offload_bytes = 0;   // GPU -> tier (write link)
+  uint64_t prefetch_bytes = 0;  // tier -> GPU (read link)
+  double write_busy_us = 0;
+  double read_busy_us = 0;
+};
+
+struct SimTransfer {
+  uint32_t tier = 0;
+  bool offload = true;
+  bool urgent = false;
+  double begin_us = 0;
+  double end_us = 0;
+  uint64_t bytes = 0;
+};
+
+struct SimResult {
+  double iteration_us = 0;  // wall time of the (last) iteration
+  double ideal_us = 0;      // sum of kernel times
+  double stall_us = 0;      // iteration_us - ideal_us
+  double overlap_us = 0;    // transfer time hidden behind kernels
+  uint64_t peak_bytes = 0;  // most bytes resident at once
+  std::vector<TierTraffic> tiers;
+  size_t urgent_fetches = 0;
+  // With record_timeline: start time of each kernel of the last iteration, and its transfers.
+  std::vector<double> kernel_start_us;
+  std::vector<SimTransfer> transfers;
+};
+
+SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
+
+}  // namespace teraio

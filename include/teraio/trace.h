@@ -1,0 +1,86 @@
+// The trace of one training iteration (format teraio.trace v1, docs/formats.md): the tensors and,
+// for every operator ("kernel") in order, its device time and the tensors it touches.
+// A Trace is a plain value: not thread-safe to mutate, safe to share read-only.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace teraio {
+
+using TensorId = uint32_t;
+using KernelIndex = uint32_t;
+
+enum class TensorKind : uint8_t { parameter, gradient, optimizer_state, activation, temporary, other };
+constexpr int kNumTensorKinds = 6;
+
+std::string_view to_string(TensorKind kind);
+// Returns false if `name` is not one of the six kinds.
+bool parse_tensor_kind(std::string_view name, TensorKind* kind);
+
+struct TensorInfo {
+  uint64_t bytes = 0;
+  TensorKind kind = TensorKind::other;
+  // Exists before the iteration starts and after it ends: its unused gap wraps around.
+  bool persistent = false;
+  std::string name;
+};
+
+class Trace {
+ public:
+  // Free-form metadata ("model", "device", ...) as (key, raw JSON value) pairs in file order.
+  std::vector<std::pair<std::string, std::string>> meta;
+  std::vector<TensorInfo> tensors;
+
+  size_t num_kernels() const { return kernel_time_us_.size(); }
+  size_t num_tensors() const { return tensors.size(); }
+
+  std::string_view kernel_name(KernelIndex k) const { return names_[kernel_name_id_[k]]; }
+  double kernel_time_us(KernelIndex k) const { return kernel_time_us_[k]; }
+  std::span<const TensorId> kernel_tensors(KernelIndex k) const {
+    return {tensor_ids_.data() + offsets_[k], tensor_ids_.data() + offsets_[k + 1]};
+  }
+  std::span<const double> kernel_times_us() const { return kernel_time_us_; }
+
+  // Appends a kernel. Tensor ids must refer to tensors already added (checked by validate()).
+  // Duplicate ids within one kernel are collapsed.
+  void add_kernel(std::string_view name, double time_us, std::span<const TensorId> tensors);
+  TensorId add_tensor(TensorInfo info) {
+    tensors.push_back(std::move(info));
+    return static_cast<TensorId>(tensors.size() - 1);
+  }
+  void set_kernel_time_us(KernelIndex k, double time_us) { kernel_time_us_[k] = time_us; }
+  void reserve_kernels(size_t kernels, size_t uses);
+
+  // Value of meta key `key` as raw JSON, or empty if absent.
+  std::string meta_value(std::string_view key) const;
+  void set_meta(std::string key, std::string raw_json_value);
+  // Sum of all kernel times.
+  double total_time_us() const;
+
+  // Throws teraio::Error on ids out of range, negative or non-finite times.
+  void validate() const;
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<uint32_t> kernel_name_id_;
+  std::vector<double> kernel_time_us_;
+  std::vector<uint64_t> offsets_{0};
+  std::vector<TensorId> tensor_ids_;
+  std::vector<std::pair<std::string, uint32_t>> name_index_;  // sorted lookup for interning
+  uint32_t intern(std::string_view name);
+};
+
+// Reads a teraio.trace v1 JSON file. Throws teraio::Error naming the file, the field and the
+// position ("kernels[12].time_us: expected a number") on malformed input or an unknown version.
+Trace read_trace(const std::string& path);
+Trace parse_trace(std::string_view json, std::string_view source = "<trace>");
+// Writes teraio.trace v1 JSON (one kernel per line). Throws teraio::Error if the file cannot be written.
+void write_trace(const Trace& trace, const std::string& path);
+std::string trace_to_json(const Trace& trace);
+
+}  // namespace teraio

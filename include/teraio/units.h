@@ -1,0 +1,30 @@
+// Parsing and printing of sizes, bandwidths and durations, so every command accepts and shows them
+// the same way: "40GiB", "512MiB", "1.5GB", "4096" (bytes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace teraio {
+
+constexpr uint64_t kKiB = 1024ull;
+constexpr uint64_t kMiB = 1024ull * kKiB;
+constexpr uint64_t kGiB = 1024ull * kMiB;
+constexpr uint64_t kTiB = 1024ull * kGiB;
+
+// Parses a byte count: a non-negative number with an optional suffix B, KiB, MiB, GiB, TiB (binary)
+// or KB, MB, GB, TB (decimal), case-insensitive for the prefix letter. Throws teraio::Error naming
+// `what` (e.g. "--budget") on anything else, on a fraction of a byte, or on overflow.
+uint64_t parse_size(std::string_view text, std::string_view what = "size");
+
+// "1.50 GiB", "512.0 MiB", "4096 B".
+std::string format_bytes(double bytes);
+
+// "812.5 us", "12.30 ms", "1.234 s".
+std::string format_us(double us);
+
+// Parses a strictly positive finite decimal number; throws naming `what` otherwise.
+double parse_positive_double(std::string_view text, std::string_view what);
+
+}  // namespace teraio

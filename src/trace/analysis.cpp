@@ -1,0 +1,118 @@
+// Lifetime analysis: uses per tensor (CSR), inactive periods with wrap-around for persistent
+// tensors, the no-offload memory curve M[k] and per-kernel active bytes. All O(kernels + uses).
+#include "teraio/analysis.h"
+
+#include <algorithm>
+
+#include "teraio/error.h"
+
+namespace teraio {
+
+Lifetimes::Lifetimes(const Trace& trace) {
+  const size_t nt = trace.num_tensors();
+  const size_t nk = trace.num_kernels();
+  offsets_.assign(nt + 1, 0);
+  for (size_t k = 0; k < nk; ++k) {
+    for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k))) {
+      TERAIO_CHECK(t < nt, "kernels[{}]: tensor id {} is out of range", k, t);
+      ++offsets_[t + 1];
+    }
+  }
+  for (size_t t = 0; t < nt; ++t) offsets_[t + 1] += offsets_[t];
+  use_kernels_.resize(offsets_[nt]);
+  std::vector<uint64_t> fill(offsets_.begin(), offsets_.end() - 1);
+  for (size_t k = 0; k < nk; ++k) {
+    for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k))) {
+      use_kernels_[fill[t]++] = static_cast<KernelIndex>(k);
+    }
+  }
+}
+
+bool Lifetimes::is_used_at(TensorId t, KernelIndex k) const {
+  auto u = uses(t);
+  return std::binary_search(u.begin(), u.end(), k);
+}
+
+bool Lifetimes::next_use(TensorId t, KernelIndex k, KernelIndex* use, bool* wrapped) const {
+  auto u = uses(t);
+  if (u.empty()) return false;
+  auto it = std::lower_bound(u.begin(), u.end(), k);
+  if (it != u.end()) {
+    *use = *it;
+    *wrapped = false;
+  } else {
+    *use = u.front();
+    *wrapped = true;
+  }
+  return true;
+}
+
+std::vector<double> time_prefix_us(const Trace& trace) {
+  const size_t n = trace.num_kernels();
+  std::vector<double> prefix(n + 1, 0.0);
+  for (size_t k = 0; k < n; ++k) prefix[k + 1] = prefix[k] + trace.kernel_time_us(static_cast<KernelIndex>(k));
+  return prefix;
+}
+
+std::vector<InactivePeriod> inactive_periods(const Trace& trace, const Lifetimes& lifetimes) {
+  const auto n = static_cast<uint32_t>(trace.num_kernels());
+  const std::vector<double> prefix = time_prefix_us(trace);
+  std::vector<InactivePeriod> out;
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    auto u = lifetimes.uses(t);
+    if (u.empty()) continue;
+    const TensorInfo& info = trace.tensors[t];
+    for (size_t i = 0; i + 1 < u.size(); ++i) {
+      if (u[i + 1] > u[i] + 1) {
+        out.push_back(InactivePeriod{t, info.bytes, u[i], u[i + 1], false, u[i + 1] - u[i] - 1,
+                                     prefix[u[i + 1]] - prefix[u[i] + 1]});
+      }
+    }
+    if (info.persistent) {
+      const KernelIndex last = u.back();
+      const KernelIndex first = u.front();
+      const uint32_t kernels = (n - 1 - last) + first;
+      if (kernels > 0) {
+        out.push_back(InactivePeriod{t, info.bytes, last, first, true, kernels,
+                                     (prefix[n] - prefix[last + 1]) + prefix[first]});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<uint64_t> memory_curve(const Trace& trace, const Lifetimes& lifetimes) {
+  const size_t n = trace.num_kernels();
+  std::vector<int64_t> diff(n + 1, 0);
+  int64_t persistent = 0;
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    const TensorInfo& info = trace.tensors[t];
+    const auto bytes = static_cast<int64_t>(info.bytes);
+    if (info.persistent) {
+      persistent += bytes;
+    } else if (lifetimes.used(t)) {
+      diff[lifetimes.first_use(t)] += bytes;
+      diff[lifetimes.last_use(t) + 1] -= bytes;
+    }
+  }
+  std::vector<uint64_t> m(n);
+  int64_t running = persistent;
+  for (size_t k = 0; k < n; ++k) {
+    running += diff[k];
+    m[k] = static_cast<uint64_t>(running);
+  }
+  return m;
+}
+
+std::vector<uint64_t> active_bytes(const Trace& trace) {
+  const size_t n = trace.num_kernels();
+  std::vector<uint64_t> a(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    uint64_t sum = 0;
+    for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k))) sum += trace.tensors[t].bytes;
+    a[k] = sum;
+  }
+  return a;
+}
+
+}  // namespace teraio

@@ -1,0 +1,236 @@
+// Validity of a plan (docs/formats.md, "When a plan is valid"). Pairs every offload with the first
+// prefetch of the same tensor whose deadline follows it cyclically, checks the ordering and the
+// no-use window of each pair, then sums resident bytes per kernel with a difference array.
+#include "teraio/plan_check.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace teraio {
+namespace {
+
+class Checker {
+ public:
+  Checker(const Trace& trace, const Lifetimes& lifetimes, const Plan& plan, size_t max_errors)
+      : trace_(trace), life_(lifetimes), plan_(plan), max_errors_(max_errors),
+        n_(static_cast<uint32_t>(trace.num_kernels())) {}
+
+  PlanCheck run();
+
+ private:
+  template <typename... Args>
+  void error(fmt::format_string<Args...> f, Args&&... args) {
+    out_.valid = false;
+    ++out_.error_count;
+    if (out_.errors.size() < max_errors_) out_.errors.push_back(fmt::format(f, std::forward<Args>(args)...));
+  }
+  std::string describe(size_t i) const {
+    const Move& m = plan_.moves[i];
+    return fmt::format("moves[{}] ({} of tensor {} start {} deadline {})", i, to_string(m.op), m.tensor,
+                       m.start, m.deadline);
+  }
+  uint32_t dist(KernelIndex from, KernelIndex to) const { return (to + n_ - from) % n_; }
+  uint32_t dist_nz(KernelIndex from, KernelIndex to) const {
+    const uint32_t d = dist(from, to);
+    return d == 0 ? n_ : d;
+  }
+  void check_pair(size_t oi, size_t pi);
+  // Adds `delta` to diff over the cyclic kernel range [from, from + len).
+  static void add_cyclic(std::vector<int64_t>& diff, uint32_t n, uint32_t from, uint32_t len, int64_t delta);
+
+  const Trace& trace_;
+  const Lifetimes& life_;
+  const Plan& plan_;
+  size_t max_errors_;
+  uint32_t n_;
+  PlanCheck out_;
+};
+
+void Checker::add_cyclic(std::vector<int64_t>& diff, uint32_t n, uint32_t from, uint32_t len,
+                         int64_t delta) {
+  if (len == 0) return;
+  from %= n;
+  if (from + len <= n) {
+    diff[from] += delta;
+    diff[from + len] -= delta;
+  } else {
+    diff[from] += delta;
+    diff[n] -= delta;
+    diff[0] += delta;
+    diff[from + len - n] -= delta;
+  }
+}
+
+void Checker::check_pair(size_t oi, size_t pi) {
+  const Move& o = plan_.moves[oi];
+  const Move& p = plan_.moves[pi];
+  const TensorId t = o.tensor;
+  const TensorInfo& info = trace_.tensors[t];
+  MovePair pair;
+  pair.offload_index = oi;
+  pair.prefetch_index = pi;
+  pair.tensor = t;
+  pair.tier = o.tier;
+  pair.bytes = info.bytes;
+  pair.start = o.start;
+  pair.offload_done = dist(o.start, o.deadline);
+  pair.prefetch_begin = dist_nz(o.start, p.start);
+  pair.prefetch_deadline = dist_nz(o.start, p.deadline);
+  if (p.tier != o.tier) {
+    error("{}: its prefetch {} reads tier \"{}\" but the offload wrote tier \"{}\"", describe(oi),
+          describe(pi), plan_.tiers[p.tier].name, plan_.tiers[o.tier].name);
+    return;
+  }
+  if (!(pair.offload_done < pair.prefetch_begin && pair.prefetch_begin <= pair.prefetch_deadline)) {
+    error("{}: out of order with its prefetch {} (need offload start < offload deadline < prefetch "
+          "start <= prefetch deadline, cyclically)",
+          describe(oi), describe(pi));
+    return;
+  }
+  if (!life_.is_used_at(t, p.deadline)) {
+    error("{}: the prefetch deadline must be a kernel that uses tensor {}", describe(pi), t);
+    return;
+  }
+  KernelIndex next = 0;
+  bool wrapped = false;
+  life_.next_use(t, (o.start + 1) % n_, &next, &wrapped);
+  const uint32_t next_d = dist_nz(o.start, next);
+  if (next_d < pair.prefetch_deadline) {
+    error("{}: tensor {} is used by kernel {} while it is away (offloaded after kernel {}, back "
+          "before kernel {})",
+          describe(oi), t, next, o.start, p.deadline);
+    return;
+  }
+  if (!info.persistent) {
+    if (o.start < life_.first_use(t) || o.start + pair.prefetch_deadline >= n_) {
+      error("{}: tensor {} is not persistent, so its moves must lie within its lifetime [{}, {}] and "
+            "not wrap",
+            describe(oi), t, life_.first_use(t), life_.last_use(t));
+      return;
+    }
+  }
+  out_.pairs.push_back(pair);
+}
+
+PlanCheck Checker::run() {
+  const size_t nt = trace_.num_tensors();
+  // Range checks; collect per-tensor move lists.
+  std::vector<std::vector<size_t>> offloads(nt), prefetches(nt);
+  for (size_t i = 0; i < plan_.moves.size(); ++i) {
+    const Move& m = plan_.moves[i];
+    if (m.tensor >= nt) {
+      error("{}: tensor {} is out of range (the trace has {} tensors)", describe(i), m.tensor, nt);
+      continue;
+    }
+    if (m.tier >= plan_.tiers.size()) {
+      error("{}: tier index {} is out of range", describe(i), m.tier);
+      continue;
+    }
+    if (m.start >= n_ || m.deadline >= n_) {
+      error("{}: kernel index out of range (the trace has {} kernels)", describe(i), n_);
+      continue;
+    }
+    if (!life_.used(m.tensor)) {
+      error("{}: tensor {} is never used, so it cannot be moved", describe(i), m.tensor);
+      continue;
+    }
+    (m.op == MoveOp::offload ? offloads : prefetches)[m.tensor].push_back(i);
+  }
+  // Pair each offload with the prefetch whose deadline comes first after the offload's start.
+  for (size_t t = 0; t < nt; ++t) {
+    auto& pf = prefetches[t];
+    if (offloads[t].empty() && pf.empty()) continue;
+    std::sort(pf.begin(), pf.end(),
+              [&](size_t a, size_t b) { return plan_.moves[a].deadline < plan_.moves[b].deadline; });
+    std::vector<char> taken(pf.size(), 0);
+    for (size_t oi : offloads[t]) {
+      const KernelIndex a = plan_.moves[oi].start;
+      auto it = std::upper_bound(pf.begin(), pf.end(), a, [&](KernelIndex v, size_t idx) {
+        return v < plan_.moves[idx].deadline;
+      });
+      if (it == pf.end()) it = pf.begin();
+      if (it == pf.end()) {
+        error("{}: no prefetch brings tensor {} back", describe(oi), t);
+        continue;
+      }
+      const size_t j = static_cast<size_t>(it - pf.begin());
+      if (taken[j]) {
+        error("{}: shares its prefetch {} with another offload of tensor {} (offload twice within "
+              "one unused gap)",
+              describe(oi), describe(pf[j]), t);
+        continue;
+      }
+      taken[j] = 1;
+      check_pair(oi, pf[j]);
+    }
+    for (size_t j = 0; j < pf.size(); ++j) {
+      if (!taken[j]) error("{}: no offload precedes this prefetch of tensor {}", describe(pf[j]), t);
+    }
+  }
+
+  // Resident bytes and tier occupancy.
+  const std::vector<uint64_t> m = memory_curve(trace_, life_);
+  std::vector<int64_t> diff(n_ + 1, 0);
+  std::vector<std::vector<int64_t>> tier_diff(plan_.tiers.size(), std::vector<int64_t>(n_ + 1, 0));
+  for (const MovePair& p : out_.pairs) {
+    const auto b = static_cast<int64_t>(p.bytes);
+    add_cyclic(diff, n_, p.start + p.offload_done + 1, p.prefetch_begin - p.offload_done - 1, -b);
+    add_cyclic(tier_diff[p.tier], n_, p.start + 1, p.prefetch_deadline - 1, b);
+  }
+  out_.resident_bytes.resize(n_);
+  int64_t running = 0;
+  size_t over = 0;
+  for (uint32_t k = 0; k < n_; ++k) {
+    running += diff[k];
+    const uint64_t r = static_cast<uint64_t>(static_cast<int64_t>(m[k]) + running);
+    out_.resident_bytes[k] = r;
+    if (r > out_.peak_bytes || k == 0) {
+      out_.peak_bytes = r;
+      out_.peak_kernel = k;
+    }
+    if (r > plan_.budget_bytes) {
+      if (over++ < 3) {
+        error("kernel {} ({}): {} bytes resident under the plan exceed the budget of {} bytes", k,
+              trace_.kernel_name(k), r, plan_.budget_bytes);
+      } else {
+        ++out_.error_count;
+        out_.valid = false;
+      }
+    }
+  }
+  out_.tier_peak_bytes.assign(plan_.tiers.size(), 0);
+  for (size_t tier = 0; tier < plan_.tiers.size(); ++tier) {
+    int64_t held = 0;
+    uint64_t peak = 0;
+    for (uint32_t k = 0; k < n_; ++k) {
+      held += tier_diff[tier][k];
+      peak = std::max(peak, static_cast<uint64_t>(held));
+    }
+    out_.tier_peak_bytes[tier] = peak;
+    if (peak > plan_.tiers[tier].capacity_bytes) {
+      error("tier \"{}\" holds up to {} bytes at once, more than its capacity of {} bytes",
+            plan_.tiers[tier].name, peak, plan_.tiers[tier].capacity_bytes);
+    }
+  }
+  return std::move(out_);
+}
+
+}  // namespace
+
+PlanCheck check_plan(const Trace& trace, const Lifetimes& lifetimes, const Plan& plan,
+                     size_t max_errors) {
+  if (trace.num_kernels() == 0) {
+    PlanCheck c;
+    if (!plan.moves.empty()) {
+      c.valid = false;
+      c.error_count = 1;
+      c.errors.push_back("the trace has no kernels, so the plan must have no moves");
+    }
+    return c;
+  }
+  return Checker(trace, lifetimes, plan, max_errors).run();
+}
+
+}  // namespace teraio

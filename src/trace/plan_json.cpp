@@ -1,0 +1,174 @@
+// teraio.plan v1: reader and writer, and the NAME:CAPACITY:READ:WRITE tier syntax of the CLI.
+#include <string>
+#include <vector>
+
+#include "json_util.h"
+#include "teraio/plan.h"
+#include "teraio/units.h"
+
+namespace teraio {
+
+std::string_view to_string(MoveOp op) { return op == MoveOp::offload ? "offload" : "prefetch"; }
+
+TierSpec parse_tier_spec(std::string_view text) {
+  std::vector<std::string_view> parts;
+  size_t pos = 0;
+  while (true) {
+    const size_t colon = text.find(':', pos);
+    parts.push_back(text.substr(pos, colon == std::string_view::npos ? colon : colon - pos));
+    if (colon == std::string_view::npos) break;
+    pos = colon + 1;
+  }
+  TERAIO_CHECK(parts.size() == 4 && !parts[0].empty(),
+               "--tier '{}': expected NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5",
+               std::string(text));
+  TierSpec spec;
+  spec.name = std::string(parts[0]);
+  spec.capacity_bytes = parse_size(parts[1], fmt::format("--tier {} capacity", spec.name));
+  spec.read_gbps = parse_positive_double(parts[2], fmt::format("--tier {} read GB/s", spec.name));
+  spec.write_gbps = parse_positive_double(parts[3], fmt::format("--tier {} write GB/s", spec.name));
+  return spec;
+}
+
+Plan parse_plan(std::string_view text, std::string_view source) {
+  simdjson::dom::parser parser;
+  const json::Reader r(source);
+  const json::Path top;
+  auto root = r.object(json::parse_document(parser, text, source), top);
+  r.header(root, "teraio.plan");
+
+  Plan plan;
+  plan.budget_bytes = r.u64(r.field(root, "budget_bytes", top), top.field("budget_bytes"));
+
+  const json::Path tp = top.field("tiers");
+  size_t i = 0;
+  for (auto e : r.array(r.field(root, "tiers", top), tp)) {
+    const json::Path p = tp.at(i++);
+    auto o = r.object(e, p);
+    TierSpec t;
+    t.name = std::string(r.string(r.field(o, "name", p), p.field("name")));
+    if (t.name.empty()) r.fail(p.field("name"), "must not be empty");
+    for (const TierSpec& other : plan.tiers) {
+      if (other.name == t.name) r.fail(p.field("name"), fmt::format("duplicate tier \"{}\"", t.name));
+    }
+    t.capacity_bytes = r.u64(r.field(o, "capacity_bytes", p), p.field("capacity_bytes"));
+    t.read_gbps = r.non_negative(r.field(o, "read_gbps", p), p.field("read_gbps"));
+    t.write_gbps = r.non_negative(r.field(o, "write_gbps", p), p.field("write_gbps"));
+    if (t.read_gbps <= 0) r.fail(p.field("read_gbps"), "must be > 0");
+    if (t.write_gbps <= 0) r.fail(p.field("write_gbps"), "must be > 0");
+    plan.tiers.push_back(std::move(t));
+  }
+
+  const json::Path mp = top.field("moves");
+  auto moves = r.array(r.field(root, "moves", top), mp);
+  plan.moves.reserve(moves.size());
+  i = 0;
+  for (auto e : moves) {
+    const json::Path p = mp.at(i++);
+    auto o = r.object(e, p);
+    Move m;
+    const uint64_t tensor = r.u64(r.field(o, "tensor", p), p.field("tensor"));
+    if (tensor > 0xffffffffull) r.fail(p.field("tensor"), "tensor id is out of range");
+    m.tensor = static_cast<TensorId>(tensor);
+    const std::string_view op = r.string(r.field(o, "op", p), p.field("op"));
+    if (op == "offload") {
+      m.op = MoveOp::offload;
+    } else if (op == "prefetch") {
+      m.op = MoveOp::prefetch;
+    } else {
+      r.fail(p.field("op"), fmt::format("expected \"offload\" or \"prefetch\", got \"{}\"", op));
+    }
+    const std::string_view tier = r.string(r.field(o, "tier", p), p.field("tier"));
+    bool found = false;
+    for (size_t t = 0; t < plan.tiers.size(); ++t) {
+      if (plan.tiers[t].name == tier) {
+        m.tier = static_cast<uint32_t>(t);
+        found = true;
+      }
+    }
+    if (!found) r.fail(p.field("tier"), fmt::format("unknown tier \"{}\" (not in \"tiers\")", tier));
+    const uint64_t start = r.u64(r.field(o, "start", p), p.field("start"));
+    const uint64_t deadline = r.u64(r.field(o, "deadline", p), p.field("deadline"));
+    if (start > 0xffffffffull) r.fail(p.field("start"), "kernel index is out of range");
+    if (deadline > 0xffffffffull) r.fail(p.field("deadline"), "kernel index is out of range");
+    m.start = static_cast<KernelIndex>(start);
+    m.deadline = static_cast<KernelIndex>(deadline);
+    plan.moves.push_back(m);
+  }
+
+  if (r.has(root, "predicted")) {
+    const json::Path pp = top.field("predicted");
+    auto o = r.object(r.field(root, "predicted", top), pp);
+    auto get = [&](std::string_view key, double* out) {
+      if (r.has(o, key)) *out = r.non_negative(r.field(o, key, pp), pp.field(key));
+    };
+    get("iteration_us", &plan.predicted.iteration_us);
+    get("ideal_us", &plan.predicted.ideal_us);
+    get("stall_us", &plan.predicted.stall_us);
+    get("peak_bytes", &plan.predicted.peak_bytes);
+  }
+  static constexpr std::string_view kKnown[] = {"format", "version", "budget_bytes", "tiers",
+                                                "moves", "predicted"};
+  for (auto [key, value] : root) {
+    bool known = false;
+    for (auto k : kKnown) known |= (k == key);
+    if (!known) plan.extra.emplace_back(std::string(key), simdjson::minify(value));
+  }
+  return plan;
+}
+
+Plan read_plan(const std::string& path) {
+  const simdjson::padded_string text = json::load_file(path);
+  return parse_plan(std::string_view(text.data(), text.size()), path);
+}
+
+std::string plan_to_json(const Plan& plan) {
+  std::string out;
+  out.reserve(256 + plan.moves.size() * 80);
+  fmt::format_to(std::back_inserter(out),
+                 "{{\n  \"format\": \"teraio.plan\", \"version\": 1,\n  \"budget_bytes\": {},\n  \"tiers\": [",
+                 plan.budget_bytes);
+  for (size_t i = 0; i < plan.tiers.size(); ++i) {
+    const TierSpec& t = plan.tiers[i];
+    out += i ? ",\n    {\"name\": " : "\n    {\"name\": ";
+    json::append_escaped(out, t.name);
+    fmt::format_to(std::back_inserter(out), ", \"capacity_bytes\": {}, \"read_gbps\": ", t.capacity_bytes);
+    json::append_double(out, t.read_gbps);
+    out += ", \"write_gbps\": ";
+    json::append_double(out, t.write_gbps);
+    out += '}';
+  }
+  out += plan.tiers.empty() ? "],\n  \"moves\": [" : "\n  ],\n  \"moves\": [";
+  for (size_t i = 0; i < plan.moves.size(); ++i) {
+    const Move& m = plan.moves[i];
+    out += i ? ",\n    {\"tensor\": " : "\n    {\"tensor\": ";
+    fmt::format_to(std::back_inserter(out), "{}, \"op\": \"{}\", \"tier\": ", m.tensor, to_string(m.op));
+    TERAIO_CHECK(m.tier < plan.tiers.size(), "moves[{}]: tier index {} is out of range", i, m.tier);
+    json::append_escaped(out, plan.tiers[m.tier].name);
+    fmt::format_to(std::back_inserter(out), ", \"start\": {}, \"deadline\": {}}}", m.start, m.deadline);
+  }
+  out += plan.moves.empty() ? "],\n  \"predicted\": {" : "\n  ],\n  \"predicted\": {";
+  out += "\"iteration_us\": ";
+  json::append_double(out, plan.predicted.iteration_us);
+  out += ", \"ideal_us\": ";
+  json::append_double(out, plan.predicted.ideal_us);
+  out += ", \"stall_us\": ";
+  json::append_double(out, plan.predicted.stall_us);
+  out += ", \"peak_bytes\": ";
+  json::append_double(out, plan.predicted.peak_bytes);
+  out += '}';
+  for (const auto& [key, value] : plan.extra) {
+    out += ",\n  ";
+    json::append_escaped(out, key);
+    out += ": ";
+    out += value;
+  }
+  out += "\n}\n";
+  return out;
+}
+
+void write_plan(const Plan& plan, const std::string& path) {
+  json::write_file(path, plan_to_json(plan));
+}
+
+}  // namespace teraio

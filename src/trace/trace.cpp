@@ -1,0 +1,95 @@
+// The in-memory trace: kernels stored column-wise (CSR for their tensor lists) with interned names,
+// so a 250k-kernel trace takes a few tens of MB and scans stay cache-friendly.
+#include "teraio/trace.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "teraio/error.h"
+
+namespace teraio {
+
+namespace {
+constexpr std::string_view kKindNames[kNumTensorKinds] = {
+    "parameter", "gradient", "optimizer_state", "activation", "temporary", "other"};
+}  // namespace
+
+std::string_view to_string(TensorKind kind) { return kKindNames[static_cast<int>(kind)]; }
+
+bool parse_tensor_kind(std::string_view name, TensorKind* kind) {
+  for (int i = 0; i < kNumTensorKinds; ++i) {
+    if (kKindNames[i] == name) {
+      *kind = static_cast<TensorKind>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+uint32_t Trace::intern(std::string_view name) {
+  auto it = std::lower_bound(name_index_.begin(), name_index_.end(), name,
+                             [](const auto& e, std::string_view n) { return e.first < n; });
+  if (it != name_index_.end() && it->first == name) return it->second;
+  const auto id = static_cast<uint32_t>(names_.size());
+  names_.emplace_back(name);
+  name_index_.insert(it, {std::string(name), id});
+  return id;
+}
+
+void Trace::add_kernel(std::string_view name, double time_us, std::span<const TensorId> ids) {
+  kernel_name_id_.push_back(intern(name));
+  kernel_time_us_.push_back(time_us);
+  const size_t begin = tensor_ids_.size();
+  for (TensorId t : ids) {
+    // Collapse duplicates: a kernel touching a tensor twice uses it once.
+    if (std::find(tensor_ids_.begin() + static_cast<std::ptrdiff_t>(begin), tensor_ids_.end(), t) ==
+        tensor_ids_.end())
+      tensor_ids_.push_back(t);
+  }
+  offsets_.push_back(tensor_ids_.size());
+}
+
+void Trace::reserve_kernels(size_t kernels, size_t uses) {
+  kernel_name_id_.reserve(kernels);
+  kernel_time_us_.reserve(kernels);
+  offsets_.reserve(kernels + 1);
+  tensor_ids_.reserve(uses);
+}
+
+std::string Trace::meta_value(std::string_view key) const {
+  for (const auto& [k, v] : meta) {
+    if (k == key) return v;
+  }
+  return {};
+}
+
+void Trace::set_meta(std::string key, std::string raw_json_value) {
+  for (auto& [k, v] : meta) {
+    if (k == key) {
+      v = std::move(raw_json_value);
+      return;
+    }
+  }
+  meta.emplace_back(std::move(key), std::move(raw_json_value));
+}
+
+double Trace::total_time_us() const {
+  double total = 0;
+  for (double t : kernel_time_us_) total += t;
+  return total;
+}
+
+void Trace::validate() const {
+  const size_t n = tensors.size();
+  for (size_t k = 0; k < num_kernels(); ++k) {
+    const double t = kernel_time_us_[k];
+    TERAIO_CHECK(std::isfinite(t) && t >= 0, "kernels[{}].time_us: must be a finite number >= 0, got {}",
+                 k, t);
+    for (TensorId id : kernel_tensors(static_cast<KernelIndex>(k))) {
+      TERAIO_CHECK(id < n, "kernels[{}].tensors: tensor id {} is out of range (the trace has {} tensors)",
+                   k, id, n);
+    }
+  }
+}
+
+}  // namespace teraio

@@ -1,0 +1,202 @@
+// Trace v1 and plan v1 formats: round trips, and every malformed input a user can produce gets a
+// message that names the field and position.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "teraio/error.h"
+#include "teraio/plan.h"
+#include "teraio/trace.h"
+
+namespace teraio {
+namespace {
+
+const char* kTrace = R"({
+  "format": "teraio.trace", "version": 1,
+  "meta": {"model": "unit", "layers": 2, "nested": {"a": [1, 2]}},
+  "tensors": [
+    {"id": 0, "bytes": 67108864, "kind": "parameter", "persistent": true, "name": "w \"q\""},
+    {"id": 1, "bytes": 1024, "kind": "activation", "persistent": false, "name": "act"},
+    {"id": 2, "bytes": 0, "kind": "temporary", "persistent": false, "extra": 5}
+  ],
+  "kernels": [
+    {"name": "aten::mm", "time_us": 812.5, "tensors": [0, 1]},
+    {"name": "aten::relu", "time_us": 3, "tensors": [1, 2, 1]},
+    {"name": "aten::mm", "time_us": 0.125, "tensors": []}
+  ]
+})";
+
+// Parses `text` and returns the error message (empty if it parsed).
+std::string parse_error(const std::string& text) {
+  try {
+    parse_trace(text, "t.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::string with(std::string text, const std::string& from, const std::string& to) {
+  const size_t pos = text.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  return text.replace(pos, from.size(), to);
+}
+
+TEST(TraceFormat, ReadsEveryField) {
+  const Trace t = parse_trace(kTrace);
+  ASSERT_EQ(t.num_tensors(), 3u);
+  ASSERT_EQ(t.num_kernels(), 3u);
+  EXPECT_EQ(t.tensors[0].bytes, 67108864u);
+  EXPECT_EQ(t.tensors[0].kind, TensorKind::parameter);
+  EXPECT_TRUE(t.tensors[0].persistent);
+  EXPECT_EQ(t.tensors[0].name, "w \"q\"");
+  EXPECT_EQ(t.tensors[2].name, "");
+  EXPECT_EQ(t.kernel_name(0), "aten::mm");
+  EXPECT_EQ(t.kernel_name(2), "aten::mm");
+  EXPECT_DOUBLE_EQ(t.kernel_time_us(0), 812.5);
+  EXPECT_DOUBLE_EQ(t.kernel_time_us(1), 3.0);
+  ASSERT_EQ(t.kernel_tensors(1).size(), 2u) << "duplicate ids within a kernel collapse";
+  EXPECT_EQ(t.kernel_tensors(2).size(), 0u);
+  EXPECT_EQ(t.meta_value("model"), "\"unit\"");
+  EXPECT_EQ(t.meta_value("layers"), "2");
+  EXPECT_EQ(t.meta_value("nested"), R"({"a":[1,2]})");
+}
+
+TEST(TraceFormat, RoundTripsThroughAFile) {
+  const Trace a = parse_trace(kTrace);
+  const auto path = std::filesystem::temp_directory_path() / "teraio_roundtrip.trace.json";
+  write_trace(a, path.string());
+  const Trace b = read_trace(path.string());
+  std::filesystem::remove(path);
+  EXPECT_EQ(trace_to_json(a), trace_to_json(b));
+  ASSERT_EQ(b.num_kernels(), a.num_kernels());
+  for (KernelIndex k = 0; k < a.num_kernels(); ++k) {
+    EXPECT_EQ(a.kernel_time_us(k), b.kernel_time_us(k));  // bit-exact doubles
+    EXPECT_EQ(a.kernel_name(k), b.kernel_name(k));
+  }
+  EXPECT_EQ(b.meta, a.meta);
+}
+
+TEST(TraceFormat, TimesRoundTripExactly) {
+  Trace t;
+  t.add_tensor({8, TensorKind::other, false, "x"});
+  const double times[] = {0.1, 1.0 / 3.0, 1e-9, 123456789.123, 2.5e17, 0};
+  for (double v : times) t.add_kernel("k", v, std::vector<TensorId>{0});
+  const Trace b = parse_trace(trace_to_json(t));
+  for (KernelIndex k = 0; k < t.num_kernels(); ++k) EXPECT_EQ(b.kernel_time_us(k), t.kernel_time_us(k));
+}
+
+TEST(TraceFormat, RejectsMalformedInputNamingTheField) {
+  struct Case {
+    std::string text;
+    std::string expected;
+  };
+  const std::string t = kTrace;
+  const Case cases[] = {
+      {with(t, "\"version\": 1", "\"version\": 2"), "version: unsupported version 2"},
+      {with(t, "\"teraio.trace\"", "\"teraio.plan\""), "format: expected \"teraio.trace\""},
+      {with(t, "\"format\": \"teraio.trace\", ", ""), "format: required field is missing"},
+      {with(t, "\"bytes\": 1024", "\"bytes\": -1024"), "tensors[1].bytes: must be >= 0"},
+      {with(t, "\"bytes\": 1024", "\"bytes\": \"1024\""), "tensors[1].bytes: expected an integer"},
+      {with(t, "\"bytes\": 1024", "\"bytes\": 10.5"), "tensors[1].bytes: must be a whole number"},
+      {with(t, "\"id\": 1,", "\"id\": 7,"), "tensors[1].id: must equal its position 1"},
+      {with(t, "\"kind\": \"activation\"", "\"kind\": \"weights\""), "tensors[1].kind: unknown kind"},
+      {with(t, "\"persistent\": false, \"name\": \"act\"", "\"persistent\": 0, \"name\": \"act\""),
+       "tensors[1].persistent: expected true or false"},
+      {with(t, "\"time_us\": 3,", "\"time_us\": -3,"), "kernels[1].time_us: must be >= 0"},
+      {with(t, "\"time_us\": 3,", "\"time_us\": null,"), "kernels[1].time_us: expected a number"},
+      {with(t, "[1, 2, 1]", "[1, 9, 1]"), "kernels[1].tensors[1]: tensor id 9 is out of range"},
+      {with(t, "[1, 2, 1]", "[1, -2, 1]"), "kernels[1].tensors[1]: must be >= 0"},
+      {with(t, "[1, 2, 1]", "{}"), "kernels[1].tensors: expected an array"},
+      {with(t, "\"name\": \"aten::relu\", ", ""), "kernels[1].name: required field is missing"},
+      {t.substr(0, t.size() / 2), "t.json: not valid JSON"},
+      {"", "t.json: not valid JSON"},
+      {"[1,2]", "expected a JSON object at the top level"},
+      {with(t, "\"tensors\": [\n", "\"tensorz\": [\n"), "tensors: required field is missing"},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = parse_error(c.text);
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in '" << msg << "'";
+    EXPECT_EQ(msg.rfind("t.json", 0), 0u) << msg;
+  }
+}
+
+TEST(TraceFormat, ReadingAMissingFileNamesIt) {
+  try {
+    read_trace("/nonexistent/dir/x.trace.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/x.trace.json"), std::string::npos);
+  }
+}
+
+const char* kPlan = R"({
+  "format": "teraio.plan", "version": 1,
+  "budget_bytes": 42949672960,
+  "tiers": [{"name": "host", "capacity_bytes": 68719476736, "read_gbps": 50.0, "write_gbps": 50.0},
+            {"name": "ssd", "capacity_bytes": 1000, "read_gbps": 6.5, "write_gbps": 6}],
+  "moves": [
+    {"tensor": 0, "op": "offload", "tier": "host", "start": 120, "deadline": 131},
+    {"tensor": 0, "op": "prefetch", "tier": "ssd", "start": 40021, "deadline": 40188}
+  ],
+  "predicted": {"iteration_us": 1.0e6, "ideal_us": 0.95e6, "stall_us": 5.0e4, "peak_bytes": 4.1e10},
+  "planner": {"seconds": 0.5}
+})";
+
+TEST(PlanFormat, ReadsAndRoundTrips) {
+  const Plan p = parse_plan(kPlan);
+  EXPECT_EQ(p.budget_bytes, 42949672960u);
+  ASSERT_EQ(p.tiers.size(), 2u);
+  EXPECT_EQ(p.tiers[1].name, "ssd");
+  EXPECT_DOUBLE_EQ(p.tiers[1].write_gbps, 6.0);
+  ASSERT_EQ(p.moves.size(), 2u);
+  EXPECT_EQ(p.moves[1].op, MoveOp::prefetch);
+  EXPECT_EQ(p.moves[1].tier, 1u);
+  EXPECT_EQ(p.moves[1].deadline, 40188u);
+  EXPECT_DOUBLE_EQ(p.predicted.peak_bytes, 4.1e10);
+  ASSERT_EQ(p.extra.size(), 1u);
+  EXPECT_EQ(p.extra[0].first, "planner");
+  const Plan q = parse_plan(plan_to_json(p));
+  EXPECT_EQ(plan_to_json(p), plan_to_json(q));
+}
+
+TEST(PlanFormat, RejectsMalformedInputNamingTheField) {
+  const std::string p = kPlan;
+  const std::pair<std::string, std::string> cases[] = {
+      {with(p, "\"version\": 1", "\"version\": 0"), "version: unsupported version 0"},
+      {with(p, "\"tier\": \"ssd\"", "\"tier\": \"nvme\""), "moves[1].tier: unknown tier \"nvme\""},
+      {with(p, "\"op\": \"offload\"", "\"op\": \"evict\""), "moves[0].op: expected \"offload\" or \"prefetch\""},
+      {with(p, "\"start\": 120", "\"start\": -1"), "moves[0].start: must be >= 0"},
+      {with(p, "\"write_gbps\": 6}", "\"write_gbps\": 0}"), "tiers[1].write_gbps: must be > 0"},
+      {with(p, "\"name\": \"ssd\"", "\"name\": \"host\""), "tiers[1].name: duplicate tier"},
+      {with(p, "\"budget_bytes\": 42949672960,", ""), "budget_bytes: required field is missing"},
+      {with(p, "\"stall_us\": 5.0e4", "\"stall_us\": -1"), "predicted.stall_us: must be >= 0"},
+      {p.substr(0, p.size() - 10), "not valid JSON"},
+  };
+  for (const auto& [text, expected] : cases) {
+    std::string msg;
+    try {
+      parse_plan(text, "p.json");
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(expected), std::string::npos) << "expected '" << expected << "' in '" << msg << "'";
+  }
+}
+
+TEST(PlanFormat, ParsesTierSpecs) {
+  const TierSpec s = parse_tier_spec("ssd:2TiB:6.5:6");
+  EXPECT_EQ(s.name, "ssd");
+  EXPECT_EQ(s.capacity_bytes, 2ull << 40);
+  EXPECT_DOUBLE_EQ(s.read_gbps, 6.5);
+  EXPECT_DOUBLE_EQ(s.write_gbps, 6.0);
+  EXPECT_THROW(parse_tier_spec("ssd:2TiB:6.5"), Error);
+  EXPECT_THROW(parse_tier_spec("ssd:2XB:6.5:6"), Error);
+  EXPECT_THROW(parse_tier_spec("ssd:2TiB:0:6"), Error);
+  EXPECT_THROW(parse_tier_spec(":2TiB:1:6"), Error);
+}
+
+}  // namespace
+}  // namespace teraio

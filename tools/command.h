@@ -1,0 +1,27 @@
+// Subcommand registry of the `teraio` command: each tools/cmd_*.cpp registers itself with a
+// static Registration, so adding a command touches no other file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace teraio::cli {
+
+struct CommandSpec {
+  std::string name;
+  std::string summary;
+  int order = 100;  // position in --help
+  // Adds options to `sub` and returns the function that runs the command (exit status).
+  std::function<std::function<int()>(CLI::App& sub)> setup;
+};
+
+std::vector<CommandSpec>& registry();
+
+struct Registration {
+  explicit Registration(CommandSpec spec) { registry().push_back(std::move(spec)); }
+};
+
+}  // namespace teraio::cli
