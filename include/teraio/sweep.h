@@ -1,0 +1,45 @@
+// Bandwidth sweep (the paper's Figure 3 roofline): at each bandwidth, replan with make_plan and
+// simulate, keeping the best plan made at this or any lower bandwidth, so that more bandwidth never
+// reports a slower iteration. Used by `teraio simulate --sweep-bandwidth` and by reports.
+// Pure computation; safe to call from several threads on distinct arguments.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "teraio/plan.h"
+#include "teraio/planner.h"
+#include "teraio/trace.h"
+
+namespace teraio {
+
+struct SweepOptions {
+  // Every tier's read and write bandwidth is multiplied by a scale factor; the factors run
+  // geometrically from min_scale to max_scale in `steps` points (one point when steps == 1).
+  double min_scale = 0.25;  // default: a quarter of the plan's bandwidth
+  double max_scale = 4.0;   // default: four times it
+  int steps = 9;            // default: 0.25, 0.35, 0.5, ..., 4 (factors of sqrt(2))
+  int iterations = 2;       // simulated iterations per point (SimOptions::iterations)
+};
+
+struct SweepPoint {
+  double scale = 0;              // bandwidth factor of this point
+  std::vector<TierSpec> tiers;   // the tiers at this bandwidth
+  double total_read_gbps = 0;    // sum over tiers (the x-axis of Figure 3, prefetch direction)
+  double total_write_gbps = 0;
+  double iteration_us = 0;       // best simulated iteration at this bandwidth
+  double ideal_us = 0;
+  double stall_us = 0;
+  double percent_of_ideal = 0;   // 100 * ideal / iteration (throughput relative to ideal)
+  size_t plan_point = 0;         // index of the point whose plan won (this one when replanning won)
+  size_t plan_moves = 0;         // moves in the winning plan
+  double own_plan_iteration_us = 0;  // the plan made at this bandwidth, simulated here
+};
+
+// `base` gives the budget, the tiers (their bandwidths are the scale-1 point) and the planner
+// options. Throws teraio::Error on bad options or when the planner refuses (a kernel's own tensors
+// exceed the budget).
+std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions& base,
+                                        const SweepOptions& opts = {});
+
+}  // namespace teraio

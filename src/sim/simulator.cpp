@@ -1,0 +1,332 @@
+// Discrete-event replay of a plan (docs/simulator.md has the model). Kernels run back to back on one
+// compute stream; every tier has a write link (offloads) and a read link (prefetches), each serving
+// one transfer at a time in issue order; a transfer a kernel waits for becomes urgent and preempts
+// its link. Links advance lazily, so the cost is O((kernels + moves) * iterations), no per-byte work.
+#include "teraio/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "teraio/analysis.h"
+#include "teraio/error.h"
+#include "teraio/plan_check.h"
+
+namespace teraio {
+namespace {
+
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Transfer {
+  uint64_t bytes = 0;
+  double dur_us = 0;
+  double issue_us = kInf;   // set when the kernel loop issues it
+  double begin_us = -1;     // first moment of service
+  double end_us = 0;
+  int64_t issue_kernel = 0;  // global kernel index (iteration * N + k)
+  uint32_t link = 0;         // 2 * tier + (offload ? 0 : 1)
+  bool offload = true;
+  bool done = false;
+  bool urgent = false;
+};
+
+struct Segment {
+  double begin_us;
+  double end_us;
+};
+
+// One direction of one tier. Transfers are served in issue order (`seq`), except urgent ones, which
+// preempt the transfer in service; that one resumes right after them. See Note [Urgent preemption].
+class Link {
+ public:
+  std::vector<uint32_t> seq;  // transfer ids in issue order (known before the run)
+  size_t issued = 0;          // seq[0, issued) have been issued
+  std::vector<Segment> segments;
+
+  // Serves transfers until time t: completes those ending at or before t, starts those that can
+  // start before t.
+  void advance(std::vector<Transfer>& xs, double t) {
+    for (;;) {
+      if (current_ != kNone) {
+        const double end = seg_begin_ + rem_us_;
+        if (end > t) return;
+        finish(xs, end);
+      }
+      while (cursor_ < issued && xs[seq[cursor_]].done) ++cursor_;
+      if (cursor_ >= issued) return;
+      const uint32_t next = seq[cursor_];
+      const double begin = std::max(clock_, xs[next].issue_us);
+      if (begin >= t) return;
+      ++cursor_;
+      start(xs, next, begin, xs[next].dur_us);
+    }
+  }
+
+  // Serves `urgent` (not yet done, in issue order) right now at time t (the link has been advanced
+  // to t): the transfer in service keeps going if it is urgent, else it is preempted. Returns when
+  // the last urgent transfer completes.
+  double serve_urgent(std::vector<Transfer>& xs, std::span<const uint32_t> urgent, double t) {
+    double time = t;
+    uint32_t suspended = kNone;
+    double suspended_rem = 0;
+    if (current_ != kNone) {
+      if (std::find(urgent.begin(), urgent.end(), current_) != urgent.end()) {
+        time = seg_begin_ + rem_us_;
+        finish(xs, time);
+      } else {
+        if (t > seg_begin_) segments.push_back({seg_begin_, t});
+        suspended = current_;
+        suspended_rem = rem_us_ - (t - seg_begin_);
+        current_ = kNone;
+      }
+    }
+    for (uint32_t id : urgent) {
+      Transfer& x = xs[id];
+      if (x.done) continue;
+      start(xs, id, time, x.dur_us);
+      time += x.dur_us;
+      finish(xs, time);
+    }
+    if (suspended != kNone) {
+      start(xs, suspended, time, suspended_rem);
+    } else {
+      clock_ = time;
+    }
+    return time;
+  }
+
+ private:
+  void start(std::vector<Transfer>& xs, uint32_t id, double begin, double rem_us) {
+    current_ = id;
+    seg_begin_ = begin;
+    rem_us_ = rem_us;
+    if (xs[id].begin_us < 0) xs[id].begin_us = begin;
+  }
+  void finish(std::vector<Transfer>& xs, double end) {
+    if (end > seg_begin_) segments.push_back({seg_begin_, end});
+    xs[current_].done = true;
+    xs[current_].end_us = end;
+    clock_ = end;
+    current_ = kNone;
+  }
+
+  size_t cursor_ = 0;        // first seq entry that may not have started
+  uint32_t current_ = kNone; // transfer in service
+  double seg_begin_ = 0;     // when the current service segment began
+  double rem_us_ = 0;        // its remaining service time at seg_begin_
+  double clock_ = 0;         // when the link last became idle
+};
+
+// Compressed lists of transfer ids per global kernel index.
+struct Csr {
+  std::vector<uint32_t> offsets;
+  std::vector<uint32_t> ids;
+  std::span<const uint32_t> at(size_t g) const { return {ids.data() + offsets[g], ids.data() + offsets[g + 1]}; }
+};
+
+Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& keyed) {
+  Csr c;
+  c.offsets.assign(slots + 1, 0);
+  for (const auto& [g, id] : keyed) ++c.offsets[static_cast<size_t>(g) + 1];
+  for (size_t i = 0; i < slots; ++i) c.offsets[i + 1] += c.offsets[i];
+  c.ids.resize(keyed.size());
+  std::vector<uint32_t> fill(c.offsets.begin(), c.offsets.end() - 1);
+  for (const auto& [g, id] : keyed) c.ids[fill[static_cast<size_t>(g)]++] = id;
+  return c;
+}
+
+}  // namespace
+
+// Note [Urgent preemption]
+// A kernel that must wait for a transfer marks it urgent. Urgent transfers are served at once, at
+// full link bandwidth, preempting the transfer in service (which resumes right after them, before
+// anything else queued): chunked preemption with chunks small enough to ignore. Without preemption
+// (urgent only jumps the queue) more bandwidth can make a plan slower: a small urgent prefetch
+// stuck behind a large transfer that started only because the link got free earlier.
+SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts) {
+  TERAIO_CHECK(opts.iterations >= 1 && opts.iterations <= 1000,
+               "simulate: iterations must be in [1, 1000], got {}", opts.iterations);
+  const std::vector<TierSpec>& tiers = opts.actual_tiers.empty() ? plan.tiers : opts.actual_tiers;
+  TERAIO_CHECK(tiers.size() == plan.tiers.size(),
+               "simulate: {} actual tiers given but the plan has {} tiers", tiers.size(), plan.tiers.size());
+
+  const Lifetimes lifetimes(trace);
+  const PlanCheck check = check_plan(trace, lifetimes, plan, 5);
+  if (!check.valid) {
+    std::string msg = fmt::format("simulate: the plan is not valid for this trace ({} problems):", check.error_count);
+    for (const std::string& e : check.errors) msg += "\n  " + e;
+    throw Error(msg);
+  }
+  for (const Move& m : plan.moves) {
+    const TierSpec& ts = tiers[m.tier];
+    const double gbps = m.op == MoveOp::offload ? ts.write_gbps : ts.read_gbps;
+    TERAIO_CHECK(std::isfinite(gbps) && gbps > 0, "simulate: tier \"{}\" has {} bandwidth {} GB/s but moves use it",
+                 ts.name, m.op == MoveOp::offload ? "write" : "read", gbps);
+  }
+
+  SimResult result;
+  result.tiers.resize(tiers.size());
+  const auto n = static_cast<int64_t>(trace.num_kernels());
+  result.ideal_us = trace.total_time_us();
+  result.peak_bytes = check.peak_bytes;
+  if (n == 0) return result;
+
+  const int64_t iters = opts.iterations;
+  const int64_t last_g = iters * n;      // kernel 0 of the iteration after the last: only its start
+  const int64_t first_g = (iters - 1) * n;  // kernel 0 of the reported iteration
+
+  // One offload and one prefetch transfer per pair and iteration. Iteration -1 contributes the part
+  // of wrap-around pairs that lands in iteration 0; whatever it issued before time 0 counts as done.
+  std::vector<Transfer> xs;
+  std::vector<std::pair<int64_t, uint32_t>> issue_keyed, need_keyed;
+  xs.reserve(check.pairs.size() * 2 * static_cast<size_t>(iters + 1));
+  auto add = [&](const MovePair& p, bool offload, int64_t issue_g, int64_t need_g) {
+    const TierSpec& ts = tiers[p.tier];
+    Transfer x;
+    x.bytes = p.bytes;
+    x.offload = offload;
+    x.link = p.tier * 2 + (offload ? 0 : 1);
+    x.dur_us = static_cast<double>(p.bytes) / ((offload ? ts.write_gbps : ts.read_gbps) * 1e3);
+    x.issue_kernel = issue_g;
+    const auto id = static_cast<uint32_t>(xs.size());
+    xs.push_back(x);
+    issue_keyed.emplace_back(issue_g, id);
+    if (need_g <= last_g) need_keyed.emplace_back(need_g, id);
+  };
+  for (int64_t it = -1; it < iters; ++it) {
+    for (const MovePair& p : check.pairs) {
+      const int64_t base = it * n + p.start;
+      const int64_t off_issue = base;  // at the end of this kernel
+      const int64_t off_need = base + p.offload_done + 1;
+      const int64_t pre_issue = base + p.prefetch_begin;  // at the beginning of this kernel
+      const int64_t pre_need = base + p.prefetch_deadline;
+      if (off_issue >= 0) add(p, true, off_issue, off_need);
+      if (pre_issue >= 0 && pre_issue <= last_g) add(p, false, pre_issue, pre_need);
+    }
+  }
+  TERAIO_CHECK(xs.size() < kNone, "simulate: too many transfers ({})", xs.size());
+  const Csr issue = build_csr(static_cast<size_t>(last_g) + 1, issue_keyed);
+  const Csr need = build_csr(static_cast<size_t>(last_g) + 1, need_keyed);
+  issue_keyed = {};
+  need_keyed = {};
+
+  std::vector<Link> links(tiers.size() * 2);
+  for (size_t g = 0; g <= static_cast<size_t>(last_g); ++g) {
+    for (uint32_t id : issue.at(g)) links[xs[id].link].seq.push_back(id);
+  }
+
+  std::vector<double> start_us(static_cast<size_t>(n) + 1);  // kernel starts of the reported iteration
+  std::vector<Segment> gaps;  // compute-stream idle intervals inside the reported iteration
+  double stall_us = 0;
+  size_t urgent = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> waiting;  // (link, transfer)
+  std::vector<uint32_t> group;
+
+  // Waits until every transfer of `kind` that kernel g needs is done; returns the time it is.
+  auto satisfy = [&](int64_t g, bool offload, double t) {
+    waiting.clear();
+    for (uint32_t id : need.at(static_cast<size_t>(g))) {
+      Transfer& x = xs[id];
+      if (x.offload != offload) continue;
+      links[x.link].advance(xs, t);
+      if (!x.done) waiting.emplace_back(x.link, id);
+    }
+    if (waiting.empty()) return t;
+    // By link, then in issue order (the order among one kernel's urgent transfers only changes
+    // which of them lands first, not when the kernel can start).
+    std::sort(waiting.begin(), waiting.end(), [&](const auto& a, const auto& b) {
+      if (a.first != b.first) return a.first < b.first;
+      return xs[a.second].issue_kernel != xs[b.second].issue_kernel
+                 ? xs[a.second].issue_kernel < xs[b.second].issue_kernel
+                 : a.second < b.second;
+    });
+    double ready = t;
+    for (size_t i = 0; i < waiting.size();) {
+      const uint32_t link = waiting[i].first;
+      group.clear();
+      for (; i < waiting.size() && waiting[i].first == link; ++i) {
+        group.push_back(waiting[i].second);
+        xs[waiting[i].second].urgent = true;
+      }
+      if (g > first_g) urgent += group.size();
+      ready = std::max(ready, links[link].serve_urgent(xs, group, t));
+    }
+    return ready;
+  };
+  auto issue_all = [&](int64_t g, bool offload, double t) {
+    for (uint32_t id : issue.at(static_cast<size_t>(g))) {
+      Transfer& x = xs[id];
+      if (x.offload != offload) continue;
+      x.issue_us = t;
+      ++links[x.link].issued;
+    }
+  };
+
+  double t = 0;  // when the compute stream is free
+  const std::span<const double> times = trace.kernel_times_us();
+  for (int64_t g = 0; g <= last_g; ++g) {
+    const double free_us = t;
+    t = satisfy(g, true, t);   // offloads that free the memory kernel g needs
+    issue_all(g, false, t);    // prefetches issued as kernel g begins take memory now
+    t = satisfy(g, false, t);  // prefetches kernel g reads
+    if (g >= first_g) {
+      start_us[static_cast<size_t>(g - first_g)] = t;
+      if (g > first_g && t > free_us) {
+        stall_us += t - free_us;
+        gaps.push_back({free_us, t});
+      }
+    }
+    if (g == last_g) break;
+    t += times[static_cast<size_t>(g % n)];
+    issue_all(g, true, t);  // offloads begin once kernel g has finished
+  }
+  for (Link& l : links) l.advance(xs, kInf);
+
+  result.stall_us = stall_us;
+  result.iteration_us = result.ideal_us + stall_us;
+  result.urgent_fetches = urgent;
+
+  // Per-iteration traffic: the transfers issued by the kernels of the reported iteration.
+  const double t0 = start_us[0];
+  const double t1 = start_us[static_cast<size_t>(n)];
+  for (const Transfer& x : xs) {
+    if (x.issue_kernel < first_g || x.issue_kernel >= last_g) continue;
+    TierTraffic& tt = result.tiers[x.link / 2];
+    (x.offload ? tt.offload_bytes : tt.prefetch_bytes) += x.bytes;
+    (x.offload ? tt.write_busy_us : tt.read_busy_us) += x.dur_us;
+    if (opts.record_timeline) {
+      result.transfers.push_back({x.link / 2, x.offload, x.urgent, x.begin_us - t0, x.end_us - t0, x.bytes});
+    }
+  }
+  if (opts.record_timeline) {
+    result.kernel_start_us.resize(static_cast<size_t>(n));
+    for (size_t k = 0; k < static_cast<size_t>(n); ++k) result.kernel_start_us[k] = start_us[k] - t0;
+  }
+
+  // Overlap: link service time inside [t0, t1] minus the part of it spent while the stream waited.
+  std::vector<double> gap_prefix(gaps.size() + 1, 0);
+  for (size_t i = 0; i < gaps.size(); ++i) gap_prefix[i + 1] = gap_prefix[i] + (gaps[i].end_us - gaps[i].begin_us);
+  auto stalled_before = [&](double x) {  // total gap time in (-inf, x]
+    auto it = std::upper_bound(gaps.begin(), gaps.end(), x,
+                               [](double v, const Segment& s) { return v < s.begin_us; });
+    const size_t i = static_cast<size_t>(it - gaps.begin());
+    if (i == 0) return 0.0;
+    return gap_prefix[i - 1] + std::min(x, gaps[i - 1].end_us) - gaps[i - 1].begin_us;
+  };
+  double overlap = 0;
+  for (const Link& l : links) {
+    for (const Segment& s : l.segments) {
+      const double a = std::max(s.begin_us, t0);
+      const double b = std::min(s.end_us, t1);
+      if (b <= a) continue;
+      overlap += (b - a) - (stalled_before(b) - stalled_before(a));
+    }
+  }
+  result.overlap_us = std::max(0.0, overlap);
+  return result;
+}
+
+}  // namespace teraio

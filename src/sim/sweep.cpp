@@ -1,0 +1,65 @@
+// Bandwidth sweep (docs/simulator.md, "Bandwidth sweep"): replans at each bandwidth and keeps the
+// best plan made at this or a lower bandwidth. A plan's validity does not depend on bandwidth, and
+// the simulator never makes a fixed plan slower when bandwidth grows, so the best-so-far plan
+// simulated at the next bandwidth is at least as fast as it was: the curve never goes down.
+#include "teraio/sweep.h"
+
+#include <cmath>
+
+#include "teraio/error.h"
+#include "teraio/simulator.h"
+
+namespace teraio {
+
+std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions& base,
+                                        const SweepOptions& opts) {
+  TERAIO_CHECK(opts.steps >= 1 && opts.steps <= 1000, "sweep: steps must be in [1, 1000], got {}", opts.steps);
+  TERAIO_CHECK(std::isfinite(opts.min_scale) && opts.min_scale > 0, "sweep: min scale must be > 0, got {}",
+               opts.min_scale);
+  TERAIO_CHECK(std::isfinite(opts.max_scale) && opts.max_scale >= opts.min_scale,
+               "sweep: max scale ({}) must be >= min scale ({})", opts.max_scale, opts.min_scale);
+  TERAIO_CHECK(!base.tiers.empty(), "sweep: no tiers to scale");
+
+  std::vector<SweepPoint> points;
+  Plan best_plan;
+  for (int i = 0; i < opts.steps; ++i) {
+    const double frac = opts.steps == 1 ? 0.0 : static_cast<double>(i) / (opts.steps - 1);
+    const double scale = opts.min_scale * std::pow(opts.max_scale / opts.min_scale, frac);
+    SweepPoint pt;
+    pt.scale = scale;
+    pt.tiers = base.tiers;
+    for (TierSpec& t : pt.tiers) {
+      t.read_gbps *= scale;
+      t.write_gbps *= scale;
+      pt.total_read_gbps += t.read_gbps;
+      pt.total_write_gbps += t.write_gbps;
+    }
+    PlannerOptions popts = base;
+    popts.tiers = pt.tiers;
+    Plan plan = make_plan(trace, popts);
+    SimOptions sopts;
+    sopts.actual_tiers = pt.tiers;
+    sopts.iterations = opts.iterations;
+    const SimResult own = simulate(trace, plan, sopts);
+    pt.own_plan_iteration_us = own.iteration_us;
+    SimResult winner = own;
+    pt.plan_point = points.size();
+    if (!points.empty()) {
+      const SimResult prev = simulate(trace, best_plan, sopts);
+      if (prev.iteration_us <= own.iteration_us) {
+        winner = prev;
+        pt.plan_point = points.back().plan_point;
+      }
+    }
+    if (pt.plan_point == points.size()) best_plan = std::move(plan);
+    pt.plan_moves = best_plan.moves.size();
+    pt.iteration_us = winner.iteration_us;
+    pt.ideal_us = winner.ideal_us;
+    pt.stall_us = winner.stall_us;
+    pt.percent_of_ideal = winner.iteration_us > 0 ? 100.0 * winner.ideal_us / winner.iteration_us : 100.0;
+    points.push_back(std::move(pt));
+  }
+  return points;
+}
+
+}  // namespace teraio
