@@ -1,0 +1,555 @@
+// The migration planner: the paper's Algorithm 1 (greedy by critical-pressure time per byte, with
+// per-kernel bandwidth slots), made fast with lazy re-scoring and the structures of structures.h,
+// then a forced pass that resolves the pressure bandwidth cannot hide, a prune pass and prefetch
+// hoisting. docs/planner.md describes the algorithm and every decision.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <queue>
+#include <set>
+
+#include "planner_tuning.h"
+#include "structures.h"
+#include "teraio/analysis.h"
+#include "teraio/error.h"
+#include "teraio/units.h"
+
+namespace teraio {
+namespace planner_detail {
+namespace {
+
+// A cyclic run of kernels [begin, begin + count) split into at most two linear ranges.
+struct Pieces {
+  size_t n = 0;
+  size_t lo[2] = {0, 0};
+  size_t hi[2] = {0, 0};
+};
+
+Pieces pieces(uint32_t num_kernels, uint64_t begin, uint64_t count) {
+  Pieces p;
+  if (count == 0 || num_kernels == 0) return p;
+  begin %= num_kernels;
+  count = std::min<uint64_t>(count, num_kernels);
+  if (begin + count <= num_kernels) {
+    p.n = 1;
+    p.lo[0] = begin;
+    p.hi[0] = begin + count;
+  } else {
+    p.n = 2;
+    p.lo[0] = begin;
+    p.hi[0] = num_kernels;
+    p.lo[1] = 0;
+    p.hi[1] = begin + count - num_kernels;
+  }
+  return p;
+}
+
+// Gap geometry of a period: distances from `start`; the gap's kernels are distances 1..len-1.
+struct Gap {
+  TensorId tensor;
+  int64_t bytes;
+  uint32_t start;
+  uint32_t end;
+  uint32_t len;
+};
+
+// A chosen period: offloaded on `tier`, done at distance `done`, prefetch from distance `begin`.
+struct Pair {
+  uint32_t gap;
+  uint32_t tier;
+  uint32_t done;
+  uint32_t begin;
+  bool forced = false;
+  bool live = true;
+};
+
+struct Window {
+  uint32_t done = 0;
+  uint32_t begin = 0;
+  uint32_t offload_len = 0;   // slots reserved on the write link: distances 1..offload_len
+  uint32_t prefetch_len = 0;  // slots on the read link: distances len-prefetch_len..len-1
+  double score = 0;
+};
+
+class Planner {
+ public:
+  Planner(const Trace& trace, const PlannerOptions& opts, const PlannerTuning& tuning)
+      : trace_(trace), opts_(opts), tuning_(tuning), n_(static_cast<uint32_t>(trace.num_kernels())) {}
+
+  Plan run(PlannerStats* stats, PlannerDiagnostics* diag);
+
+ private:
+  const Trace& trace_;
+  const PlannerOptions& opts_;
+  const PlannerTuning& tuning_;
+  const uint32_t n_;
+  int64_t budget_ = 0;
+  std::vector<double> tau_;
+  std::vector<Gap> gaps_;
+  std::vector<int32_t> pair_of_;  // per gap, index into pairs_ or -1
+  std::vector<Pair> pairs_;
+  PressureTree mem_;
+  Fenwick<int64_t> crit_;           // tau_k (ns) while M'[k] > budget, else 0
+  std::vector<int64_t> tau_ns_;
+  std::vector<LinkSlots> write_;    // per tier: GPU -> tier
+  std::vector<LinkSlots> read_;     // per tier: tier -> GPU
+  std::vector<PressureTree> held_;  // per tier: bytes held, per kernel
+  std::vector<double> tier_weight_;
+  PlannerDiagnostics diag_;
+  size_t forced_ = 0;
+
+  void check_options() const;
+  void check_active_bytes() const;
+  double crit_time(const Gap& g, uint32_t first, uint32_t count) const;
+  double clipped_time(const Gap& g, uint32_t first, uint32_t count) const;
+  bool tier_has_room(uint32_t tier, const Gap& g) const;
+  bool evaluate(const Gap& g, uint32_t tier, Window* w) const;
+  void subtract(const Gap& g, uint32_t first, uint32_t count);
+  void add_back(const Gap& g, uint32_t first, uint32_t count);
+  void hold(uint32_t tier, const Gap& g);
+  void greedy();
+  void force();
+  void force_at(uint32_t gi, uint32_t x);
+  void prune_and_hoist();
+  Plan emit() const;
+};
+
+void Planner::check_options() const {
+  TERAIO_CHECK(!opts_.tiers.empty(), "planner: at least one tier is required (--tier NAME:CAPACITY:READ:WRITE)");
+  for (const TierSpec& t : opts_.tiers) {
+    TERAIO_CHECK(std::isfinite(t.read_gbps) && t.read_gbps > 0 && std::isfinite(t.write_gbps) && t.write_gbps > 0,
+                 "planner: tier '{}' needs positive read and write bandwidth (got {} and {} GB/s)", t.name,
+                 t.read_gbps, t.write_gbps);
+  }
+  TERAIO_CHECK(opts_.budget_bytes <= static_cast<uint64_t>(INT64_MAX / 4), "planner: budget {} is too large",
+               opts_.budget_bytes);
+}
+
+void Planner::check_active_bytes() const {
+  const std::vector<uint64_t> active = active_bytes(trace_);
+  for (uint32_t k = 0; k < n_; ++k) {
+    TERAIO_CHECK(active[k] <= opts_.budget_bytes,
+                 "kernel {} ({}) alone touches {} ({} bytes), more than the budget of {} ({} bytes): no plan "
+                 "can fit",
+                 k, trace_.kernel_name(k), format_bytes(static_cast<double>(active[k])), active[k],
+                 format_bytes(static_cast<double>(opts_.budget_bytes)), opts_.budget_bytes);
+  }
+}
+
+double Planner::crit_time(const Gap& g, uint32_t first, uint32_t count) const {
+  const Pieces p = pieces(n_, uint64_t{g.start} + first, count);
+  int64_t s = 0;
+  for (size_t i = 0; i < p.n; ++i) s += crit_.range(p.lo[i], p.hi[i]);
+  return static_cast<double>(s) * 1e-3;
+}
+
+// Sum of tau_k * min(bytes, M'[k] - budget)+ / bytes over the window: O(window log n).
+double Planner::clipped_time(const Gap& g, uint32_t first, uint32_t count) const {
+  const Pieces p = pieces(n_, uint64_t{g.start} + first, count);
+  double s = 0;
+  for (size_t i = 0; i < p.n; ++i) {
+    for (size_t k = mem_.first_above(p.lo[i], p.hi[i], budget_); k != SIZE_MAX;
+         k = mem_.first_above(k + 1, p.hi[i], budget_)) {
+      const int64_t over = mem_.value(k) - budget_;
+      s += tau_[k] * static_cast<double>(std::min(over, g.bytes)) / static_cast<double>(g.bytes);
+    }
+  }
+  return s;
+}
+
+// Bytes sit in the tier at the gap's kernels (as plan_check counts them: after the offload's
+// start kernel, before the prefetch's deadline kernel).
+bool Planner::tier_has_room(uint32_t tier, const Gap& g) const {
+  const Pieces p = pieces(n_, uint64_t{g.start} + 1, g.len - 1);
+  int64_t m = 0;
+  for (size_t i = 0; i < p.n; ++i) m = std::max(m, held_[tier].max(p.lo[i], p.hi[i]));
+  return m + g.bytes <= static_cast<int64_t>(opts_.tiers[tier].capacity_bytes);
+}
+
+void Planner::hold(uint32_t tier, const Gap& g) {
+  const Pieces p = pieces(n_, uint64_t{g.start} + 1, g.len - 1);
+  for (size_t i = 0; i < p.n; ++i) held_[tier].range_add(p.lo[i], p.hi[i], g.bytes);
+}
+
+// Earliest offload completion filling free write slots forward from distance 1, latest prefetch
+// start filling free read slots backward from the gap's end; false when they do not leave at least
+// one kernel in between.
+bool Planner::evaluate(const Gap& g, uint32_t tier, Window* w) const {
+  if (g.len < 3) return false;
+  const uint32_t off = write_[tier].forward_len((g.start + 1) % n_, g.len - 2, g.bytes);
+  if (off == 0) return false;
+  const uint32_t pre = read_[tier].backward_len(g.end, g.len - 1 - off - 1, g.bytes);
+  if (pre == 0) return false;
+  w->offload_len = off;
+  w->prefetch_len = pre;
+  w->done = off;
+  w->begin = g.len - pre;
+  if (w->begin <= w->done + 1) return false;
+  const uint32_t count = w->begin - w->done - 1;
+  w->score = (tuning_.clip_benefit ? clipped_time(g, w->done + 1, count) : crit_time(g, w->done + 1, count)) *
+             tier_weight_[tier];
+  return true;
+}
+
+void Planner::subtract(const Gap& g, uint32_t first, uint32_t count) {
+  const Pieces p = pieces(n_, uint64_t{g.start} + first, count);
+  for (size_t i = 0; i < p.n; ++i) {
+    mem_.range_add(p.lo[i], p.hi[i], -g.bytes, [this](size_t k) { crit_.add(k, -tau_ns_[k]); });
+  }
+}
+
+void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
+  const Pieces p = pieces(n_, uint64_t{g.start} + first, count);
+  for (size_t i = 0; i < p.n; ++i) mem_.range_add(p.lo[i], p.hi[i], g.bytes);
+}
+
+// Lazy greedy: a candidate's key is an upper bound on its score (scores only fall as M' drops and
+// bandwidth fills), so a popped candidate whose fresh score still beats the next key is the best.
+void Planner::greedy() {
+  struct Entry {
+    double key;
+    int64_t bytes;
+    uint32_t gap;
+    bool operator<(const Entry& o) const {
+      if (key != o.key) return key < o.key;
+      if (bytes != o.bytes) return bytes < o.bytes;
+      return gap > o.gap;
+    }
+  };
+  const double max_weight = *std::max_element(tier_weight_.begin(), tier_weight_.end());
+  std::vector<Entry> initial;
+  for (uint32_t i = 0; i < gaps_.size(); ++i) {
+    const Gap& g = gaps_[i];
+    if (g.bytes <= 0 || static_cast<uint64_t>(g.bytes) < opts_.min_tensor_bytes || g.len < 3) continue;
+    const double bound = crit_time(g, 1, g.len - 1) * max_weight;
+    if (bound > 0) initial.push_back({bound, g.bytes, i});
+  }
+  std::priority_queue<Entry> queue(std::less<Entry>(), std::move(initial));
+  while (!queue.empty() && mem_.max_all() > budget_) {
+    const Entry top = queue.top();
+    queue.pop();
+    const Gap& g = gaps_[top.gap];
+    Window best;
+    int best_tier = -1;
+    for (uint32_t t = 0; t < opts_.tiers.size(); ++t) {
+      Window w;
+      if (!tier_has_room(t, g) || !evaluate(g, t, &w)) continue;
+      ++diag_.rescores;
+      // The first tier in preference order wins unless a later one saves strictly more.
+      if (w.score > 0 && (best_tier < 0 || w.score > best.score * (1 + 1e-9))) {
+        best = w;
+        best_tier = static_cast<int>(t);
+      }
+    }
+    if (best_tier < 0) continue;  // not viable on any tier now: never again (bandwidth only fills)
+    if (!queue.empty() && best.score < queue.top().key) {
+      queue.push({best.score, top.bytes, top.gap});
+      continue;
+    }
+    const auto tier = static_cast<uint32_t>(best_tier);
+    write_[tier].reserve_forward((g.start + 1) % n_, best.offload_len, g.bytes);
+    read_[tier].reserve_backward(g.end, best.prefetch_len, g.bytes);
+    subtract(g, best.done + 1, best.begin - best.done - 1);
+    hold(tier, g);
+    pair_of_[top.gap] = static_cast<int32_t>(pairs_.size());
+    pairs_.push_back(Pair{top.gap, tier, best.done, best.begin});
+  }
+}
+
+// Resolves what bandwidth could not hide: for every kernel still over budget, in order, move out
+// (or widen the absence of) tensors that are resident there but not used by it. Such pairs stall.
+void Planner::force() {
+  if (mem_.max_all() <= budget_) return;
+  // A gap is "removable" at kernel k when k is in the gap and the tensor is not already absent
+  // there. Each gap sits in `present` (by size) while the sweep is inside one of its removable
+  // linear ranges; events add and remove it, stamped with a version that changes on every update.
+  struct Event {
+    uint32_t at;
+    uint32_t until;  // last kernel of the range
+    uint32_t gap;
+    uint32_t version;
+    bool operator>(const Event& o) const { return at > o.at; }
+  };
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> adds;
+  std::priority_queue<std::pair<uint32_t, uint32_t>, std::vector<std::pair<uint32_t, uint32_t>>,
+                      std::greater<>>
+      removes;  // (last kernel, gap)
+  std::vector<uint32_t> version(gaps_.size(), 0);
+  std::vector<uint32_t> until(gaps_.size(), 0);
+  std::vector<uint8_t> in_set(gaps_.size(), 0);
+  std::set<std::pair<int64_t, uint32_t>> present;
+
+  auto schedule_range = [&](uint32_t gi, uint32_t first, uint32_t last, int64_t after) {
+    if (first > last) return;
+    const Gap& g = gaps_[gi];
+    const Pieces p = pieces(n_, uint64_t{g.start} + first, uint64_t{last} - first + 1);
+    for (size_t i = 0; i < p.n; ++i) {
+      const int64_t lo = std::max<int64_t>(static_cast<int64_t>(p.lo[i]), after + 1);
+      const int64_t hi = static_cast<int64_t>(p.hi[i]);
+      if (lo >= hi) continue;
+      if (mem_.max(static_cast<size_t>(lo), static_cast<size_t>(hi)) <= budget_) continue;
+      adds.push({static_cast<uint32_t>(lo), static_cast<uint32_t>(hi - 1), gi, version[gi]});
+    }
+  };
+  auto schedule = [&](uint32_t gi, int64_t after) {
+    const Gap& g = gaps_[gi];
+    if (g.bytes <= 0) return;
+    if (pair_of_[gi] < 0) {
+      schedule_range(gi, 1, g.len - 1, after);
+    } else {
+      const Pair& pr = pairs_[pair_of_[gi]];
+      schedule_range(gi, 1, pr.done, after);
+      schedule_range(gi, pr.begin, g.len - 1, after);
+    }
+  };
+  for (uint32_t gi = 0; gi < gaps_.size(); ++gi) schedule(gi, -1);
+
+  for (size_t k = mem_.first_above(0, n_, budget_); k != SIZE_MAX; k = mem_.first_above(k + 1, n_, budget_)) {
+    while (!adds.empty() && adds.top().at <= k) {
+      const Event e = adds.top();
+      adds.pop();
+      if (e.version != version[e.gap] || e.until < k) continue;
+      if (in_set[e.gap]) present.erase({gaps_[e.gap].bytes, e.gap});
+      present.insert({gaps_[e.gap].bytes, e.gap});
+      in_set[e.gap] = 1;
+      until[e.gap] = e.until;
+      removes.push({e.until, e.gap});
+    }
+    while (!removes.empty() && removes.top().first < k) {
+      const uint32_t gi = removes.top().second;
+      const uint32_t last = removes.top().first;
+      removes.pop();
+      if (in_set[gi] && until[gi] == last) {
+        present.erase({gaps_[gi].bytes, gi});
+        in_set[gi] = 0;
+      }
+    }
+    while (mem_.value(k) > budget_) {
+      const int64_t over = mem_.value(k) - budget_;
+      if (present.empty()) {
+        throw Error(fmt::format(
+            "planner: kernel {} ({}) keeps {} resident, over the budget of {}, and no tensor resident there "
+            "can be moved (tier capacity exhausted, or tensors that are never used)",
+            k, trace_.kernel_name(static_cast<KernelIndex>(k)), format_bytes(static_cast<double>(mem_.value(k))),
+            format_bytes(static_cast<double>(budget_))));
+      }
+      auto it = present.lower_bound({over, 0});
+      if (it == present.end()) it = std::prev(present.end());
+      const uint32_t gi = it->second;
+      present.erase(it);
+      in_set[gi] = 0;
+      ++version[gi];
+      const Gap& g = gaps_[gi];
+      const uint32_t x = (static_cast<uint32_t>(k) + n_ - g.start) % n_;  // distance inside the gap
+      force_at(gi, x == 0 ? n_ : x);
+      if (pair_of_[gi] >= 0) schedule(gi, static_cast<int64_t>(k));
+    }
+  }
+}
+
+// Makes gap `gi` absent at distance x: a new (stalling) pair, or a wider window for a chosen one.
+void Planner::force_at(uint32_t gi, uint32_t x) {
+  const Gap& g = gaps_[gi];
+  if (pair_of_[gi] >= 0) {
+    Pair& pr = pairs_[pair_of_[gi]];
+    const LinkSlots& wr = write_[pr.tier];
+    const LinkSlots& rd = read_[pr.tier];
+    if (x <= pr.done) {
+      subtract(g, x, pr.done - x + 1);
+      pr.done = x - 1;
+      diag_.unhidden_bytes += g.bytes;
+      diag_.estimated_stall_us += static_cast<double>(g.bytes) / wr.bytes_per_us();
+    } else if (x >= pr.begin) {
+      subtract(g, pr.begin, x - pr.begin + 1);
+      pr.begin = x + 1;
+      diag_.unhidden_bytes += g.bytes;
+      diag_.estimated_stall_us += static_cast<double>(g.bytes) / rd.bytes_per_us();
+    }
+    if (!pr.forced) {
+      pr.forced = true;
+      ++forced_;
+    }
+    return;
+  }
+  int tier = -1;
+  Window fit;
+  for (uint32_t t = 0; t < opts_.tiers.size() && tier < 0; ++t) {
+    if (!tier_has_room(t, g)) continue;
+    Window w;
+    if (evaluate(g, t, &w) && w.done < x && x < w.begin) {
+      tier = static_cast<int>(t);
+      fit = w;
+    }
+  }
+  if (tier < 0) {
+    for (uint32_t t = 0; t < opts_.tiers.size() && tier < 0; ++t) {
+      if (tier_has_room(t, g)) tier = static_cast<int>(t);
+    }
+    if (tier < 0) return;  // no tier can hold it: the caller tries another tensor
+    // Keep whatever bandwidth the tier has left, but absent at x regardless.
+    Window w;
+    const bool ok = evaluate(g, static_cast<uint32_t>(tier), &w);
+    fit.done = ok ? std::min(w.done, x - 1) : x - 1;
+    fit.begin = ok ? std::max(w.begin, x + 1) : x + 1;
+  }
+  const auto t = static_cast<uint32_t>(tier);
+  const int64_t out = write_[t].reserve_forward((g.start + 1) % n_, fit.done, g.bytes);
+  const int64_t in = read_[t].reserve_backward(g.end, g.len - fit.begin, g.bytes);
+  diag_.unhidden_bytes += static_cast<uint64_t>((g.bytes - out) + (g.bytes - in));
+  diag_.estimated_stall_us += static_cast<double>(g.bytes - out) / write_[t].bytes_per_us() +
+                              static_cast<double>(g.bytes - in) / read_[t].bytes_per_us();
+  subtract(g, fit.done + 1, fit.begin - fit.done - 1);
+  hold(t, g);
+  pair_of_[gi] = static_cast<int32_t>(pairs_.size());
+  Pair pr{gi, t, fit.done, fit.begin};
+  pr.forced = out < g.bytes || in < g.bytes;
+  if (pr.forced) ++forced_;
+  pairs_.push_back(pr);
+}
+
+// Drops pairs memory no longer needs (latest chosen first), then starts each prefetch as early as
+// the budget allows, keeping at least one kernel of absence. Bandwidth reservations are kept.
+void Planner::prune_and_hoist() {
+  auto window_max = [&](const Gap& g, uint32_t first, uint32_t count) {
+    const Pieces p = pieces(n_, uint64_t{g.start} + first, count);
+    int64_t m = INT64_MIN;
+    for (size_t i = 0; i < p.n; ++i) m = std::max(m, mem_.max(p.lo[i], p.hi[i]));
+    return m;
+  };
+  if (tuning_.prune) {
+    for (size_t i = pairs_.size(); i-- > 0;) {
+      Pair& pr = pairs_[i];
+      const Gap& g = gaps_[pr.gap];
+      const uint32_t count = pr.begin - pr.done - 1;
+      if (count > 0 && window_max(g, pr.done + 1, count) + g.bytes > budget_) continue;
+      add_back(g, pr.done + 1, count);
+      pr.live = false;
+      pair_of_[pr.gap] = -1;
+      ++diag_.pruned;
+    }
+  }
+  if (!tuning_.hoist_prefetch) return;
+  std::vector<uint32_t> order;
+  for (uint32_t i = 0; i < pairs_.size(); ++i) {
+    if (pairs_[i].live) order.push_back(i);
+  }
+  auto prefetch_at = [&](uint32_t i) { return (gaps_[pairs_[i].gap].start + pairs_[i].begin) % n_; };
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return prefetch_at(a) < prefetch_at(b); });
+  for (uint32_t i : order) {
+    Pair& pr = pairs_[i];
+    const Gap& g = gaps_[pr.gap];
+    if (pr.begin <= pr.done + 2) continue;
+    // Latest distance in [done+2, begin-1] where adding the tensor back would exceed the budget.
+    const uint32_t first = pr.done + 2;
+    const Pieces p = pieces(n_, uint64_t{g.start} + first, pr.begin - first);
+    uint32_t blocked = 0;  // distance, 0 = none
+    for (size_t j = p.n; j-- > 0 && blocked == 0;) {
+      const size_t k = mem_.last_above(p.lo[j], p.hi[j], budget_ - g.bytes);
+      if (k != SIZE_MAX) blocked = static_cast<uint32_t>((k + n_ - g.start) % n_);
+    }
+    const uint32_t new_begin = blocked == 0 ? first : blocked + 1;
+    if (new_begin >= pr.begin) continue;
+    add_back(g, new_begin, pr.begin - new_begin);
+    pr.begin = new_begin;
+    ++diag_.hoisted;
+  }
+}
+
+Plan Planner::emit() const {
+  Plan plan;
+  plan.budget_bytes = opts_.budget_bytes;
+  plan.tiers = opts_.tiers;
+  for (const Pair& pr : pairs_) {
+    if (!pr.live) continue;
+    const Gap& g = gaps_[pr.gap];
+    plan.moves.push_back(Move{g.tensor, MoveOp::offload, pr.tier, g.start, (g.start + pr.done) % n_});
+    plan.moves.push_back(Move{g.tensor, MoveOp::prefetch, pr.tier, (g.start + pr.begin) % n_, g.end});
+  }
+  std::stable_sort(plan.moves.begin(), plan.moves.end(), [](const Move& a, const Move& b) {
+    if (a.start != b.start) return a.start < b.start;
+    return a.op < b.op;
+  });
+  return plan;
+}
+
+Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_options();
+  check_active_bytes();
+  budget_ = static_cast<int64_t>(opts_.budget_bytes);
+  PlannerStats st;
+  if (n_ > 0) {
+    const Lifetimes lifetimes(trace_);
+    const std::vector<InactivePeriod> periods = inactive_periods(trace_, lifetimes);
+    const std::vector<uint64_t> curve = memory_curve(trace_, lifetimes);
+    tau_.assign(trace_.kernel_times_us().begin(), trace_.kernel_times_us().end());
+    gaps_.reserve(periods.size());
+    for (const InactivePeriod& p : periods) {
+      const uint32_t len = p.end > p.start ? p.end - p.start : p.end + n_ - p.start;
+      gaps_.push_back(Gap{p.tensor, static_cast<int64_t>(p.bytes), p.start, p.end, len});
+      if (p.bytes >= opts_.min_tensor_bytes) ++st.candidates;
+    }
+    pair_of_.assign(gaps_.size(), -1);
+    std::vector<int64_t> m(curve.begin(), curve.end());
+    std::vector<int64_t> crit(n_, 0);
+    tau_ns_.resize(n_);
+    for (uint32_t k = 0; k < n_; ++k) {
+      tau_ns_[k] = tau_[k] > 0 ? std::max<int64_t>(1, std::llround(tau_[k] * 1e3)) : 0;
+      if (m[k] > budget_) crit[k] = tau_ns_[k];
+      st.peak_before_bytes = std::max(st.peak_before_bytes, curve[k]);
+    }
+    mem_ = PressureTree(m, budget_);
+    crit_ = Fenwick<int64_t>(crit);
+    const std::vector<int64_t> zeros(n_, 0);
+    for (const TierSpec& t : opts_.tiers) {
+      write_.emplace_back(tau_, t.write_gbps);
+      read_.emplace_back(tau_, t.read_gbps);
+      held_.emplace_back(zeros, INT64_MAX);
+      tier_weight_.push_back(tuning_.cost_per_time ? 1.0 / (1.0 / t.write_gbps + 1.0 / t.read_gbps) : 1.0);
+    }
+    diag_.tier_bytes.assign(opts_.tiers.size(), 0);
+    greedy();
+    st.chosen = pairs_.size();
+    force();
+    prune_and_hoist();
+    const int64_t peak = mem_.max_all();
+    if (peak > budget_) {
+      const size_t k = mem_.argmax_all();
+      throw Error(fmt::format("planner: kernel {} ({}) keeps {} resident, over the budget of {}, and nothing "
+                              "resident there can be moved",
+                              k, trace_.kernel_name(static_cast<KernelIndex>(k)),
+                              format_bytes(static_cast<double>(peak)), format_bytes(static_cast<double>(budget_))));
+    }
+    st.peak_after_bytes = static_cast<uint64_t>(std::max<int64_t>(peak, 0));
+    size_t live_chosen = 0, live_forced = 0;
+    for (const Pair& pr : pairs_) {
+      if (!pr.live) continue;
+      (pr.forced ? live_forced : live_chosen)++;
+      diag_.bytes_offloaded += static_cast<uint64_t>(gaps_[pr.gap].bytes);
+      diag_.tier_bytes[pr.tier] += static_cast<uint64_t>(gaps_[pr.gap].bytes);
+    }
+    st.chosen = live_chosen;
+    st.forced = live_forced;
+  }
+  Plan plan = emit();
+  st.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (stats) *stats = st;
+  if (diag) *diag = diag_;
+  return plan;
+}
+
+}  // namespace
+
+Plan make_plan_tuned(const Trace& trace, const PlannerOptions& opts, const PlannerTuning& tuning,
+                     PlannerStats* stats, PlannerDiagnostics* diag) {
+  Planner planner(trace, opts, tuning);
+  return planner.run(stats, diag);
+}
+
+}  // namespace planner_detail
+
+Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* stats) {
+  return planner_detail::make_plan_tuned(trace, opts, planner_detail::PlannerTuning{}, stats, nullptr);
+}
+
+}  // namespace teraio

@@ -1,0 +1,38 @@
+// Knobs behind the planner's decisions (docs/planner.md, "Decisions"), exposed to the tests and the
+// benchmark so each decision can be re-measured. make_plan uses the defaults below; these are not
+// part of the public API.
+#pragma once
+
+#include "teraio/planner.h"
+
+namespace teraio::planner_detail {
+
+struct PlannerTuning {
+  // Benefit counts min(bytes, M'[k] - budget) per critical kernel instead of the full size (the
+  // paper credits the full size). Default off: measured no better, and O(window) per score.
+  bool clip_benefit = false;
+  // Score = benefit / (transfer time to and from the tier) instead of benefit / bytes. Default off:
+  // with per-byte cost the two rank identically within a tier, and per-time cost makes the fast
+  // host tier win every tie, spending its (capped) capacity on the first candidates.
+  bool cost_per_time = false;
+  // After planning, drop pairs that memory no longer needs and start prefetches as early as memory
+  // allows. Default on.
+  bool prune = true;
+  bool hoist_prefetch = true;
+};
+
+// Extra numbers the planner knows that PlannerStats does not carry.
+struct PlannerDiagnostics {
+  uint64_t bytes_offloaded = 0;         // over all pairs
+  std::vector<uint64_t> tier_bytes;     // offloaded bytes per tier
+  uint64_t unhidden_bytes = 0;          // forced-pair bytes with no reserved bandwidth
+  double estimated_stall_us = 0;        // unhidden bytes / link bandwidth (the planner's own model)
+  size_t pruned = 0;                    // pairs dropped by the prune pass
+  size_t hoisted = 0;                   // prefetches started earlier than planned
+  size_t rescores = 0;                  // candidate evaluations in the greedy loop
+};
+
+Plan make_plan_tuned(const Trace& trace, const PlannerOptions& opts, const PlannerTuning& tuning,
+                     PlannerStats* stats, PlannerDiagnostics* diag);
+
+}  // namespace teraio::planner_detail

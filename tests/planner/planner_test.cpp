@@ -1,0 +1,276 @@
+// Planner tests: hand-checked golden plans on tiny traces, the refusal when one kernel's tensors
+// exceed the budget, and properties over random traces (every plan valid, fits the budget, more
+// budget does not move more bytes overall).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "planner_tuning.h"
+#include "random_trace.h"
+#include "teraio/analysis.h"
+#include "teraio/error.h"
+#include "teraio/plan_check.h"
+#include "teraio/planner.h"
+#include "teraio/units.h"
+
+namespace teraio {
+namespace {
+
+TensorId tensor(Trace& trace, const char* name, uint64_t bytes, bool persistent) {
+  TensorInfo info;
+  info.bytes = bytes;
+  info.persistent = persistent;
+  info.kind = persistent ? TensorKind::parameter : TensorKind::activation;
+  info.name = name;
+  return trace.add_tensor(info);
+}
+
+// Adds `n` kernels of `time_us`; kernel k touches every tensor t with k in uses[t].
+void kernels(Trace& trace, uint32_t n, double time_us, const std::vector<std::vector<KernelIndex>>& uses) {
+  for (KernelIndex k = 0; k < n; ++k) {
+    std::vector<TensorId> ids;
+    for (TensorId t = 0; t < uses.size(); ++t) {
+      if (std::find(uses[t].begin(), uses[t].end(), k) != uses[t].end()) ids.push_back(t);
+    }
+    trace.add_kernel("k" + std::to_string(k), time_us, ids);
+  }
+}
+
+PlannerOptions options(uint64_t budget, double gbps, uint64_t capacity = 1 * kTiB) {
+  PlannerOptions o;
+  o.budget_bytes = budget;
+  o.tiers.push_back(TierSpec{"ssd", capacity, gbps, gbps});
+  return o;
+}
+
+PlanCheck check(const Trace& trace, const Plan& plan) {
+  const Lifetimes lifetimes(trace);
+  return check_plan(trace, lifetimes, plan);
+}
+
+std::string describe(const PlanCheck& c) {
+  std::string s;
+  for (const auto& e : c.errors) s += e + "\n";
+  return s;
+}
+
+bool has_move(const Plan& plan, TensorId t, MoveOp op, KernelIndex start, KernelIndex deadline) {
+  return std::any_of(plan.moves.begin(), plan.moves.end(), [&](const Move& m) {
+    return m.tensor == t && m.op == op && m.start == start && m.deadline == deadline;
+  });
+}
+
+// W (persistent, 100 MiB) is used at kernels 0 and 10; A (100 MiB) lives over kernels 3..7.
+// Budget 150 MiB: W must be away over 3..7. With fast links the offload takes kernel 1, the
+// prefetch is hoisted to kernel 8 (the first kernel where W fits again).
+TEST(PlannerGolden, OneBigTensorOffloadedInItsGap) {
+  Trace trace;
+  tensor(trace, "W", 100 * kMiB, true);
+  tensor(trace, "A", 100 * kMiB, false);
+  kernels(trace, 20, 1000, {{0, 10}, {3, 4, 5, 6, 7}});
+  PlannerStats stats;
+  const Plan plan = make_plan(trace, options(150 * kMiB, 1000), &stats);
+  ASSERT_EQ(plan.moves.size(), 2u);
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::offload, 0, 1));
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::prefetch, 8, 10));
+  EXPECT_EQ(stats.chosen, 1u);
+  EXPECT_EQ(stats.forced, 0u);
+  EXPECT_EQ(stats.peak_before_bytes, 200 * kMiB);
+  EXPECT_EQ(stats.peak_after_bytes, 100 * kMiB);
+  const PlanCheck c = check(trace, plan);
+  EXPECT_TRUE(c.valid) << describe(c);
+  EXPECT_EQ(c.peak_bytes, 100 * kMiB);
+}
+
+// B1 (100 MiB) and B2 (300 MiB) fit the 400 MiB budget; A (100 MiB) over kernels 3..7 pushes M to
+// 500 MiB there. B1 can be away over all five kernels; B2 over four of them only (3..6): B2 saves
+// more byte-time in total, but B1 saves more per byte and alone resolves the pressure, so only B1
+// moves (and its prefetch is hoisted to kernel 8, where it fits again).
+TEST(PlannerGolden, BetterBenefitPerByteWins) {
+  Trace trace;
+  tensor(trace, "B1", 100 * kMiB, true);
+  tensor(trace, "B2", 300 * kMiB, true);
+  tensor(trace, "A", 100 * kMiB, false);
+  kernels(trace, 20, 1000, {{0, 10}, {1, 8}, {3, 4, 5, 6, 7}});
+  PlannerStats stats;
+  const Plan plan = make_plan(trace, options(400 * kMiB, 1e6), &stats);
+  ASSERT_EQ(plan.moves.size(), 2u);
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::offload, 0, 1));
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::prefetch, 8, 10));
+  EXPECT_TRUE(check(trace, plan).valid);
+}
+
+// Same as the first case, but the link moves 1 KB per kernel: nothing can be hidden, and the plan
+// still fits with a forced (stalling) pair that keeps W away over 3..7.
+TEST(PlannerGolden, InsufficientBandwidthGivesForcedMoves) {
+  Trace trace;
+  tensor(trace, "W", 100 * kMiB, true);
+  tensor(trace, "A", 100 * kMiB, false);
+  kernels(trace, 20, 1000, {{0, 10}, {3, 4, 5, 6, 7}});
+  PlannerStats stats;
+  planner_detail::PlannerDiagnostics diag;
+  const Plan plan = planner_detail::make_plan_tuned(trace, options(150 * kMiB, 1e-6), {}, &stats, &diag);
+  ASSERT_EQ(plan.moves.size(), 2u);
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::offload, 0, 2));
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::prefetch, 8, 10));
+  EXPECT_EQ(stats.chosen, 0u);
+  EXPECT_EQ(stats.forced, 1u);
+  EXPECT_GT(diag.estimated_stall_us, 0.0);
+  const PlanCheck c = check(trace, plan);
+  EXPECT_TRUE(c.valid) << describe(c);
+  EXPECT_LE(c.peak_bytes, 150 * kMiB);
+}
+
+// Tiny tensors are skipped by the greedy loop but moved when nothing else helps.
+TEST(PlannerGolden, SmallTensorsMovedWhenNothingElseHelps) {
+  Trace trace;
+  tensor(trace, "S", 64 * kKiB, true);
+  tensor(trace, "A", 1 * kMiB, false);
+  kernels(trace, 10, 100, {{0, 8}, {2, 3, 4}});
+  PlannerOptions o = options(1 * kMiB, 100);
+  o.min_tensor_bytes = 1 * kMiB;
+  PlannerStats stats;
+  const Plan plan = make_plan(trace, o, &stats);
+  ASSERT_EQ(plan.moves.size(), 2u);
+  EXPECT_EQ(plan.moves[0].tensor, 0u);
+  EXPECT_EQ(stats.chosen + stats.forced, 1u);
+  EXPECT_TRUE(check(trace, plan).valid);
+}
+
+TEST(PlannerGolden, NoPressureNoMoves) {
+  Trace trace;
+  tensor(trace, "W", 100 * kMiB, true);
+  kernels(trace, 5, 10, {{0, 3}});
+  PlannerStats stats;
+  const Plan plan = make_plan(trace, options(100 * kMiB, 10), &stats);
+  EXPECT_TRUE(plan.moves.empty());
+  EXPECT_EQ(stats.peak_after_bytes, 100 * kMiB);
+}
+
+TEST(PlannerRefusal, KernelWhoseTensorsExceedTheBudget) {
+  Trace trace;
+  tensor(trace, "X", 60 * kMiB, false);
+  tensor(trace, "Y", 60 * kMiB, false);
+  trace.add_kernel("aten::zeros", 10, std::vector<TensorId>{0});
+  trace.add_kernel("aten::bmm", 10, std::vector<TensorId>{0, 1});
+  try {
+    make_plan(trace, options(100 * kMiB, 10));
+    FAIL() << "expected teraio::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("kernel 1 "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("aten::bmm"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("125829120"), std::string::npos) << msg;  // its bytes
+    EXPECT_NE(msg.find("104857600"), std::string::npos) << msg;  // the budget
+  }
+}
+
+TEST(PlannerRefusal, BadOptions) {
+  Trace trace;
+  tensor(trace, "X", 1 * kMiB, false);
+  trace.add_kernel("k", 10, std::vector<TensorId>{0});
+  PlannerOptions o;
+  o.budget_bytes = kGiB;
+  EXPECT_THROW(make_plan(trace, o), Error);
+  o.tiers.push_back(TierSpec{"ssd", kTiB, 0, 5});
+  EXPECT_THROW(make_plan(trace, o), Error);
+}
+
+struct RandomCase {
+  Trace trace;
+  PlannerOptions opts;
+  uint64_t max_active = 0;
+  uint64_t peak = 0;
+};
+
+RandomCase random_case(uint64_t seed) {
+  RandomCase rc;
+  testing::RandomTraceShape shape;
+  shape.kernels = 50 + static_cast<uint32_t>(seed * 7 % 250);
+  shape.tensors = 10 + static_cast<uint32_t>(seed * 13 % 60);
+  rc.trace = testing::random_trace(seed, shape);
+  const std::vector<uint64_t> active = active_bytes(rc.trace);
+  rc.max_active = *std::max_element(active.begin(), active.end());
+  const Lifetimes lifetimes(rc.trace);
+  const std::vector<uint64_t> m = memory_curve(rc.trace, lifetimes);
+  rc.peak = *std::max_element(m.begin(), m.end());
+  rc.opts.min_tensor_bytes = (seed % 3 == 0) ? 0 : kMiB;
+  rc.opts.tiers.push_back(TierSpec{"ssd", 64 * kTiB, 1.0 + static_cast<double>(seed % 10), 2.0 + static_cast<double>(seed % 7)});
+  if (seed % 2 == 0) rc.opts.tiers.push_back(TierSpec{"host", 64 * kTiB, 50, 50});
+  return rc;
+}
+
+uint64_t budget_between(const RandomCase& rc, double f) {
+  if (rc.peak <= rc.max_active) return rc.peak;
+  return rc.max_active + static_cast<uint64_t>(f * static_cast<double>(rc.peak - rc.max_active));
+}
+
+TEST(PlannerProperties, EveryPlanIsValidAndFits) {
+  for (uint64_t seed = 1; seed <= 250; ++seed) {
+    RandomCase rc = random_case(seed);
+    for (double f : {0.0, 0.3, 0.7}) {
+      rc.opts.budget_bytes = budget_between(rc, f);
+      PlannerStats stats;
+      const Plan plan = make_plan(rc.trace, rc.opts, &stats);
+      const PlanCheck c = check(rc.trace, plan);
+      ASSERT_TRUE(c.valid) << "seed " << seed << " f " << f << "\n" << describe(c);
+      ASSERT_LE(c.peak_bytes, rc.opts.budget_bytes) << "seed " << seed;
+      ASSERT_EQ(c.peak_bytes, stats.peak_after_bytes) << "seed " << seed;
+      ASSERT_EQ(plan.moves.size(), 2 * (stats.chosen + stats.forced)) << "seed " << seed;
+    }
+  }
+}
+
+// Every tuning variant must stay valid too (they are measured in docs/planner.md).
+TEST(PlannerProperties, TuningVariantsAreValid) {
+  for (uint64_t seed = 300; seed < 400; ++seed) {
+    RandomCase rc = random_case(seed);
+    rc.opts.budget_bytes = budget_between(rc, 0.2);
+    for (int v = 0; v < 4; ++v) {
+      planner_detail::PlannerTuning t;
+      t.clip_benefit = v & 1;
+      t.cost_per_time = v & 2;
+      t.prune = v != 3;
+      t.hoist_prefetch = v != 3;
+      const Plan plan = planner_detail::make_plan_tuned(rc.trace, rc.opts, t, nullptr, nullptr);
+      const PlanCheck c = check(rc.trace, plan);
+      ASSERT_TRUE(c.valid) << "seed " << seed << " variant " << v << "\n" << describe(c);
+    }
+  }
+}
+
+// A small host tier: the plan respects its capacity, or the planner refuses; never an invalid plan.
+TEST(PlannerProperties, TierCapacityRespected) {
+  for (uint64_t seed = 500; seed < 600; ++seed) {
+    RandomCase rc = random_case(seed);
+    rc.opts.tiers.clear();
+    rc.opts.tiers.push_back(TierSpec{"host", rc.peak / 3, 50, 50});
+    rc.opts.tiers.push_back(TierSpec{"ssd", 64 * kTiB, 3, 3});
+    rc.opts.budget_bytes = budget_between(rc, 0.4);
+    const Plan plan = make_plan(rc.trace, rc.opts);
+    const PlanCheck c = check(rc.trace, plan);
+    ASSERT_TRUE(c.valid) << "seed " << seed << "\n" << describe(c);
+    EXPECT_LE(c.tier_peak_bytes[0], rc.peak / 3);
+  }
+}
+
+// More budget does not move more bytes in total over many traces (single traces may, slightly:
+// the greedy is not monotone).
+TEST(PlannerProperties, MoreBudgetMovesFewerBytesOverall) {
+  uint64_t tight = 0, loose = 0;
+  for (uint64_t seed = 700; seed < 900; ++seed) {
+    RandomCase rc = random_case(seed);
+    auto moved = [&](double f) {
+      rc.opts.budget_bytes = budget_between(rc, f);
+      planner_detail::PlannerDiagnostics d;
+      planner_detail::make_plan_tuned(rc.trace, rc.opts, {}, nullptr, &d);
+      return d.bytes_offloaded;
+    };
+    tight += moved(0.2);
+    loose += moved(0.6);
+  }
+  EXPECT_LT(loose, tight);
+}
+
+}  // namespace
+}  // namespace teraio
