@@ -1,0 +1,286 @@
+// Tiered storage engine: asynchronous moves between buffers (host pageable, host pinned, device)
+// and storage tiers (a capped pinned-host arena; one or more SSD paths striped without RAID).
+// Every tier is a byte-addressed space; an ExtentAllocator hands out 4 KiB-aligned extents of it.
+// See docs/storage.md for the contracts summarised in the comments below.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace teraio::storage {
+
+// ---------------------------------------------------------------------------------------------
+// Buffers: a pointer always travels with its memory kind and device.
+
+enum class MemoryKind { kHostPageable, kHostPinned, kDevice };
+std::string_view to_string(MemoryKind kind);
+
+// Number of usable CUDA devices: 0 when teraio was built without CUDA, when no driver or GPU is
+// present, or when cudaGetDeviceCount fails. Thread-safe; probed once.
+int cuda_device_count() noexcept;
+// Why cuda_device_count() is 0 ("" when it is not).
+std::string cuda_unavailable_reason();
+
+// A non-owning view of memory of one kind. Cheap to copy. The caller keeps the memory alive until
+// every request that uses the view has completed.
+class BufferView {
+ public:
+  BufferView() = default;
+  // `device` is the CUDA device index for kDevice (and the device a pinned buffer is used with);
+  // it is ignored (-1) for pageable memory.
+  BufferView(void* data, uint64_t size_bytes, MemoryKind kind, int device = -1);
+  static BufferView host(void* data, uint64_t size_bytes) {
+    return BufferView(data, size_bytes, MemoryKind::kHostPageable);
+  }
+
+  void* data() const { return data_; }
+  std::byte* bytes() const { return static_cast<std::byte*>(data_); }
+  uint64_t size_bytes() const { return size_bytes_; }
+  MemoryKind kind() const { return kind_; }
+  int device() const { return device_; }
+  bool is_device() const { return kind_ == MemoryKind::kDevice; }
+  // The sub-range [offset, offset + size); throws teraio::Error when it is out of range.
+  BufferView subview(uint64_t offset_bytes, uint64_t size_bytes) const;
+
+ private:
+  void* data_ = nullptr;
+  uint64_t size_bytes_ = 0;
+  MemoryKind kind_ = MemoryKind::kHostPageable;
+  int device_ = -1;
+};
+
+// An owning, move-only buffer. Host memory is 4 KiB aligned. kHostPinned uses cudaHostAlloc when
+// a GPU is present and falls back to ordinary aligned memory otherwise (pinned() says which).
+// kDevice throws teraio::Error when no GPU is present.
+class Buffer {
+ public:
+  Buffer() = default;
+  static Buffer allocate(uint64_t size_bytes, MemoryKind kind, int device = 0);
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  BufferView view() const { return view_; }
+  void* data() const { return view_.data(); }
+  uint64_t size_bytes() const { return view_.size_bytes(); }
+  MemoryKind kind() const { return view_.kind(); }
+  bool pinned() const { return pinned_; }  // true when cudaHostAlloc really pinned it
+
+ private:
+  void release() noexcept;
+  BufferView view_;
+  bool pinned_ = false;
+};
+
+// Copies between any two views of equal size (cudaMemcpy when either side is on a device).
+void copy_buffer(BufferView dst, BufferView src);
+
+// ---------------------------------------------------------------------------------------------
+// Requests and completions.
+
+enum class Direction { kWrite, kRead };  // kWrite: buffer -> tier; kRead: tier -> buffer
+enum class Priority { kNormal, kUrgent };
+std::string_view to_string(Direction direction);
+
+using CudaStream = void*;  // a cudaStream_t; nullptr is the legacy default stream
+
+struct IoRequest {
+  Direction direction = Direction::kWrite;
+  BufferView buffer;                       // the whole view is moved
+  uint64_t offset_bytes = 0;               // address in the tier
+  Priority priority = Priority::kNormal;   // kUrgent is taken before every queued kNormal
+  // Device writes only: when set, the copy out of the buffer starts after the work queued on this
+  // stream at submit time (an event is recorded on it). When null, the caller guarantees that the
+  // buffer's contents are final at submit.
+  CudaStream ready_stream = nullptr;
+};
+
+struct IoResult {
+  bool ok = true;
+  uint64_t bytes = 0;         // bytes moved (== request size when ok)
+  int error_code = 0;         // errno value (ECANCELED when cancelled at shutdown)
+  std::string error;          // names the tier, path, offset and size
+  uint64_t finish_ns = 0;     // steady_clock time of completion, for ordering and latency
+};
+
+namespace detail {
+struct CompletionState;
+}
+
+// The handle of a submitted request. Copyable; all copies refer to the same request.
+// Thread-safe: any thread may wait.
+class Completion {
+ public:
+  Completion() = default;
+  explicit Completion(std::shared_ptr<detail::CompletionState> state) : state_(std::move(state)) {}
+  bool valid() const { return state_ != nullptr; }
+  bool ready() const;
+  // Blocks until the request has completed (successfully or not).
+  const IoResult& wait() const;
+  bool wait_for(std::chrono::nanoseconds timeout) const;
+  // wait(), then throws teraio::Error with the result's message on failure.
+  void get() const;
+  // Makes `stream` wait for the data of a read into a device buffer without blocking on the GPU
+  // copy: blocks the CPU only until the final host-to-device copy has been enqueued, then
+  // cudaStreamWaitEvent. For other requests it is wait(). Throws teraio::Error on failure.
+  void stream_wait(CudaStream stream) const;
+
+ private:
+  std::shared_ptr<detail::CompletionState> state_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tiers.
+
+enum class ShutdownMode {
+  kDrain,   // complete every queued request, then stop (the destructor's mode)
+  kCancel,  // fail every request not yet started with ECANCELED; in-flight ones finish
+};
+
+struct TierInfo {
+  std::string name;              // "host", "file", "file-sync", "fault(file)"
+  std::string engine;            // "memcpy", "io_uring", "threads", "sync", "cufile"
+  std::vector<std::string> notes;  // fallbacks taken and why (e.g. "O_DIRECT refused on /dev/shm")
+  uint64_t capacity_bytes = 0;
+};
+
+// A storage tier. submit() is thread-safe and never blocks on I/O (it may block briefly for a
+// lock). A request's buffer must stay valid until its completion is ready. Requests that overlap
+// in the tier are not ordered with respect to each other. Errors in a request (bad range, refused
+// device buffer, closed tier) throw teraio::Error from submit(); I/O failures are reported in the
+// IoResult, never thrown from a worker and never printed.
+class Tier {
+ public:
+  virtual ~Tier() = default;
+  virtual Completion submit(const IoRequest& request) = 0;
+  virtual void shutdown(ShutdownMode mode) = 0;  // idempotent; submit() afterwards throws
+  virtual TierInfo info() const = 0;
+  uint64_t capacity_bytes() const { return info().capacity_bytes; }
+
+  // Convenience: submit and wait, throwing on failure.
+  void write(BufferView buffer, uint64_t offset_bytes);
+  void read(BufferView buffer, uint64_t offset_bytes);
+};
+
+// Pinned host arena with a hard byte cap, allocated once at creation.
+struct HostTierOptions {
+  uint64_t capacity_bytes = 0;   // required; the arena is allocated (and pinned) up front
+  bool pin = true;               // cudaHostAlloc when a GPU is present; plain memory otherwise
+  int worker_threads = 2;        // copy threads (each with its own CUDA streams)
+  bool checksums = false;        // CRC32C per written extent, verified on read of the same extent
+};
+std::unique_ptr<Tier> make_host_tier(const HostTierOptions& options);
+
+enum class FileEngine { kAuto, kIoUring, kThreads };
+enum class GdsMode { kOff, kOn, kAuto };
+std::string_view to_string(GdsMode mode);
+GdsMode parse_gds_mode(std::string_view text);  // "on", "off", "auto"
+
+struct FileTierOptions {
+  std::vector<std::string> paths;      // one directory per SSD; required
+  uint64_t capacity_bytes = 0;         // total over all paths; required; fallocated at creation
+  uint64_t stripe_bytes = 1 << 20;     // striping unit and bounce-buffer size; multiple of 4 KiB
+  int queue_depth = 8;                 // in-flight chunks (and bounce buffers) per path
+  FileEngine engine = FileEngine::kAuto;  // kAuto: io_uring, else threads (reason in notes)
+  bool direct_io = true;               // O_DIRECT when the filesystem accepts it
+  bool checksums = false;              // CRC32C per chunk written, verified on read
+  GdsMode gds = GdsMode::kOff;         // cuFile for device buffers (kAuto probes, then falls back)
+  std::string job_name = "teraio";     // files go to <path>/<job_name>-<pid>-<n>/stripe.dat
+};
+std::unique_ptr<Tier> make_file_tier(const FileTierOptions& options);
+
+// The reference: synchronous buffered pread/pwrite in the caller's thread, same striped layout.
+// submit() completes the request before returning. Used as the test oracle.
+std::unique_ptr<Tier> make_sync_file_tier(const FileTierOptions& options);
+
+// Fault injection for tests: wraps a tier and fails, shortens or delays chosen requests.
+enum class FaultKind { kNone, kEio, kEnospc, kShortRead, kShortWrite, kSlow };
+struct FaultRule {
+  FaultKind kind = FaultKind::kNone;
+  uint64_t nth_request = 0;     // applies to the nth submitted request (0-based) ...
+  uint64_t count = 1;           // ... and the count-1 following ones
+  uint64_t delay_us = 0;        // kSlow: extra latency before the completion is reported
+};
+struct FaultOptions {
+  std::vector<FaultRule> rules;  // empty: pass-through
+};
+std::unique_ptr<Tier> make_fault_tier(std::unique_ptr<Tier> inner, FaultOptions options);
+
+// ---------------------------------------------------------------------------------------------
+// Extents of a tier's address space.
+
+struct Extent {
+  uint64_t offset_bytes = 0;
+  uint64_t size_bytes = 0;  // rounded up to the alignment
+};
+
+// First-fit allocator with coalescing of freed neighbours. Not thread-safe (one owner).
+class ExtentAllocator {
+ public:
+  explicit ExtentAllocator(uint64_t capacity_bytes, uint64_t alignment_bytes = 4096);
+  // Throws teraio::Error naming the request and the free space when it does not fit.
+  Extent allocate(uint64_t size_bytes);
+  std::optional<Extent> try_allocate(uint64_t size_bytes);
+  void free(Extent extent);  // throws teraio::Error on a double or foreign free
+  uint64_t free_bytes() const { return free_bytes_; }
+  uint64_t largest_free_bytes() const;
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+
+ private:
+  uint64_t capacity_bytes_;
+  uint64_t alignment_bytes_;
+  uint64_t free_bytes_;
+  std::vector<Extent> free_;  // sorted by offset, never adjacent
+};
+
+// ---------------------------------------------------------------------------------------------
+// Integrity and cleanup.
+
+uint32_t crc32c(const void* data, uint64_t size_bytes, uint32_t seed = 0);
+
+// Process-wide registry of files and directories to remove at exit and on SIGINT/SIGTERM (the
+// handler removes them, restores the previous action and re-raises). Thread-safe; the signal
+// handler is async-signal-safe. Holds at most 1024 paths of up to 4095 bytes.
+void cleanup_register(const std::string& path);
+void cleanup_unregister(const std::string& path);  // after the owner removed it itself
+void cleanup_run_now();                             // removes everything registered
+
+// ---------------------------------------------------------------------------------------------
+// GPUDirect Storage (cuFile, loaded with dlopen).
+
+struct GdsProbe {
+  bool library_loaded = false;   // libcufile.so.0 found
+  bool driver_opened = false;    // cuFileDriverOpen succeeded
+  bool handle_registered = false;
+  bool io_ok = false;            // a 4 KiB write + read through cuFile matched
+  bool usable = false;           // all of the above
+  int error_code = 0;            // the numeric cuFile error of the failing step (e.g. 5027)
+  std::string step;              // the failing step ("dlopen", "cuFileHandleRegister", ...)
+  std::string reason;            // one line: why GDS is or is not used
+};
+// Probes cuFile on a directory: loads the library, opens the driver, registers a handle on a
+// temporary O_DIRECT file there, writes and reads 4 KiB from a device buffer. Never throws.
+GdsProbe probe_gds(const std::string& directory);
+
+// Whether O_DIRECT open works in `directory` (tmpfs refuses it), with the reason when not.
+struct DirectIoProbe {
+  bool supported = false;
+  std::string reason;
+};
+DirectIoProbe probe_direct_io(const std::string& directory);
+
+// Whether io_uring can be initialised in this process (sandboxes often forbid it).
+struct IoUringProbe {
+  bool supported = false;
+  std::string reason;
+};
+IoUringProbe probe_io_uring();
+
+}  // namespace teraio::storage

@@ -1,0 +1,127 @@
+// Internals shared by the storage tiers: the completion state behind teraio::storage::Completion,
+// the two-level priority queue every tier's workers take requests from, and small helpers.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "teraio/storage.h"
+
+namespace teraio::storage {
+
+uint64_t now_ns();
+
+namespace detail {
+
+// Note [Completion states]: a request is `done` once its IoResult is final. For reads into device
+// memory the state also carries a CUDA event recorded after the last host-to-device copy; it is
+// published (event_published) as soon as that copy is enqueued, before the worker waits for it, so
+// a compute stream can wait on the GPU instead of on the CPU (Completion::stream_wait).
+struct CompletionState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  IoResult result;
+  void* event = nullptr;  // owned; created lazily by the tier
+  bool event_published = false;
+
+  ~CompletionState();
+  void publish_event();
+  void finish(IoResult r);
+};
+
+}  // namespace detail
+
+// Two-level FIFO: urgent items are always taken before normal ones.
+template <class T>
+class PriorityQueue {
+ public:
+  // Returns false when the queue is closed (the item is not queued).
+  bool push(T item, Priority priority) {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return false;
+      (priority == Priority::kUrgent ? urgent_ : normal_).push_back(std::move(item));
+    }
+    cv_.notify_one();
+    return true;
+  }
+  // Blocks until an item is available; nullopt once closed and empty.
+  std::optional<T> pop_wait() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return closed_ || !urgent_.empty() || !normal_.empty(); });
+    return pop_locked();
+  }
+  std::optional<T> try_pop() {
+    std::lock_guard lock(mu_);
+    return pop_locked();
+  }
+  // Waits at most `timeout` for an item.
+  template <class Duration>
+  std::optional<T> pop_wait_for(Duration timeout) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return closed_ || !urgent_.empty() || !normal_.empty(); });
+    return pop_locked();
+  }
+  std::vector<T> take_all() {
+    std::lock_guard lock(mu_);
+    std::vector<T> out;
+    for (auto& x : urgent_) out.push_back(std::move(x));
+    for (auto& x : normal_) out.push_back(std::move(x));
+    urgent_.clear();
+    normal_.clear();
+    return out;
+  }
+  void close() {
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool closed() const {
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
+
+ private:
+  std::optional<T> pop_locked() {
+    std::deque<T>* q = !urgent_.empty() ? &urgent_ : (!normal_.empty() ? &normal_ : nullptr);
+    if (q == nullptr) return std::nullopt;
+    T item = std::move(q->front());
+    q->pop_front();
+    return item;
+  }
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> urgent_, normal_;
+  bool closed_ = false;
+};
+
+// CRC32C of written extents (Note [Checksums]): a write records the checksum of exactly the range
+// it wrote and drops every recorded range it overlaps; a read of exactly a recorded range is
+// verified, other reads are not. Thread-safe.
+class ChecksumTable {
+ public:
+  void record(uint64_t offset, uint64_t size, uint32_t crc);
+  // True when the range was not recorded or its checksum matches.
+  bool check(uint64_t offset, uint64_t size, uint32_t crc) const;
+  bool has(uint64_t offset, uint64_t size) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> table_;  // offset -> (size, crc)
+};
+
+// An IoResult for a failure.
+IoResult failure(int error_code, std::string message);
+
+// Host memory aligned to 4 KiB (posix_memalign); throws teraio::Error naming `what` on failure.
+void* aligned_host_alloc(uint64_t size_bytes, const char* what);
+
+}  // namespace teraio::storage

@@ -1,0 +1,75 @@
+// GPU tests (label gpu): device buffers through every tier, stream ordering of reads into device
+// memory and writes after a producer stream. Skipped (GTEST_SKIP) where no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "teraio/storage.h"
+#include "test_util.h"
+
+namespace teraio::storage {
+namespace {
+
+using test::pattern;
+using test::TempDir;
+
+class Gpu : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda_unavailable_reason();
+    FileTierOptions o;
+    o.paths = {dir_.path()};
+    o.capacity_bytes = 64 << 20;
+    o.stripe_bytes = 1 << 20;
+    o.checksums = true;
+    switch (GetParam()) {
+      case 0: tier_ = make_sync_file_tier(o); break;
+      case 1: tier_ = make_file_tier(o); break;
+      case 2: o.engine = FileEngine::kThreads; tier_ = make_file_tier(o); break;
+      case 3: o.gds = GdsMode::kAuto; tier_ = make_file_tier(o); break;
+      default: {
+        HostTierOptions h;
+        h.capacity_bytes = 64 << 20;
+        tier_ = make_host_tier(h);
+      }
+    }
+  }
+  TempDir dir_;
+  std::unique_ptr<Tier> tier_;
+};
+
+TEST_P(Gpu, DeviceRoundTripThroughPinnedBounce) {
+  for (uint64_t size : {uint64_t{1}, uint64_t{4097}, uint64_t{5 << 20} + 3}) {
+    auto data = pattern(size, size);
+    Buffer dev = Buffer::allocate(size, MemoryKind::kDevice, 0);
+    copy_buffer(dev.view(), BufferView::host(data.data(), size));
+    tier_->write(dev.view(), 12345);
+    Buffer dev2 = Buffer::allocate(size, MemoryKind::kDevice, 0);
+    auto c = tier_->submit({Direction::kRead, dev2.view(), 12345});
+    c.stream_wait(nullptr);
+    std::vector<unsigned char> back(size);
+    copy_buffer(BufferView::host(back.data(), size), dev2.view());  // legacy stream: after the wait
+    EXPECT_TRUE(c.wait().ok) << c.wait().error;
+    EXPECT_EQ(back, data) << "size " << size;
+  }
+}
+
+TEST_P(Gpu, PinnedHostBuffersRoundTrip) {
+  Buffer pinned = Buffer::allocate(3 << 20, MemoryKind::kHostPinned, 0);
+  EXPECT_TRUE(pinned.pinned());
+  auto data = pattern(pinned.size_bytes(), 2);
+  std::memcpy(pinned.data(), data.data(), data.size());
+  tier_->write(pinned.view(), 0);
+  std::memset(pinned.data(), 0, data.size());
+  tier_->read(pinned.view(), 0);
+  EXPECT_EQ(std::memcmp(pinned.data(), data.data(), data.size()), 0);
+}
+
+std::string tier_name(const ::testing::TestParamInfo<int>& info) {
+  static const char* const kNames[] = {"sync", "file", "threads", "gds_auto", "host"};
+  return kNames[info.param];
+}
+INSTANTIATE_TEST_SUITE_P(Tiers, Gpu, ::testing::Range(0, 5), tier_name);
+
+}  // namespace
+}  // namespace teraio::storage

@@ -1,0 +1,232 @@
+// Unit tests of the storage pieces: extent allocator, CRC32C, checksum verification, fault
+// injection, host cap, cleanup on SIGTERM, io_uring / O_DIRECT / cuFile probes and fallbacks.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "teraio/error.h"
+#include "teraio/storage.h"
+#include "test_util.h"
+
+namespace teraio::storage {
+namespace {
+
+using test::pattern;
+using test::TempDir;
+
+TEST(ExtentAllocator, AllocatesAlignedFirstFitAndCoalesces) {
+  ExtentAllocator a(64 * 1024);
+  Extent x = a.allocate(1);
+  Extent y = a.allocate(5000);
+  Extent z = a.allocate(4096);
+  EXPECT_EQ(x.offset_bytes, 0u);
+  EXPECT_EQ(x.size_bytes, 4096u);
+  EXPECT_EQ(y.offset_bytes, 4096u);
+  EXPECT_EQ(y.size_bytes, 8192u);
+  EXPECT_EQ(z.offset_bytes, 12288u);
+  a.free(y);
+  EXPECT_EQ(a.allocate(8192).offset_bytes, 4096u);  // first fit reuses the hole
+  a.free(Extent{4096, 8192});
+  a.free(x);
+  a.free(z);
+  EXPECT_EQ(a.free_bytes(), 64u * 1024);
+  EXPECT_EQ(a.largest_free_bytes(), 64u * 1024);  // fully coalesced
+}
+
+TEST(ExtentAllocator, FullAndDoubleFreeAreClearErrors) {
+  ExtentAllocator a(16 * 1024);
+  Extent x = a.allocate(16 * 1024);
+  EXPECT_FALSE(a.try_allocate(1).has_value());
+  try {
+    a.allocate(4096);
+    FAIL();
+  } catch (const teraio::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tier full"), std::string::npos) << e.what();
+  }
+  a.free(x);
+  EXPECT_THROW(a.free(x), teraio::Error);
+}
+
+TEST(Crc32c, KnownVectors) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(crc32c("", 0), 0u);
+  auto d = pattern(100000, 1);
+  uint32_t whole = crc32c(d.data(), d.size());
+  EXPECT_EQ(crc32c(d.data() + 777, d.size() - 777, crc32c(d.data(), 777)), whole);  // chaining
+  d[5000] ^= 1;
+  EXPECT_NE(crc32c(d.data(), d.size()), whole);
+}
+
+TEST(HostTier, CapExceededIsAClearErrorNotAnOom) {
+  HostTierOptions o;
+  o.capacity_bytes = 1 << 20;
+  auto tier = make_host_tier(o);
+  std::vector<unsigned char> data(4096);
+  try {
+    tier->write(BufferView::host(data.data(), data.size()), (1 << 20) - 100);
+    FAIL() << "no error";
+  } catch (const teraio::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cap"), std::string::npos) << e.what();
+  }
+  tier->write(BufferView::host(data.data(), data.size()), (1 << 20) - 4096);  // still usable
+}
+
+FileTierOptions small_file(const std::string& dir) {
+  FileTierOptions o;
+  o.paths = {dir};
+  o.capacity_bytes = 4 << 20;
+  o.stripe_bytes = 64 * 1024;
+  o.queue_depth = 2;
+  return o;
+}
+
+TEST(FileTier, ChecksumMismatchIsReportedOnRead) {
+  TempDir dir;
+  auto o = small_file(dir.path());
+  o.checksums = true;
+  auto tier = make_file_tier(o);
+  auto data = pattern(20000, 5);
+  tier->write(BufferView::host(data.data(), data.size()), 8192);
+  auto files = dir.files();
+  ASSERT_EQ(files.size(), 1u);
+  int fd = ::open(files[0].c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  unsigned char junk = static_cast<unsigned char>(data[100] ^ 0xFF);
+  ASSERT_EQ(::pwrite(fd, &junk, 1, 8192 + 100), 1);
+  ::fsync(fd);
+  ::close(fd);
+  std::vector<unsigned char> back(data.size());
+  auto r = tier->submit({Direction::kRead, BufferView::host(back.data(), back.size()), 8192}).wait();
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("checksum mismatch"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find(files[0]), std::string::npos) << r.error;
+}
+
+TEST(FileTier, ThreadsEngineWhenAskedAndIoUringWhenAvailable) {
+  TempDir dir;
+  auto o = small_file(dir.path());
+  o.engine = FileEngine::kThreads;
+  EXPECT_EQ(make_file_tier(o)->info().engine, "threads");
+  auto probe = probe_io_uring();
+  o.engine = FileEngine::kAuto;
+  auto tier = make_file_tier(o);
+  if (probe.supported) {
+    EXPECT_EQ(tier->info().engine, "io_uring");
+  } else {
+    EXPECT_EQ(tier->info().engine, "threads");
+    ASSERT_FALSE(tier->info().notes.empty());
+    EXPECT_NE(tier->info().notes.back().find("io_uring unavailable"), std::string::npos);
+  }
+}
+
+TEST(FileTier, MissingDirectoryAndImpossibleReservationAreClearErrors) {
+  FileTierOptions o = small_file("/nonexistent/teraio");
+  EXPECT_THROW(make_file_tier(o), teraio::Error);
+  TempDir dir;
+  o = small_file(dir.path());
+  o.capacity_bytes = 1ull << 60;  // no disk has an exabyte free
+  try {
+    make_file_tier(o);
+    FAIL() << "no error";
+  } catch (const teraio::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reserve"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dir.entries(), 0u) << "a failed tier must not leave files behind";
+}
+
+TEST(FileTier, GdsOnFailsClearlyWhenCuFileIsUnusableAndAutoFallsBack) {
+  TempDir dir;
+  GdsProbe p = probe_gds(dir.path());
+  if (p.usable) GTEST_SKIP() << "cuFile works here";
+  EXPECT_FALSE(p.reason.empty());
+  EXPECT_FALSE(p.step.empty());
+  auto o = small_file(dir.path());
+  o.gds = GdsMode::kOn;
+  EXPECT_THROW(make_file_tier(o), teraio::Error);
+  o.gds = GdsMode::kAuto;
+  auto tier = make_file_tier(o);
+  bool noted = false;
+  for (auto& n : tier->info().notes) noted |= n.find("GDS:") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
+TEST(FaultTier, InjectedErrorsNameOffsetAndSizeAndLaterRequestsAreUnaffected) {
+  TempDir dir;
+  FaultOptions f;
+  f.rules = {{FaultKind::kEio, 1}, {FaultKind::kEnospc, 2}, {FaultKind::kShortWrite, 3}, {FaultKind::kSlow, 4, 1, 20000}};
+  auto tier = make_fault_tier(make_file_tier(small_file(dir.path())), f);
+  auto data = pattern(10000, 8);
+  auto w = [&](uint64_t off) { return tier->submit({Direction::kWrite, BufferView::host(data.data(), data.size()), off}); };
+  auto c0 = w(0), c1 = w(12288), c2 = w(24576), c3 = w(36864);
+  auto t_slow = std::chrono::steady_clock::now();
+  auto c4 = w(49152);
+  EXPECT_TRUE(c0.wait().ok);
+  EXPECT_FALSE(c1.wait().ok);
+  EXPECT_EQ(c1.wait().error_code, EIO);
+  EXPECT_NE(c1.wait().error.find("12288"), std::string::npos) << c1.wait().error;
+  EXPECT_NE(c1.wait().error.find("10000"), std::string::npos) << c1.wait().error;
+  EXPECT_EQ(c2.wait().error_code, ENOSPC);
+  EXPECT_FALSE(c3.wait().ok);
+  EXPECT_EQ(c3.wait().bytes, 5000u);
+  EXPECT_NE(c3.wait().error.find("short write"), std::string::npos) << c3.wait().error;
+  EXPECT_TRUE(c4.wait().ok);
+  EXPECT_GE(std::chrono::steady_clock::now() - t_slow, std::chrono::milliseconds(20));
+  EXPECT_THROW(c1.get(), teraio::Error);
+  // Later requests are unaffected and the successful ones are intact.
+  std::vector<unsigned char> back(data.size());
+  tier->read(BufferView::host(back.data(), back.size()), 0);
+  EXPECT_EQ(back, data);
+  tier->read(BufferView::host(back.data(), back.size()), 49152);
+  EXPECT_EQ(back, data);
+}
+
+TEST(Cleanup, SigtermRemovesTierFilesAndReRaises) {
+  TempDir dir;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto tier = make_file_tier(small_file(dir.path()));
+    std::vector<unsigned char> d(4096, 1);
+    tier->write(BufferView::host(d.data(), d.size()), 0);
+    raise(SIGTERM);
+    _exit(3);  // not reached: the handler re-raises with the default action
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
+  EXPECT_EQ(dir.entries(), 0u) << "files left behind after SIGTERM";
+}
+
+TEST(Probes, DirectIoOnTmpfsIsReportedEitherWay) {
+  TempDir shm("/dev/shm");
+  ASSERT_TRUE(shm.ok());
+  auto p = probe_direct_io(shm.path());
+  if (!p.supported) {
+    EXPECT_NE(p.reason.find("O_DIRECT"), std::string::npos) << p.reason;
+  }
+  EXPECT_EQ(shm.entries(), 0u);
+}
+
+TEST(Buffer, DeviceAllocationWithoutGpuIsAClearError) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  EXPECT_FALSE(cuda_unavailable_reason().empty());
+  EXPECT_THROW(Buffer::allocate(4096, MemoryKind::kDevice, 0), teraio::Error);
+  Buffer pinned = Buffer::allocate(4096, MemoryKind::kHostPinned);  // falls back to plain memory
+  EXPECT_FALSE(pinned.pinned());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pinned.data()) % 4096, 0u);
+}
+
+TEST(BufferView, SubviewChecksRange) {
+  unsigned char b[16];
+  BufferView v = BufferView::host(b, 16);
+  EXPECT_EQ(v.subview(4, 12).bytes(), reinterpret_cast<std::byte*>(b + 4));
+  EXPECT_THROW(v.subview(4, 13), teraio::Error);
+}
+
+}  // namespace
+}  // namespace teraio::storage
