@@ -31,7 +31,7 @@ fi
 if [[ -d fuzz ]]; then
   echo "== fuzzing the trace and plan readers (bounded)"
   cmake --preset fuzz >/dev/null
-  cmake --build build-fuzz -j"$JOBS"
+  cmake --build build-fuzz -j"$JOBS" --target fuzz_trace fuzz_plan
   for f in build-fuzz/bin/fuzz_*; do
     name=$(basename "$f")
     corpus=$(mktemp -d)
