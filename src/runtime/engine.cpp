@@ -1,0 +1,409 @@
+// The migration engine (see engine.h): a state machine per logical tensor
+// (unbound -> resident <-> offloading -> offloaded <-> prefetching -> resident), driven by the
+// plan's per-operator moves, by operators that need their inputs, and by the budget.
+// Bytes moved always go through a storage::Tier; memory is reached only through runtime::Memory.
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "teraio/error.h"
+
+namespace teraio::runtime {
+
+namespace {
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+bool counts_as_resident(Location l) {
+  return l == Location::kResident || l == Location::kOffloading || l == Location::kPrefetching;
+}
+}  // namespace
+
+std::string_view to_string(Location location) {
+  switch (location) {
+    case Location::kUnbound: return "unbound";
+    case Location::kResident: return "resident";
+    case Location::kOffloading: return "offloading";
+    case Location::kOffloaded: return "offloaded";
+    case Location::kPrefetching: return "prefetching";
+  }
+  return "?";
+}
+
+struct Engine::Entry {
+  LogicalId id = 0;
+  std::unique_ptr<Memory> memory;
+  Location loc = Location::kUnbound;
+  uint64_t bytes = 0;
+  uint32_t tier = 0;
+  bool has_extent = false;
+  storage::Extent extent;
+  storage::Completion pending;  // the write (offloading) or read (prefetching / just prefetched)
+  int pins = 0;
+  uint64_t last_use = 0;
+};
+
+Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
+    : options_(options), tiers_(std::move(tiers)) {
+  for (const EngineTier& t : tiers_) {
+    TERAIO_CHECK(t.tier != nullptr, "engine tier '{}' has no storage tier", t.name);
+    TERAIO_CHECK(t.capacity_bytes > 0, "engine tier '{}' has no capacity", t.name);
+    extents_.push_back(std::make_unique<storage::ExtentAllocator>(t.capacity_bytes));
+  }
+}
+
+Engine::~Engine() {
+  std::lock_guard lock(mutex_);
+  for (auto& e : entries_) {
+    if (e && e->pending.valid()) e->pending.wait();
+  }
+}
+
+Engine::Entry* Engine::find(LogicalId id) {
+  return id < entries_.size() ? entries_[id].get() : nullptr;
+}
+const Engine::Entry* Engine::find(LogicalId id) const {
+  return id < entries_.size() ? entries_[id].get() : nullptr;
+}
+
+void Engine::note_resident_locked() {
+  stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, stats_.resident_bytes);
+}
+
+void Engine::bind(LogicalId id, std::unique_ptr<Memory> memory) {
+  TERAIO_CHECK(memory != nullptr, "bind({}): no memory", id);
+  std::lock_guard lock(mutex_);
+  if (id >= entries_.size()) entries_.resize(id + 1);
+  if (!entries_[id]) {
+    entries_[id] = std::make_unique<Entry>();
+    entries_[id]->id = id;
+  }
+  Entry& e = *entries_[id];
+  if (e.loc != Location::kUnbound) forget_locked(e);
+  e.memory = std::move(memory);
+  e.bytes = e.memory->bytes();
+  e.loc = Location::kResident;
+  e.pins = 0;
+  e.last_use = ++clock_;
+  stats_.resident_bytes += e.bytes;
+  note_resident_locked();
+}
+
+// Brings the tensor back if it is alive (so that nothing is ever left without its bytes), then
+// releases every resource the entry holds.
+void Engine::forget_locked(Entry& e) {
+  if (e.loc == Location::kUnbound) return;
+  if (e.memory->alive()) {
+    make_usable_locked(e);
+  } else if (e.loc == Location::kOffloading || e.loc == Location::kPrefetching) {
+    e.pending.wait();  // the held bytes must outlive the transfer
+    e.memory->drop();
+  }
+  if (e.pending.valid()) e.pending.wait();
+  e.pending = {};
+  if (e.has_extent) {
+    extents_[e.tier]->free(e.extent);
+    e.has_extent = false;
+  }
+  if (counts_as_resident(e.loc)) stats_.resident_bytes -= e.bytes;
+  e.loc = Location::kUnbound;
+  e.memory.reset();
+}
+
+void Engine::unbind(LogicalId id) {
+  std::lock_guard lock(mutex_);
+  if (Entry* e = find(id)) forget_locked(*e);
+}
+
+bool Engine::bound(LogicalId id) const {
+  std::lock_guard lock(mutex_);
+  const Entry* e = find(id);
+  return e && e->loc != Location::kUnbound;
+}
+
+Location Engine::location(LogicalId id) const {
+  std::lock_guard lock(mutex_);
+  const Entry* e = find(id);
+  return e ? e->loc : Location::kUnbound;
+}
+
+void Engine::complete_offload_locked(Entry& e, bool wait) {
+  if (e.loc != Location::kOffloading) return;
+  if (!wait && !e.pending.ready()) return;
+  double t0 = wait && !e.pending.ready() ? now_us() : 0;
+  const storage::IoResult& r = e.pending.wait();
+  if (t0 != 0) stats_.stall_us += now_us() - t0;
+  e.pending = {};
+  if (!r.ok) {  // the bytes are still ours: give them back
+    e.memory->attach();
+    extents_[e.tier]->free(e.extent);
+    e.has_extent = false;
+    e.loc = Location::kResident;
+    throw Error(fmt::format("offload of tensor {} to tier '{}' failed: {}", e.id, tiers_[e.tier].name,
+                            r.error));
+  }
+  e.memory->drop();
+  e.loc = Location::kOffloaded;
+  stats_.resident_bytes -= e.bytes;
+  stats_.bytes_offloaded += e.bytes;
+}
+
+void Engine::complete_prefetch_locked(Entry& e) {
+  if (e.loc != Location::kPrefetching) return;
+  double t0 = e.pending.ready() ? 0 : now_us();
+  if (storage::CudaStream s = e.memory->stream()) {
+    e.pending.stream_wait(s);  // the GPU waits, the CPU only until the copy is enqueued
+  } else {
+    e.pending.get();
+  }
+  if (t0 != 0) stats_.stall_us += now_us() - t0;
+  e.memory->attach();
+  e.loc = Location::kResident;
+  stats_.bytes_prefetched += e.bytes;
+  // The tier space is released once the read has really completed (poll or the next move).
+}
+
+void Engine::make_usable_locked(Entry& e) {
+  switch (e.loc) {
+    case Location::kUnbound:
+    case Location::kResident:
+      return;
+    case Location::kOffloading: {  // used again before its memory went away: keep it
+      double t0 = e.pending.ready() ? 0 : now_us();
+      e.pending.wait();
+      if (t0 != 0) stats_.stall_us += now_us() - t0;
+      e.pending = {};
+      e.memory->attach();
+      extents_[e.tier]->free(e.extent);
+      e.has_extent = false;
+      e.loc = Location::kResident;
+      stats_.cancelled_offloads++;
+      return;
+    }
+    case Location::kOffloaded:
+      stats_.urgent_fetches++;
+      prefetch_locked(e, /*urgent=*/true);
+      [[fallthrough]];
+    case Location::kPrefetching:
+      complete_prefetch_locked(e);
+      return;
+  }
+}
+
+bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
+  if (e.loc != Location::kResident || !e.memory->alive()) return e.loc == Location::kOffloading ||
+                                                                   e.loc == Location::kOffloaded;
+  TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
+  if (e.has_extent) {  // space of the previous read, free once that read is done
+    e.pending.wait();
+    extents_[e.tier]->free(e.extent);
+    e.has_extent = false;
+  }
+  std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
+  if (!ext) return false;
+  storage::IoRequest req;
+  req.direction = storage::Direction::kWrite;
+  req.buffer = e.memory->detach();
+  req.offset_bytes = ext->offset_bytes;
+  req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
+  req.ready_stream = e.memory->stream();
+  try {
+    e.pending = tiers_[tier].tier->submit(req);
+  } catch (...) {
+    e.memory->attach();
+    extents_[tier]->free(*ext);
+    throw;
+  }
+  e.tier = tier;
+  e.extent = *ext;
+  e.has_extent = true;
+  e.loc = Location::kOffloading;
+  stats_.offloads++;
+  return true;
+}
+
+bool Engine::prefetch_locked(Entry& e, bool urgent) {
+  if (e.loc != Location::kOffloaded) return e.loc != Location::kUnbound;
+  storage::IoRequest req;
+  req.direction = storage::Direction::kRead;
+  req.buffer = e.memory->allocate();
+  req.offset_bytes = e.extent.offset_bytes;
+  req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
+  try {
+    e.pending = tiers_[e.tier].tier->submit(req);
+  } catch (...) {
+    e.memory->drop();
+    throw;
+  }
+  e.loc = Location::kPrefetching;
+  stats_.resident_bytes += e.bytes;
+  stats_.prefetches++;
+  note_resident_locked();
+  return true;
+}
+
+bool Engine::offload(LogicalId id, uint32_t tier, bool urgent) {
+  std::lock_guard lock(mutex_);
+  Entry* e = find(id);
+  return e && offload_locked(*e, tier, urgent);
+}
+
+bool Engine::prefetch(LogicalId id, bool urgent) {
+  std::lock_guard lock(mutex_);
+  Entry* e = find(id);
+  return e && prefetch_locked(*e, urgent);
+}
+
+void Engine::finish_offload(LogicalId id) {
+  std::lock_guard lock(mutex_);
+  if (Entry* e = find(id)) complete_offload_locked(*e, /*wait=*/true);
+}
+
+void Engine::poll() {
+  std::lock_guard lock(mutex_);
+  for (auto& p : entries_) {
+    if (!p || p->loc == Location::kUnbound) continue;
+    Entry& e = *p;
+    if (e.loc == Location::kOffloading && e.pending.ready()) complete_offload_locked(e, false);
+    if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) {
+      e.pending = {};
+      extents_[e.tier]->free(e.extent);
+      e.has_extent = false;
+    }
+    if (!e.memory->alive() && e.pins == 0) forget_locked(e);
+  }
+}
+
+void Engine::begin_use(std::span<const LogicalId> ids) {
+  std::lock_guard lock(mutex_);
+  for (LogicalId id : ids) {
+    Entry* e = find(id);
+    if (!e || e->loc == Location::kUnbound) continue;
+    make_usable_locked(*e);
+    e->pins++;
+    e->last_use = ++clock_;
+  }
+  note_resident_locked();
+}
+
+void Engine::end_use(std::span<const LogicalId> ids) {
+  std::lock_guard lock(mutex_);
+  for (LogicalId id : ids) {
+    Entry* e = find(id);
+    if (e && e->pins > 0) e->pins--;
+  }
+}
+
+void Engine::touch(std::span<const LogicalId> ids) {
+  std::lock_guard lock(mutex_);
+  for (LogicalId id : ids)
+    if (Entry* e = find(id)) e->last_use = ++clock_;
+}
+
+bool Engine::enforce_budget(uint64_t reserve_bytes) {
+  std::lock_guard lock(mutex_);
+  if (options_.budget_bytes == 0) return true;
+  uint64_t target = options_.budget_bytes > reserve_bytes ? options_.budget_bytes - reserve_bytes : 0;
+  if (stats_.resident_bytes <= target) return true;
+  // Offloads already in flight free their memory first.
+  for (auto& p : entries_)
+    if (p && p->loc == Location::kOffloading) complete_offload_locked(*p, /*wait=*/true);
+  if (stats_.resident_bytes <= target) return true;
+  std::vector<Entry*> victims;
+  for (auto& p : entries_)
+    if (p && p->loc == Location::kResident && p->pins == 0 && p->memory->alive()) victims.push_back(p.get());
+  std::sort(victims.begin(), victims.end(),
+            [](const Entry* a, const Entry* b) { return a->last_use < b->last_use; });
+  uint64_t outgoing = 0;
+  std::vector<Entry*> started;
+  for (Entry* e : victims) {
+    if (stats_.resident_bytes - outgoing <= target) break;
+    for (uint32_t t = 0; t < tiers_.size(); ++t) {
+      if (offload_locked(*e, t, /*urgent=*/true)) {
+        outgoing += e->bytes;
+        started.push_back(e);
+        stats_.evictions++;
+        break;
+      }
+    }
+  }
+  for (Entry* e : started) complete_offload_locked(*e, /*wait=*/true);
+  return stats_.resident_bytes <= target;
+}
+
+void Engine::fetch_all() {
+  std::lock_guard lock(mutex_);
+  for (auto& p : entries_) {
+    if (!p || p->loc == Location::kUnbound || !p->memory->alive()) continue;
+    if (p->loc == Location::kOffloaded) prefetch_locked(*p, /*urgent=*/true);
+  }
+  for (auto& p : entries_) {
+    if (!p || p->loc == Location::kUnbound || !p->memory->alive()) continue;
+    make_usable_locked(*p);
+  }
+  note_resident_locked();
+}
+
+void Engine::set_plan(const Plan& plan, size_t num_kernels) {
+  std::lock_guard lock(mutex_);
+  schedule_.clear();
+  if (plan.moves.empty()) return;
+  schedule_.resize(num_kernels);
+  for (const Move& m : plan.moves) {
+    TERAIO_CHECK(m.start < num_kernels && m.deadline < num_kernels,
+                 "plan move of tensor {} names kernel {} but the iteration has {}", m.tensor,
+                 std::max(m.start, m.deadline), num_kernels);
+    TERAIO_CHECK(m.tier < tiers_.size(), "plan move of tensor {} names tier {} but the engine has {}",
+                 m.tensor, m.tier, tiers_.size());
+    if (m.op == MoveOp::offload) {
+      schedule_[m.start].offload_at.push_back(m);
+      schedule_[m.deadline].offload_due.push_back(m.tensor);
+    } else {
+      schedule_[m.start].prefetch_at.push_back(m);
+    }
+  }
+}
+
+void Engine::before_operator(uint32_t k) {
+  std::lock_guard lock(mutex_);
+  if (k >= schedule_.size()) return;
+  for (const Move& m : schedule_[k].prefetch_at) {
+    Entry* e = find(m.tensor);
+    if (e && e->loc == Location::kOffloaded && prefetch_locked(*e, false)) {
+      stats_.plan_moves++;
+    } else {
+      stats_.skipped_moves++;
+    }
+  }
+  note_resident_locked();
+}
+
+void Engine::after_operator(uint32_t k) {
+  std::lock_guard lock(mutex_);
+  if (k >= schedule_.size()) return;
+  for (const Move& m : schedule_[k].offload_at) {
+    Entry* e = find(m.tensor);
+    if (e && e->loc == Location::kResident && e->pins == 0 && e->memory->alive() &&
+        offload_locked(*e, m.tier, false)) {
+      stats_.plan_moves++;
+    } else {
+      stats_.skipped_moves++;
+    }
+  }
+  for (LogicalId id : schedule_[k].offload_due)
+    if (Entry* e = find(id)) complete_offload_locked(*e, /*wait=*/true);
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void Engine::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_resident_bytes = stats_.resident_bytes;
+}
+
+}  // namespace teraio::runtime

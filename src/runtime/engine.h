@@ -1,0 +1,156 @@
+// The migration engine: a location table from logical tensor id to where its bytes are (resident,
+// on their way out, in a tier, on their way back), the moves of a plan indexed by operator, urgent
+// fetches for inputs that are not resident, budget-driven eviction (reactive mode) and statistics.
+// It knows nothing of PyTorch: a tensor's memory is reached through the Memory interface, so the
+// same engine runs over PyTorch storages (src/torch) and over plain buffers (tests/runtime).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "teraio/plan.h"
+#include "teraio/storage.h"
+
+namespace teraio::runtime {
+
+using LogicalId = uint32_t;
+
+// One tensor's memory as the binding layer owns it. The engine calls these under its own lock,
+// never concurrently for one Memory.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual uint64_t bytes() const = 0;
+  // Takes the bytes out of the tensor: from now on the tensor has no memory (a use would fail
+  // loudly) and the Memory holds them. Returns a view of the held bytes for the write.
+  virtual storage::BufferView detach() = 0;
+  // Puts the held bytes back into the tensor (the bytes are the tensor's again).
+  virtual void attach() = 0;
+  // Frees the held bytes (after they were written to a tier).
+  virtual void drop() = 0;
+  // Allocates bytes to hold the tensor's contents, not yet visible to the tensor; attach() installs them.
+  virtual storage::BufferView allocate() = 0;
+  // False once the tensor is gone (its memory no longer needs to come back).
+  virtual bool alive() const = 0;
+  // The stream on which the tensor's producers/consumers run (a cudaStream_t), nullptr on CPU.
+  virtual storage::CudaStream stream() const { return nullptr; }
+};
+
+enum class Location : uint8_t { kUnbound, kResident, kOffloading, kOffloaded, kPrefetching };
+std::string_view to_string(Location location);
+
+struct EngineTier {
+  std::string name;                 // as named in the plan ("host", "file", ...)
+  storage::Tier* tier = nullptr;    // not owned; outlives the engine
+  uint64_t capacity_bytes = 0;      // bytes of the tier the engine may use
+};
+
+struct EngineOptions {
+  uint64_t budget_bytes = 0;  // resident tracked bytes allowed (0: no limit)
+};
+
+struct EngineStats {
+  uint64_t peak_resident_bytes = 0;
+  uint64_t resident_bytes = 0;
+  uint64_t bytes_offloaded = 0;   // written to tiers (completed)
+  uint64_t bytes_prefetched = 0;  // read back (completed)
+  uint64_t offloads = 0;
+  uint64_t prefetches = 0;
+  uint64_t urgent_fetches = 0;    // inputs that were neither resident nor arriving
+  uint64_t evictions = 0;         // offloads chosen by the budget (reactive mode / safety net)
+  uint64_t cancelled_offloads = 0;  // offloads undone because the tensor was used again
+  uint64_t plan_moves = 0;        // planned moves issued
+  uint64_t skipped_moves = 0;     // planned moves whose tensor was not bound or not in the right place
+  double stall_us = 0;            // time spent waiting for data (urgent fetches, late prefetches, evictions)
+};
+
+// The location table plus the plan schedule. Thread-safe: every public method takes one mutex.
+class Engine {
+ public:
+  Engine(EngineOptions options, std::vector<EngineTier> tiers);
+  ~Engine();  // waits for transfers in flight; tensors keep whatever memory they hold
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  uint64_t budget_bytes() const { return options_.budget_bytes; }
+  const std::vector<EngineTier>& tiers() const { return tiers_; }
+
+  // --- location table -------------------------------------------------------------------------
+  // Binds logical id `id` to a resident tensor. If the id was bound to another tensor, that one is
+  // first made whole again (its bytes brought back if it is still alive) and forgotten.
+  void bind(LogicalId id, std::unique_ptr<Memory> memory);
+  // Brings the tensor back if needed and forgets it.
+  void unbind(LogicalId id);
+  bool bound(LogicalId id) const;
+  Location location(LogicalId id) const;
+  // Forgets tensors that died (freeing their tier space) and finishes completed transfers.
+  void poll();
+
+  // --- operators ------------------------------------------------------------------------------
+  // Makes every listed tensor resident and usable by an operator about to run: waits for arriving
+  // data (on the GPU when the tensor has a stream), fetches absent ones at once (urgent) and undoes
+  // offloads in flight. Pins them until end_use(). Throws teraio::Error when a transfer failed.
+  void begin_use(std::span<const LogicalId> ids);
+  void end_use(std::span<const LogicalId> ids);
+  // Offloads unpinned tensors, least recently used first, until resident bytes <= budget - reserve;
+  // waits until their memory is really freed. Returns false when it could not get there.
+  bool enforce_budget(uint64_t reserve_bytes = 0);
+  // Marks the tensors as used now (for the least-recently-used order).
+  void touch(std::span<const LogicalId> ids);
+
+  // Explicit moves (the plan's, or a user's). Both are no-ops when the tensor is already where it
+  // is going (or on its way); false when it is not bound or has no room in the tier.
+  bool offload(LogicalId id, uint32_t tier, bool urgent = false);
+  bool prefetch(LogicalId id, bool urgent = false);
+  // Waits until an offload in flight has completed and its memory is freed.
+  void finish_offload(LogicalId id);
+  // Brings every bound tensor back (checkpoints, end of training).
+  void fetch_all();
+
+  // --- plan -----------------------------------------------------------------------------------
+  // Installs a plan (tier indices of the plan must be engine tier indices; moves name logical
+  // ids). An empty plan clears it.
+  void set_plan(const Plan& plan, size_t num_kernels);
+  bool has_plan() const { return !schedule_.empty(); }
+  // Called when operator `k` of the iteration is about to run / has run: issues the moves that
+  // start there (prefetches before the operator, offloads after it) and completes offloads whose
+  // deadline it is.
+  void before_operator(uint32_t k);
+  void after_operator(uint32_t k);
+
+  EngineStats stats() const;
+  void reset_peak();
+
+ private:
+  struct Entry;
+  struct KernelMoves {
+    std::vector<Move> prefetch_at;       // prefetches that start before kernel k
+    std::vector<Move> offload_at;        // offloads that start after kernel k
+    std::vector<LogicalId> offload_due;  // offloads that must be complete after kernel k
+  };
+
+  Entry* find(LogicalId id);
+  const Entry* find(LogicalId id) const;
+  bool offload_locked(Entry& e, uint32_t tier, bool urgent);
+  bool prefetch_locked(Entry& e, bool urgent);
+  void make_usable_locked(Entry& e);   // any state -> resident and attached
+  void complete_offload_locked(Entry& e, bool wait);
+  void complete_prefetch_locked(Entry& e);
+  void forget_locked(Entry& e);
+  void note_resident_locked();
+
+  EngineOptions options_;
+  std::vector<EngineTier> tiers_;
+  std::vector<std::unique_ptr<storage::ExtentAllocator>> extents_;
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Entry>> entries_;  // indexed by LogicalId
+  std::vector<KernelMoves> schedule_;
+  uint64_t clock_ = 0;  // use counter for LRU
+  EngineStats stats_;
+};
+
+}  // namespace teraio::runtime

@@ -1,0 +1,220 @@
+// Tests of the migration engine over plain host buffers and real storage tiers (host arena and
+// synchronous file tier): bytes survive round trips, the budget holds, plans execute at the right
+// operators, absent inputs are fetched urgently, dead tensors release their tier space.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "engine.h"
+#include "teraio/error.h"
+
+namespace teraio::runtime {
+namespace {
+
+// A "tensor": bytes that can be taken away (null data) and given back, like a PyTorch storage.
+struct FakeTensor {
+  std::vector<std::byte> data;  // empty while absent
+  uint64_t size = 0;
+  bool alive = true;
+};
+
+class FakeMemory : public Memory {
+ public:
+  explicit FakeMemory(std::shared_ptr<FakeTensor> t) : t_(std::move(t)) {}
+  uint64_t bytes() const override { return t_->size; }
+  storage::BufferView detach() override {
+    held_ = std::move(t_->data);
+    t_->data.clear();
+    return storage::BufferView::host(held_.data(), held_.size());
+  }
+  void attach() override { t_->data = std::move(held_); held_.clear(); }
+  void drop() override { held_.clear(); held_.shrink_to_fit(); }
+  storage::BufferView allocate() override {
+    held_.assign(t_->size, std::byte{0});
+    return storage::BufferView::host(held_.data(), held_.size());
+  }
+  bool alive() const override { return t_->alive; }
+
+ private:
+  std::shared_ptr<FakeTensor> t_;
+  std::vector<std::byte> held_;
+};
+
+std::shared_ptr<FakeTensor> make_tensor(uint64_t size, int seed) {
+  auto t = std::make_shared<FakeTensor>();
+  t->size = size;
+  t->data.resize(size);
+  for (uint64_t i = 0; i < size; ++i) t->data[i] = std::byte(static_cast<uint8_t>(i * 31 + seed));
+  return t;
+}
+
+bool has_pattern(const FakeTensor& t, int seed) {
+  if (t.data.size() != t.size) return false;
+  for (uint64_t i = 0; i < t.size; ++i)
+    if (t.data[i] != std::byte(static_cast<uint8_t>(i * 31 + seed))) return false;
+  return true;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("teraio_engine_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    storage::HostTierOptions h;
+    h.capacity_bytes = 1 << 20;
+    h.pin = false;
+    host_ = storage::make_host_tier(h);
+    storage::FileTierOptions f;
+    f.paths = {dir_.string()};
+    f.capacity_bytes = 4 << 20;
+    file_ = storage::make_sync_file_tier(f);
+  }
+  void TearDown() override {
+    host_.reset();
+    file_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::unique_ptr<Engine> make(uint64_t budget) {
+    return std::make_unique<Engine>(EngineOptions{budget},
+                                    std::vector<EngineTier>{{"host", host_.get(), 1 << 20},
+                                                            {"file", file_.get(), 4 << 20}});
+  }
+  std::filesystem::path dir_;
+  std::unique_ptr<storage::Tier> host_, file_;
+};
+
+TEST_F(EngineTest, OffloadAndPrefetchRoundTripKeepsBytes) {
+  auto e = make(0);
+  auto a = make_tensor(10000, 1), b = make_tensor(8192, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  ASSERT_TRUE(e->offload(0, 0));
+  ASSERT_TRUE(e->offload(1, 1));
+  e->finish_offload(0);
+  e->finish_offload(1);
+  EXPECT_TRUE(a->data.empty());
+  EXPECT_TRUE(b->data.empty());
+  EXPECT_EQ(e->location(0), Location::kOffloaded);
+  EXPECT_EQ(e->stats().resident_bytes, 0u);
+  EXPECT_EQ(e->stats().bytes_offloaded, 18192u);
+  ASSERT_TRUE(e->prefetch(0));
+  LogicalId ids[] = {0, 1};
+  e->begin_use(ids);  // 0 is arriving, 1 is absent: urgent fetch
+  EXPECT_TRUE(has_pattern(*a, 1));
+  EXPECT_TRUE(has_pattern(*b, 2));
+  EXPECT_EQ(e->stats().urgent_fetches, 1u);
+  EXPECT_EQ(e->stats().resident_bytes, 18192u);
+  e->end_use(ids);
+}
+
+TEST_F(EngineTest, BudgetEvictsLeastRecentlyUsedAndSkipsPinned) {
+  auto e = make(20000);
+  std::vector<std::shared_ptr<FakeTensor>> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.push_back(make_tensor(8000, i));
+    e->bind(i, std::make_unique<FakeMemory>(ts.back()));
+  }
+  LogicalId pinned[] = {0};
+  e->begin_use(pinned);  // most recently used and pinned
+  EXPECT_TRUE(e->enforce_budget());
+  EXPECT_LE(e->stats().resident_bytes, 20000u);
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_EQ(e->location(1), Location::kOffloaded);  // least recently used
+  EXPECT_EQ(e->location(2), Location::kOffloaded);
+  EXPECT_EQ(e->location(3), Location::kResident);
+  EXPECT_EQ(e->stats().evictions, 2u);
+  e->end_use(pinned);
+  e->fetch_all();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(has_pattern(*ts[i], i)) << i;
+  EXPECT_EQ(e->stats().peak_resident_bytes, 32000u);
+}
+
+TEST_F(EngineTest, BudgetThatCannotBeMetReportsFalse) {
+  auto e = make(1000);
+  auto a = make_tensor(8000, 3);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  LogicalId ids[] = {0};
+  e->begin_use(ids);
+  EXPECT_FALSE(e->enforce_budget());
+  EXPECT_TRUE(has_pattern(*a, 3));
+  e->end_use(ids);
+}
+
+TEST_F(EngineTest, PlanMovesRunAtTheirOperators) {
+  auto e = make(0);
+  auto a = make_tensor(4096 * 3, 7);
+  e->bind(5, std::make_unique<FakeMemory>(a));
+  Plan plan;
+  plan.tiers = {{"host", 1 << 20, 10, 10}, {"file", 4 << 20, 1, 1}};
+  plan.moves = {{5, MoveOp::offload, 1, 1, 2}, {5, MoveOp::prefetch, 1, 3, 4}};
+  e->set_plan(plan, 5);
+  for (uint32_t k = 0; k < 5; ++k) {
+    e->before_operator(k);
+    if (k == 3) {
+      EXPECT_NE(e->location(5), Location::kOffloaded) << "prefetch starts before kernel 3";
+    }
+    if (k == 4 || k == 0) {
+      LogicalId ids[] = {5};
+      e->begin_use(ids);
+      EXPECT_TRUE(has_pattern(*a, 7));
+      e->end_use(ids);
+    }
+    e->after_operator(k);
+    if (k == 1) {
+      EXPECT_NE(e->location(5), Location::kResident) << "offload issued after kernel 1";
+    }
+    if (k == 2) {
+      EXPECT_EQ(e->location(5), Location::kOffloaded) << "due at the end of kernel 2";
+    }
+  }
+  EXPECT_EQ(e->stats().plan_moves, 2u);
+  EXPECT_EQ(e->stats().urgent_fetches, 0u);
+  EXPECT_EQ(e->stats().bytes_offloaded, 4096u * 3);
+}
+
+TEST_F(EngineTest, UseDuringOffloadCancelsIt) {
+  auto e = make(0);
+  auto a = make_tensor(5000, 9);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  ASSERT_TRUE(e->offload(0, 1));
+  LogicalId ids[] = {0};
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 9));
+  EXPECT_EQ(e->location(0), Location::kResident);
+  e->end_use(ids);
+  EXPECT_EQ(e->stats().cancelled_offloads, 1u);
+}
+
+TEST_F(EngineTest, DeadTensorsReleaseTierSpaceAndRebindRestoresTheOldOne) {
+  auto e = make(0);
+  auto a = make_tensor(600 << 10, 1);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  auto b = make_tensor(600 << 10, 2);
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  EXPECT_FALSE(e->offload(1, 0)) << "host tier holds only 1 MiB";
+  a->alive = false;
+  e->poll();
+  EXPECT_EQ(e->location(0), Location::kUnbound);
+  EXPECT_TRUE(e->offload(1, 0));
+  e->finish_offload(1);
+  // Binding id 1 to a new tensor first brings the old (still alive) one back.
+  auto c = make_tensor(100, 3);
+  e->bind(1, std::make_unique<FakeMemory>(c));
+  EXPECT_TRUE(has_pattern(*b, 2));
+}
+
+TEST_F(EngineTest, PlanWithUnknownTierIsRejected) {
+  auto e = make(0);
+  Plan plan;
+  plan.moves = {{0, MoveOp::offload, 7, 0, 1}};
+  EXPECT_THROW(e->set_plan(plan, 2), Error);
+}
+
+}  // namespace
+}  // namespace teraio::runtime
