@@ -1,0 +1,75 @@
+// Synthetic traces: one training iteration of a Llama-style decoder-only transformer trained with
+// AdamW, at ATen-operator granularity, with roofline-modelled kernel times. Lets the planner,
+// simulator and benchmarks run on realistic 10^4–2.5·10^5-kernel traces without a GPU.
+// Deterministic: the same options always give the same trace. Pure functions, thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "teraio/trace.h"
+
+namespace teraio {
+
+enum class SynthDtype : uint8_t { fp32, bf16, fp16 };
+std::string_view to_string(SynthDtype dtype);
+// Throws teraio::Error naming `text` unless it is fp32, bf16 or fp16.
+SynthDtype parse_synth_dtype(std::string_view text);
+
+// Shape of a Llama-architecture model, with the iteration it is traced with by default.
+struct ModelShape {
+  std::string name;
+  uint32_t layers = 0;
+  uint32_t d_model = 0;
+  uint32_t heads = 0;
+  uint32_t kv_heads = 0;
+  uint32_t ffn = 0;  // hidden size of the SwiGLU MLP
+  uint32_t vocab = 0;
+  bool tied_embeddings = false;  // LM head reuses the embedding matrix (Llama 3.2 1B/3B)
+  // Defaults chosen so that llama3-8b / llama3-70b land near the paper's ~50k / ~250k kernels.
+  uint32_t default_batch = 1;
+  uint32_t default_seq = 0;
+  uint32_t default_micro_batches = 1;
+};
+
+// Names accepted by model_shape(): tiny, llama-1b, llama-3b, llama3-8b, llama3-70b.
+std::vector<std::string> synth_models();
+// Throws teraio::Error listing the known models when `name` is not one of them.
+ModelShape model_shape(std::string_view name);
+// Parameter elements of the model (embedding, layers, final norm, LM head unless tied).
+uint64_t parameter_count(const ModelShape& shape);
+
+struct SynthOptions {
+  std::string model = "tiny";
+  // 0 = the model's default (ModelShape::default_*). `batch` is the global batch in sequences;
+  // it must be a multiple of `micro_batches`.
+  uint32_t batch = 0;
+  uint32_t seq = 0;
+  uint32_t micro_batches = 0;
+  // Element type of parameters, gradients, optimizer states and activations (RMSNorm statistics
+  // and the attention log-sum-exp stay fp32).
+  SynthDtype dtype = SynthDtype::fp32;
+  // Peak dense compute. 0 = 67 TFLOPS for fp32 (H100/H200 SXM CUDA cores, no TF32 — PyTorch's
+  // default for fp32 matmul) and 989 TFLOPS for bf16/fp16 (H100/H200 dense tensor cores).
+  double gpu_tflops = 0;
+  double hbm_gbps = 4800;  // H200 HBM3e
+  double matmul_efficiency = 0.7;     // fraction of peak FLOPs reached by matmuls
+  double attention_efficiency = 0.5;  // fraction of peak FLOPs reached by fused attention
+  double hbm_efficiency = 0.8;        // fraction of peak HBM bandwidth reached by memory-bound ops
+  double launch_overhead_us = 2.0;    // added to every kernel
+  // AdamW as PyTorch's foreach=False (8 ops per parameter) or foreach=True (8 ops over the group).
+  bool foreach = false;
+  // Gradients exist across iterations (zero_grad(set_to_none=False)). When false they are
+  // allocated by the first backward and freed after the optimizer (set_to_none=True).
+  bool persistent_gradients = true;
+};
+
+// Builds the trace of one iteration: forward and backward of every micro-batch (gradients
+// accumulated), then the AdamW step. Throws teraio::Error on an unknown model or bad options.
+// Meta keys: model, batch, seq, micro_batches, dtype, optimizer, foreach, gpu_tflops, hbm_gbps,
+// generator ("teraio synth").
+Trace synthesize(const SynthOptions& options);
+
+}  // namespace teraio

@@ -1,0 +1,618 @@
+// Synthetic trace of one Llama training iteration (docs/synth.md): the ATen operators PyTorch eager
+// runs for forward and backward of every micro-batch and for AdamW, the tensors each one touches
+// with their kinds and real lifetimes, and roofline kernel times. Everything is computed from the
+// model shape and the options; no randomness.
+#include "teraio/synth.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <initializer_list>
+
+#include <fmt/format.h>
+
+#include "teraio/error.h"
+
+namespace teraio {
+namespace {
+
+// clang-format off
+const std::array<ModelShape, 5> kModels = {{
+    // name         layers d_model heads kv ffn    vocab   tied  batch seq  micro-batches
+    {"tiny",        2,     64,     4,    2, 128,   256,    false, 2,   32,   2},
+    {"llama-1b",    16,    2048,   32,   8, 8192,  128256, true,  8,   4096, 8},
+    {"llama-3b",    28,    3072,   24,   8, 8192,  128256, true,  8,   4096, 8},
+    {"llama3-8b",   32,    4096,   32,   8, 14336, 128256, false, 13,  4096, 13},
+    {"llama3-70b",  80,    8192,   64,   8, 28672, 128256, false, 27,  2048, 27},
+}};
+// clang-format on
+
+constexpr double kFp32Tflops = 67.0;       // H100/H200 SXM, CUDA cores
+constexpr double kTensorCoreTflops = 989.0;  // H100/H200 SXM, dense bf16/fp16
+
+enum class OpClass : uint8_t { matmul, attention, memory };
+
+struct Param {
+  TensorId param = 0, grad = 0, exp_avg = 0, exp_avg_sq = 0;
+  uint64_t bytes = 0;
+  bool grad_written = false;  // this iteration's backward already produced a gradient
+};
+
+struct LayerParams {
+  Param *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
+};
+
+// What the forward of one layer saves for its backward.
+struct LayerSaved {
+  TensorId x_in, rsqrt1, h1, n1, q_rot, k_rep, v_rep, attn, lse, attn_t, x_mid, rsqrt2, h2, n2, gate,
+      up, act, prod;
+};
+
+struct NormSaved {
+  TensorId rsqrt, h, n;
+};
+
+class Builder {
+ public:
+  Builder(const SynthOptions& options, const ModelShape& shape, uint32_t micro_batch_size,
+          uint32_t seq)
+      : opt_(options), shape_(shape) {
+    const bool fp32 = options.dtype == SynthDtype::fp32;
+    // PyTorch picks memory-efficient attention for fp32 and flash attention for 16-bit types.
+    sdpa_name_ = fp32 ? "aten::_scaled_dot_product_efficient_attention"
+                      : "aten::_scaled_dot_product_flash_attention";
+    sdpa_backward_name_ = fp32 ? "aten::_scaled_dot_product_efficient_attention_backward"
+                               : "aten::_scaled_dot_product_flash_attention_backward";
+    elt_ = options.dtype == SynthDtype::fp32 ? 4 : 2;
+    double tflops = options.gpu_tflops > 0
+                        ? options.gpu_tflops
+                        : (options.dtype == SynthDtype::fp32 ? kFp32Tflops : kTensorCoreTflops);
+    peak_flops_ = tflops * 1e12;
+    hbm_bytes_per_s_ = options.hbm_gbps * 1e9 * options.hbm_efficiency;
+    mb_ = micro_batch_size;
+    seq_ = seq;
+    tokens_ = uint64_t{micro_batch_size} * seq;
+    head_dim_ = shape.d_model / shape.heads;
+    kv_dim_ = uint64_t{head_dim_} * shape.kv_heads;
+  }
+
+  Trace build() {
+    make_params();
+    const uint64_t kernels_per_layer = 120;
+    trace_.reserve_kernels(kernels_per_layer * shape_.layers * micro_batches() + 16 * params_.size(),
+                           kernels_per_layer * shape_.layers * micro_batches() * 4);
+    zero_grad();
+    for (uint32_t m = 0; m < micro_batches(); ++m) micro_batch(m);
+    optimizer_step();
+    return std::move(trace_);
+  }
+
+ private:
+  uint32_t micro_batches() const { return opt_.micro_batches; }
+
+  // ---- tensors and kernels ----------------------------------------------------------------------
+  TensorId tensor(std::string name, uint64_t bytes, TensorKind kind, bool persistent = false) {
+    TensorInfo info;
+    info.bytes = bytes;
+    info.kind = kind;
+    info.persistent = persistent;
+    info.name = std::move(name);
+    return trace_.add_tensor(std::move(info));
+  }
+  TensorId act(const std::string& name, uint64_t bytes) {
+    return tensor(prefix_ + name, bytes, TensorKind::activation);
+  }
+  TensorId tmp(const std::string& name, uint64_t bytes) {
+    return tensor(prefix_ + name, bytes, TensorKind::temporary);
+  }
+
+  double kernel_time_us(OpClass cls, double flops, double bytes) const {
+    double eff = cls == OpClass::attention ? opt_.attention_efficiency : opt_.matmul_efficiency;
+    double compute_s = flops / (peak_flops_ * eff);
+    double memory_s = bytes / hbm_bytes_per_s_;
+    return std::max(compute_s, memory_s) * 1e6 + opt_.launch_overhead_us;
+  }
+
+  // A kernel touching `ids`; its memory traffic is the bytes of those tensors unless given.
+  void op(std::string_view name, OpClass cls, double flops, std::span<const TensorId> ids,
+          double bytes = -1) {
+    if (bytes < 0) {
+      bytes = 0;
+      for (TensorId t : ids) bytes += static_cast<double>(trace_.tensors[t].bytes);
+    }
+    trace_.add_kernel(name, kernel_time_us(cls, flops, bytes), ids);
+  }
+  void op(std::string_view name, OpClass cls, double flops, std::initializer_list<TensorId> ids,
+          double bytes = -1) {
+    op(name, cls, flops, std::span<const TensorId>(ids.begin(), ids.size()), bytes);
+  }
+  // Memory-bound elementwise/reduction kernel: one FLOP per element of its tensors.
+  void ew(std::string_view name, std::initializer_list<TensorId> ids) {
+    double elements = 0;
+    for (TensorId t : ids) elements += static_cast<double>(trace_.tensors[t].bytes) / elt_;
+    op(name, OpClass::memory, elements, ids);
+  }
+  void mm(double m, double k, double n, std::initializer_list<TensorId> ids) {
+    op("aten::mm", OpClass::matmul, 2 * m * k * n, ids);
+  }
+
+  // A kernel that produces the gradient of `p` from `inputs`. The first producer of the iteration
+  // writes .grad directly when gradients are not persistent (AccumulateGrad steals the tensor);
+  // otherwise the result goes to a temporary that `add_` accumulates into .grad.
+  void grad_op(std::string_view name, OpClass cls, double flops, std::initializer_list<TensorId> inputs,
+               Param& p) {
+    std::vector<TensorId> ids(inputs);
+    if (!opt_.persistent_gradients && !p.grad_written) {
+      ids.push_back(p.grad);
+      op(name, cls, flops, ids);
+    } else {
+      TensorId g = tmp(trace_.tensors[p.param].name + ".grad_part", p.bytes);
+      ids.push_back(g);
+      op(name, cls, flops, ids);
+      ew("aten::add_", {p.grad, g});
+    }
+    p.grad_written = true;
+  }
+
+  // ---- model ------------------------------------------------------------------------------------
+  void param(const std::string& name, uint64_t elements) {
+    Param p;
+    p.bytes = elements * elt_;
+    p.param = tensor(name, p.bytes, TensorKind::parameter, true);
+    p.grad = tensor(name + ".grad", p.bytes, TensorKind::gradient, opt_.persistent_gradients);
+    p.exp_avg = tensor(name + ".exp_avg", p.bytes, TensorKind::optimizer_state, true);
+    p.exp_avg_sq = tensor(name + ".exp_avg_sq", p.bytes, TensorKind::optimizer_state, true);
+    params_.push_back(p);  // pointers into params_ are taken once it stops growing
+  }
+
+  void make_params() {
+    const uint64_t d = shape_.d_model, f = shape_.ffn, v = shape_.vocab;
+    params_.reserve(9 * shape_.layers + 3);
+    param("embed", v * d);
+    for (uint32_t l = 0; l < shape_.layers; ++l) {
+      std::string p = fmt::format("layers.{}.", l);
+      param(p + "attn_norm", d);
+      param(p + "attn.wq", d * d);
+      param(p + "attn.wk", d * kv_dim_);
+      param(p + "attn.wv", d * kv_dim_);
+      param(p + "attn.wo", d * d);
+      param(p + "mlp_norm", d);
+      param(p + "mlp.w_gate", d * f);
+      param(p + "mlp.w_up", d * f);
+      param(p + "mlp.w_down", f * d);
+    }
+    param("norm", d);
+    if (!shape_.tied_embeddings) param("lm_head", v * d);
+    embed_ = &params_[0];
+    for (uint32_t l = 0; l < shape_.layers; ++l) {
+      Param* b = &params_[1 + 9 * l];
+      layers_.push_back({b, b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7, b + 8});
+    }
+    final_norm_ = &params_[1 + 9 * shape_.layers];
+    lm_head_ = shape_.tied_embeddings ? embed_ : &params_[2 + 9 * shape_.layers];
+    inv_freq_ = tensor("rope.inv_freq", head_dim_ / 2 * 4, TensorKind::other, true);
+  }
+
+  void zero_grad() {
+    if (!opt_.persistent_gradients) return;  // set_to_none: no kernels
+    if (opt_.foreach) {
+      std::vector<TensorId> grads;
+      for (const Param& p : params_) grads.push_back(p.grad);
+      op("aten::_foreach_zero_", OpClass::memory, 0, grads);
+    } else {
+      for (const Param& p : params_) op("aten::zero_", OpClass::memory, 0, {p.grad});
+    }
+  }
+
+  // RMSNorm as HF Llama runs it: x * rsqrt(mean(x^2) + eps) * w.
+  NormSaved norm_forward(const std::string& name, TensorId x, Param& w) {
+    const uint64_t bd = tokens_ * shape_.d_model * elt_, bs = tokens_ * 4;
+    TensorId pw = tmp(name + ".pow", bd);
+    ew("aten::pow", {x, pw});
+    TensorId mean = tmp(name + ".mean", bs);
+    ew("aten::mean", {pw, mean});
+    TensorId var = tmp(name + ".var_eps", bs);
+    ew("aten::add", {mean, var});
+    NormSaved s;
+    s.rsqrt = act(name + ".rsqrt", bs);
+    ew("aten::rsqrt", {var, s.rsqrt});
+    s.h = act(name + ".normed", bd);
+    ew("aten::mul", {x, s.rsqrt, s.h});
+    s.n = act(name + ".out", bd);
+    ew("aten::mul", {w.param, s.h, s.n});
+    return s;
+  }
+
+  // Backward of norm_forward given the gradient of its output; returns the gradient of x (without
+  // the residual path).
+  TensorId norm_backward(const std::string& name, TensorId g, TensorId x, const NormSaved& s, Param& w) {
+    const uint64_t bd = tokens_ * shape_.d_model * elt_, bs = tokens_ * 4;
+    TensorId gh = tmp(name + ".grad_normed", bd);
+    ew("aten::mul", {g, w.param, gh});
+    TensorId gw = tmp(name + ".grad_w_prod", bd);
+    ew("aten::mul", {g, s.h, gw});
+    grad_op("aten::sum", OpClass::memory, static_cast<double>(tokens_ * shape_.d_model), {gw}, w);
+    TensorId ga = tmp(name + ".grad_x_a", bd);
+    ew("aten::mul", {gh, s.rsqrt, ga});
+    TensorId gx = tmp(name + ".grad_rsqrt_prod", bd);
+    ew("aten::mul", {gh, x, gx});
+    TensorId gr = tmp(name + ".grad_rsqrt", bs);
+    ew("aten::sum", {gx, gr});
+    TensorId r3 = tmp(name + ".rsqrt_cubed", bs);
+    ew("aten::pow", {s.rsqrt, r3});
+    TensorId gv1 = tmp(name + ".grad_var_a", bs);
+    ew("aten::mul", {gr, r3, gv1});
+    TensorId gv = tmp(name + ".grad_var", bs);
+    ew("aten::mul", {gv1, gv});
+    TensorId gp = tmp(name + ".grad_pow", bd);
+    ew("aten::div", {gv, gp});
+    TensorId x2 = tmp(name + ".two_x", bd);
+    ew("aten::mul", {x, x2});
+    TensorId gb = tmp(name + ".grad_x_b", bd);
+    ew("aten::mul", {gp, x2, gb});
+    TensorId gxn = tmp(name + ".grad_x", bd);
+    ew("aten::add", {ga, gb, gxn});
+    return gxn;
+  }
+
+  // Rotary embedding: x*cos + rotate_half(x)*sin. Returns the rotated tensor (kind `out_kind`).
+  TensorId rope_forward(const std::string& name, TensorId x, uint64_t bytes, bool saved) {
+    TensorId a = tmp(name + ".cos_term", bytes);
+    ew("aten::mul", {x, cos_, a});
+    TensorId ng = tmp(name + ".neg_half", bytes / 2);
+    ew("aten::neg", {x, ng});
+    TensorId rot = tmp(name + ".rotated", bytes);
+    ew("aten::cat", {ng, x, rot});
+    TensorId b = tmp(name + ".sin_term", bytes);
+    ew("aten::mul", {rot, sin_, b});
+    TensorId out = saved ? act(name + ".rope", bytes) : tmp(name + ".rope", bytes);
+    ew("aten::add", {a, b, out});
+    return out;
+  }
+
+  TensorId rope_backward(const std::string& name, TensorId g, uint64_t bytes) {
+    TensorId a = tmp(name + ".grad_cos_term", bytes);
+    ew("aten::mul", {g, cos_, a});
+    TensorId b = tmp(name + ".grad_sin_term", bytes);
+    ew("aten::mul", {g, sin_, b});
+    TensorId ng = tmp(name + ".grad_neg_half", bytes / 2);
+    ew("aten::neg", {b, ng});
+    TensorId s1 = tmp(name + ".grad_slice_a", bytes);
+    ew("aten::slice_backward", {ng, s1});
+    TensorId s2 = tmp(name + ".grad_slice_b", bytes);
+    ew("aten::slice_backward", {b, s2});
+    TensorId r = tmp(name + ".grad_rotated", bytes);
+    ew("aten::add", {s1, s2, r});
+    TensorId out = tmp(name + ".grad_pre_rope", bytes);
+    ew("aten::add", {a, r, out});
+    return out;
+  }
+
+  double attention_flops_forward() const {
+    // Causal: half of QK^T and PV, 2 FLOPs per multiply-add.
+    return 2.0 * mb_ * shape_.heads * static_cast<double>(seq_) * seq_ * head_dim_;
+  }
+
+  TensorId layer_forward(uint32_t l, TensorId x, LayerParams& p, LayerSaved& s) {
+    const double t = static_cast<double>(tokens_), d = shape_.d_model, f = shape_.ffn;
+    const double kvd = static_cast<double>(kv_dim_);
+    const uint64_t bd = tokens_ * shape_.d_model * elt_, bkv = tokens_ * kv_dim_ * elt_,
+                   bf = tokens_ * shape_.ffn * elt_;
+    const std::string L = fmt::format("layers.{}.", l);
+    s.x_in = x;
+    NormSaved n1 = norm_forward(L + "attn_norm", x, *p.attn_norm);
+    s.rsqrt1 = n1.rsqrt, s.h1 = n1.h, s.n1 = n1.n;
+    TensorId q = tmp(L + "attn.q", bd);
+    mm(t, d, d, {s.n1, p.wq->param, q});
+    TensorId k = tmp(L + "attn.k", bkv);
+    mm(t, d, kvd, {s.n1, p.wk->param, k});
+    TensorId v = tmp(L + "attn.v", bkv);
+    mm(t, d, kvd, {s.n1, p.wv->param, v});
+    s.q_rot = rope_forward(L + "attn.q", q, bd, true);
+    TensorId k_rot = rope_forward(L + "attn.k", k, bkv, false);
+    s.k_rep = act(L + "attn.k_repeated", bd);
+    ew("aten::clone", {k_rot, s.k_rep});
+    s.v_rep = act(L + "attn.v_repeated", bd);
+    ew("aten::clone", {v, s.v_rep});
+    s.attn = act(L + "attn.sdpa_out", bd);
+    s.lse = act(L + "attn.logsumexp", tokens_ * shape_.heads * 4);
+    op(sdpa_name_, OpClass::attention, attention_flops_forward(),
+       {s.q_rot, s.k_rep, s.v_rep, s.attn, s.lse});
+    s.attn_t = act(L + "attn.sdpa_out_t", bd);
+    ew("aten::clone", {s.attn, s.attn_t});
+    TensorId o = tmp(L + "attn.o", bd);
+    mm(t, d, d, {s.attn_t, p.wo->param, o});
+    s.x_mid = act(L + "residual_mid", bd);
+    ew("aten::add", {x, o, s.x_mid});
+    NormSaved n2 = norm_forward(L + "mlp_norm", s.x_mid, *p.mlp_norm);
+    s.rsqrt2 = n2.rsqrt, s.h2 = n2.h, s.n2 = n2.n;
+    s.gate = act(L + "mlp.gate", bf);
+    mm(t, d, f, {s.n2, p.w_gate->param, s.gate});
+    s.up = act(L + "mlp.up", bf);
+    mm(t, d, f, {s.n2, p.w_up->param, s.up});
+    s.act = act(L + "mlp.silu", bf);
+    ew("aten::silu", {s.gate, s.act});
+    s.prod = act(L + "mlp.prod", bf);
+    ew("aten::mul", {s.act, s.up, s.prod});
+    TensorId down = tmp(L + "mlp.down", bd);
+    mm(t, f, d, {s.prod, p.w_down->param, down});
+    TensorId out = act(L + "residual_out", bd);
+    ew("aten::add", {s.x_mid, down, out});
+    return out;
+  }
+
+  // g: gradient of the layer's output. Returns the gradient of its input.
+  TensorId layer_backward(uint32_t l, TensorId g, LayerParams& p, const LayerSaved& s) {
+    const double t = static_cast<double>(tokens_), d = shape_.d_model, f = shape_.ffn;
+    const double kvd = static_cast<double>(kv_dim_);
+    const uint64_t bd = tokens_ * shape_.d_model * elt_, bkv = tokens_ * kv_dim_ * elt_,
+                   bf = tokens_ * shape_.ffn * elt_;
+    const std::string L = fmt::format("layers.{}.", l);
+    // MLP
+    TensorId g_prod = tmp(L + "mlp.grad_prod", bf);
+    mm(t, d, f, {g, p.w_down->param, g_prod});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * f, {g, s.prod}, *p.w_down);
+    TensorId g_act = tmp(L + "mlp.grad_silu", bf);
+    ew("aten::mul", {g_prod, s.up, g_act});
+    TensorId g_up = tmp(L + "mlp.grad_up", bf);
+    ew("aten::mul", {g_prod, s.act, g_up});
+    TensorId g_gate = tmp(L + "mlp.grad_gate", bf);
+    ew("aten::silu_backward", {g_act, s.gate, g_gate});
+    TensorId g_n2a = tmp(L + "mlp.grad_norm_out_up", bd);
+    mm(t, f, d, {g_up, p.w_up->param, g_n2a});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * f, {g_up, s.n2}, *p.w_up);
+    TensorId g_n2b = tmp(L + "mlp.grad_norm_out_gate", bd);
+    mm(t, f, d, {g_gate, p.w_gate->param, g_n2b});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * f, {g_gate, s.n2}, *p.w_gate);
+    TensorId g_n2 = tmp(L + "mlp_norm.grad_out", bd);
+    ew("aten::add", {g_n2a, g_n2b, g_n2});
+    TensorId g_mid_n =
+        norm_backward(L + "mlp_norm", g_n2, s.x_mid, {s.rsqrt2, s.h2, s.n2}, *p.mlp_norm);
+    TensorId g_mid = tmp(L + "grad_residual_mid", bd);
+    ew("aten::add", {g, g_mid_n, g_mid});
+    // Attention
+    TensorId g_attn = tmp(L + "attn.grad_sdpa_out", bd);
+    mm(t, d, d, {g_mid, p.wo->param, g_attn});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * d, {g_mid, s.attn_t}, *p.wo);
+    TensorId g_q = tmp(L + "attn.grad_q_rope", bd);
+    TensorId g_krep = tmp(L + "attn.grad_k_repeated", bd);
+    TensorId g_vrep = tmp(L + "attn.grad_v_repeated", bd);
+    op(sdpa_backward_name_, OpClass::attention, 2.5 * attention_flops_forward(),
+       {g_attn, s.q_rot, s.k_rep, s.v_rep, s.attn, s.lse, g_q, g_krep, g_vrep});
+    TensorId g_k = tmp(L + "attn.grad_k_rope", bkv);
+    ew("aten::sum", {g_krep, g_k});
+    TensorId g_v = tmp(L + "attn.grad_v", bkv);
+    ew("aten::sum", {g_vrep, g_v});
+    TensorId g_qp = rope_backward(L + "attn.q", g_q, bd);
+    TensorId g_kp = rope_backward(L + "attn.k", g_k, bkv);
+    TensorId g_n1v = tmp(L + "attn.grad_norm_out_v", bd);
+    mm(t, kvd, d, {g_v, p.wv->param, g_n1v});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * kvd, {g_v, s.n1}, *p.wv);
+    TensorId g_n1k = tmp(L + "attn.grad_norm_out_k", bd);
+    mm(t, kvd, d, {g_kp, p.wk->param, g_n1k});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * kvd, {g_kp, s.n1}, *p.wk);
+    TensorId g_n1q = tmp(L + "attn.grad_norm_out_q", bd);
+    mm(t, d, d, {g_qp, p.wq->param, g_n1q});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * d, {g_qp, s.n1}, *p.wq);
+    TensorId g_n1a = tmp(L + "attn_norm.grad_out_vk", bd);
+    ew("aten::add", {g_n1v, g_n1k, g_n1a});
+    TensorId g_n1 = tmp(L + "attn_norm.grad_out", bd);
+    ew("aten::add", {g_n1a, g_n1q, g_n1});
+    TensorId g_in_n =
+        norm_backward(L + "attn_norm", g_n1, s.x_in, {s.rsqrt1, s.h1, s.n1}, *p.attn_norm);
+    TensorId g_in = tmp(L + "grad_residual_in", bd);
+    ew("aten::add", {g_mid, g_in_n, g_in});
+    return g_in;
+  }
+
+  void micro_batch(uint32_t m) {
+    prefix_ = fmt::format("mb{}.", m);
+    const double t = static_cast<double>(tokens_), d = shape_.d_model, v = shape_.vocab;
+    const uint64_t bd = tokens_ * shape_.d_model * elt_;
+    const uint64_t logits_bytes = tokens_ * shape_.vocab * elt_, logits32 = tokens_ * shape_.vocab * 4;
+    TensorId ids = tensor(prefix_ + "input_ids", tokens_ * 8, TensorKind::other);
+    TensorId labels = tensor(prefix_ + "labels", tokens_ * 8, TensorKind::other);
+
+    // Forward: embedding, rotary tables, layers, final norm, LM head, cross-entropy.
+    TensorId x = act("embed.out", bd);
+    op("aten::embedding", OpClass::memory, 0, {embed_->param, ids, x},
+       static_cast<double>(2 * bd + tokens_ * 8));
+    TensorId pos = tmp("rope.position_ids", tokens_ * 8);
+    ew("aten::arange", {pos});
+    TensorId freqs = tmp("rope.freqs", tokens_ * head_dim_ / 2 * 4);
+    op("aten::bmm", OpClass::matmul, t * head_dim_, {inv_freq_, pos, freqs});
+    TensorId emb = tmp("rope.emb", tokens_ * head_dim_ * 4);
+    ew("aten::cat", {freqs, emb});
+    TensorId c0 = tmp("rope.cos_raw", tokens_ * head_dim_ * 4);
+    ew("aten::cos", {emb, c0});
+    cos_ = act("rope.cos", tokens_ * head_dim_ * elt_);
+    ew("aten::mul", {c0, cos_});
+    TensorId s0 = tmp("rope.sin_raw", tokens_ * head_dim_ * 4);
+    ew("aten::sin", {emb, s0});
+    sin_ = act("rope.sin", tokens_ * head_dim_ * elt_);
+    ew("aten::mul", {s0, sin_});
+
+    std::vector<LayerSaved> saved(shape_.layers);
+    for (uint32_t l = 0; l < shape_.layers; ++l) x = layer_forward(l, x, layers_[l], saved[l]);
+
+    NormSaved nf = norm_forward("norm", x, *final_norm_);
+    TensorId logits = tmp("lm_head.logits", logits_bytes);
+    mm(t, d, v, {nf.n, lm_head_->param, logits});
+    if (elt_ != 4) {  // HF upcasts logits to fp32 for the loss
+      TensorId l32 = tmp("lm_head.logits_fp32", logits32);
+      ew("aten::_to_copy", {logits, l32});
+      logits = l32;
+    }
+    TensorId shifted = act("loss.shifted_labels", tokens_ * 8);
+    ew("aten::constant_pad_nd", {labels, shifted});
+    TensorId logp = act("loss.log_probs", logits32);
+    ew("aten::_log_softmax", {logits, logp});
+    TensorId loss = tmp("loss.value", 4);
+    op("aten::nll_loss_forward", OpClass::memory, t, {logp, shifted, loss}, t * 12);
+    TensorId loss_scaled = tmp("loss.scaled", 4);
+    ew("aten::div", {loss, loss_scaled});
+
+    // Backward, in the order autograd runs it.
+    TensorId g1 = tmp("loss.grad_seed", 4);
+    ew("aten::ones_like", {loss_scaled, g1});
+    TensorId g2 = tmp("loss.grad", 4);
+    ew("aten::div", {g1, g2});
+    TensorId g_logp = tmp("loss.grad_log_probs", logits32);
+    ew("aten::nll_loss_backward", {g2, shifted, g_logp});
+    TensorId g_logits = tmp("lm_head.grad_logits", logits32);
+    ew("aten::_log_softmax_backward_data", {g_logp, logp, g_logits});
+    if (elt_ != 4) {
+      TensorId ge = tmp("lm_head.grad_logits_lowp", logits_bytes);
+      ew("aten::_to_copy", {g_logits, ge});
+      g_logits = ge;
+    }
+    TensorId g_nf = tmp("norm.grad_out", bd);
+    mm(t, v, d, {g_logits, lm_head_->param, g_nf});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * d * v, {g_logits, nf.n}, *lm_head_);
+    TensorId g_xn = norm_backward("norm", g_nf, x, nf, *final_norm_);
+    TensorId g = g_xn;
+    for (uint32_t l = shape_.layers; l-- > 0;) g = layer_backward(l, g, layers_[l], saved[l]);
+    grad_op("aten::embedding_dense_backward", OpClass::memory, 0, {g, ids}, *embed_);
+    prefix_.clear();
+  }
+
+  void optimizer_step() {
+    if (opt_.foreach) {
+      std::vector<TensorId> params, grads, m1, m2, sqrt;
+      for (const Param& p : params_) {
+        params.push_back(p.param);
+        grads.push_back(p.grad);
+        m1.push_back(p.exp_avg);
+        m2.push_back(p.exp_avg_sq);
+        sqrt.push_back(tensor(trace_.tensors[p.param].name + ".denom", p.bytes, TensorKind::temporary));
+      }
+      auto cat = [](std::initializer_list<const std::vector<TensorId>*> lists) {
+        std::vector<TensorId> all;
+        for (auto* l : lists) all.insert(all.end(), l->begin(), l->end());
+        return all;
+      };
+      auto group = [&](std::string_view name, const std::vector<TensorId>& ids) {
+        double elements = 0;
+        for (TensorId t : ids) elements += static_cast<double>(trace_.tensors[t].bytes) / elt_;
+        op(name, OpClass::memory, elements, ids);
+      };
+      group("aten::_foreach_mul_", params);
+      group("aten::_foreach_lerp_", cat({&m1, &grads}));
+      group("aten::_foreach_mul_", m2);
+      group("aten::_foreach_addcmul_", cat({&m2, &grads}));
+      group("aten::_foreach_sqrt", cat({&m2, &sqrt}));
+      group("aten::_foreach_div_", sqrt);
+      group("aten::_foreach_add_", sqrt);
+      group("aten::_foreach_addcdiv_", cat({&params, &m1, &sqrt}));
+      return;
+    }
+    // torch.optim.AdamW(foreach=False): _single_tensor_adamw, one parameter at a time.
+    for (const Param& p : params_) {
+      const std::string& name = trace_.tensors[p.param].name;
+      ew("aten::mul_", {p.param});  // decoupled weight decay
+      ew("aten::lerp_", {p.exp_avg, p.grad});
+      ew("aten::mul_", {p.exp_avg_sq});
+      ew("aten::addcmul_", {p.exp_avg_sq, p.grad});
+      TensorId root = tensor(name + ".exp_avg_sq_sqrt", p.bytes, TensorKind::temporary);
+      ew("aten::sqrt", {p.exp_avg_sq, root});
+      TensorId denom = tensor(name + ".denom", p.bytes, TensorKind::temporary);
+      ew("aten::div", {root, denom});
+      ew("aten::add_", {denom});
+      ew("aten::addcdiv_", {p.param, p.exp_avg, denom});
+    }
+  }
+
+ private:
+  std::string sdpa_name_, sdpa_backward_name_;
+  const SynthOptions& opt_;
+  const ModelShape& shape_;
+  Trace trace_;
+  uint64_t elt_ = 4;
+  double peak_flops_ = 0, hbm_bytes_per_s_ = 0;
+  uint32_t mb_ = 1, seq_ = 0, head_dim_ = 0;
+  uint64_t tokens_ = 0, kv_dim_ = 0;
+  std::vector<Param> params_;
+  std::vector<LayerParams> layers_;
+  Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  TensorId inv_freq_ = 0, cos_ = 0, sin_ = 0;
+  std::string prefix_;
+};
+
+std::string quoted(std::string_view s) { return fmt::format("\"{}\"", s); }
+
+}  // namespace
+
+std::string_view to_string(SynthDtype dtype) {
+  switch (dtype) {
+    case SynthDtype::fp32: return "fp32";
+    case SynthDtype::bf16: return "bf16";
+    case SynthDtype::fp16: return "fp16";
+  }
+  return "fp32";
+}
+
+SynthDtype parse_synth_dtype(std::string_view text) {
+  if (text == "fp32") return SynthDtype::fp32;
+  if (text == "bf16") return SynthDtype::bf16;
+  if (text == "fp16") return SynthDtype::fp16;
+  throw Error(fmt::format("--dtype: '{}' is not one of fp32, bf16, fp16", text));
+}
+
+std::vector<std::string> synth_models() {
+  std::vector<std::string> names;
+  for (const auto& m : kModels) names.push_back(m.name);
+  return names;
+}
+
+ModelShape model_shape(std::string_view name) {
+  for (const auto& m : kModels) {
+    if (m.name == name) return m;
+  }
+  throw Error(fmt::format("unknown model '{}' (known: {})", name, fmt::join(synth_models(), ", ")));
+}
+
+uint64_t parameter_count(const ModelShape& s) {
+  const uint64_t d = s.d_model, kv = uint64_t{d / s.heads} * s.kv_heads;
+  const uint64_t per_layer = 2 * d + 2 * d * d + 2 * d * kv + 3 * d * s.ffn;
+  return uint64_t{s.vocab} * d * (s.tied_embeddings ? 1 : 2) + s.layers * per_layer + d;
+}
+
+Trace synthesize(const SynthOptions& options) {
+  const ModelShape shape = model_shape(options.model);
+  SynthOptions o = options;
+  if (o.batch == 0) o.batch = shape.default_batch;
+  if (o.seq == 0) o.seq = shape.default_seq;
+  if (o.micro_batches == 0) o.micro_batches = std::min(shape.default_micro_batches, o.batch);
+  TERAIO_CHECK(o.batch % o.micro_batches == 0,
+               "--batch {} is not a multiple of --micro-batches {}", o.batch, o.micro_batches);
+  TERAIO_CHECK(o.gpu_tflops >= 0 && std::isfinite(o.gpu_tflops), "--gpu-tflops must be positive, got {}",
+               o.gpu_tflops);
+  TERAIO_CHECK(o.hbm_gbps > 0 && std::isfinite(o.hbm_gbps), "--hbm-gbps must be positive, got {}",
+               o.hbm_gbps);
+  for (double e : {o.matmul_efficiency, o.attention_efficiency, o.hbm_efficiency}) {
+    TERAIO_CHECK(e > 0 && e <= 1, "efficiencies must be in (0, 1], got {}", e);
+  }
+  TERAIO_CHECK(o.launch_overhead_us >= 0 && std::isfinite(o.launch_overhead_us),
+               "launch overhead must be >= 0 us, got {}", o.launch_overhead_us);
+  TERAIO_CHECK(static_cast<uint64_t>(o.batch / o.micro_batches) * o.seq <= (1ull << 24),
+               "micro-batch of {} x {} tokens is too large", o.batch / o.micro_batches, o.seq);
+
+  Builder b(o, shape, o.batch / o.micro_batches, o.seq);
+  Trace trace = b.build();
+  trace.set_meta("model", quoted(shape.name));
+  trace.set_meta("batch", fmt::format("{}", o.batch));
+  trace.set_meta("seq", fmt::format("{}", o.seq));
+  trace.set_meta("micro_batches", fmt::format("{}", o.micro_batches));
+  trace.set_meta("dtype", quoted(to_string(o.dtype)));
+  trace.set_meta("optimizer", quoted("adamw"));
+  trace.set_meta("foreach", o.foreach ? "true" : "false");
+  trace.set_meta("persistent_gradients", o.persistent_gradients ? "true" : "false");
+  double tflops = o.gpu_tflops > 0 ? o.gpu_tflops
+                                   : (o.dtype == SynthDtype::fp32 ? kFp32Tflops : kTensorCoreTflops);
+  trace.set_meta("gpu_tflops", fmt::format("{}", tflops));
+  trace.set_meta("hbm_gbps", fmt::format("{}", o.hbm_gbps));
+  trace.set_meta("generator", quoted("teraio synth"));
+  return trace;
+}
+
+}  // namespace teraio

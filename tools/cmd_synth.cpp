@@ -1,0 +1,88 @@
+// `teraio synth`: writes the synthetic trace of one Llama training iteration (docs/synth.md), so the
+// planner and simulator can be exercised at the paper's scale without a GPU.
+#include <chrono>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "command.h"
+#include "teraio/error.h"
+#include "teraio/synth.h"
+#include "teraio/units.h"
+
+namespace teraio::cli {
+namespace {
+
+struct SynthArgs {
+  SynthOptions options;
+  std::string dtype = "fp32";
+  std::string output;
+  bool list = false;
+};
+
+int run_synth(const SynthArgs& args) {
+  if (args.list) {
+    for (const std::string& name : synth_models()) {
+      ModelShape s = model_shape(name);
+      fmt::print("{:<11} layers {:>2}  d {:>5}  heads {:>2}/{:<2}  ffn {:>5}  vocab {:>6}  params {:.3g}  "
+                 "defaults: batch {} seq {} micro-batches {}\n",
+                 s.name, s.layers, s.d_model, s.heads, s.kv_heads, s.ffn, s.vocab,
+                 static_cast<double>(parameter_count(s)), s.default_batch, s.default_seq,
+                 s.default_micro_batches);
+    }
+    return 0;
+  }
+  TERAIO_CHECK(!args.output.empty(), "synth: -o TRACE is required");
+  SynthOptions options = args.options;
+  options.dtype = parse_synth_dtype(args.dtype);
+  auto t0 = std::chrono::steady_clock::now();
+  Trace trace = synthesize(options);
+  write_trace(trace, args.output);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("{}: {} kernels, {} tensors, iteration {} (model {}, batch {}, seq {}, micro-batches {}, "
+             "{}) in {:.2f} s\n",
+             args.output, trace.num_kernels(), trace.num_tensors(), format_us(trace.total_time_us()),
+             options.model, trace.meta_value("batch"), trace.meta_value("seq"),
+             trace.meta_value("micro_batches"), args.dtype, seconds);
+  return 0;
+}
+
+const Registration kSynth{{
+    "synth",
+    "Write the synthetic trace of one Llama training iteration (AdamW)",
+    20,
+    [](CLI::App& sub) -> std::function<int()> {
+      auto args = std::make_shared<SynthArgs>();
+      sub.add_option("--model", args->options.model,
+                     "tiny, llama-1b, llama-3b, llama3-8b or llama3-70b (--list shows shapes)")
+          ->capture_default_str();
+      sub.add_option("--batch", args->options.batch,
+                     "global batch in sequences (default: the model's; a multiple of --micro-batches)");
+      sub.add_option("--seq", args->options.seq, "sequence length in tokens (default: the model's)");
+      sub.add_option("--micro-batches", args->options.micro_batches,
+                     "gradient-accumulation steps per iteration (default: the model's)");
+      sub.add_option("--dtype", args->dtype, "fp32, bf16 or fp16")->capture_default_str();
+      sub.add_option("--gpu-tflops", args->options.gpu_tflops,
+                     "peak dense TFLOPS (default: 67 for fp32, 989 for bf16/fp16)");
+      sub.add_option("--hbm-gbps", args->options.hbm_gbps, "HBM bandwidth in GB/s")
+          ->capture_default_str();
+      sub.add_option("--launch-us", args->options.launch_overhead_us,
+                     "fixed overhead added to every kernel, in us")
+          ->capture_default_str();
+      std::string optimizer = "adamw";
+      sub.add_option("--optimizer", optimizer, "optimizer (only adamw)")
+          ->check(CLI::IsMember({"adamw"}))
+          ->capture_default_str();
+      sub.add_flag("--foreach", args->options.foreach,
+                   "AdamW foreach=True: 8 ops over all parameters instead of 8 per parameter");
+      sub.add_flag("--grad-set-to-none", [args](int64_t) { args->options.persistent_gradients = false; },
+                   "gradients are freed after the optimizer (zero_grad(set_to_none=True)) instead "
+                   "of persistent");
+      sub.add_flag("--list", args->list, "list the models and their defaults, then exit");
+      sub.add_option("-o,--output", args->output, "trace file to write (JSON)");
+      return [args] { return run_synth(*args); };
+    },
+}};
+
+}  // namespace
+}  // namespace teraio::cli
