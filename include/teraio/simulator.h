@@ -15,7 +15,8 @@ struct SimOptions {
   // Bandwidths to simulate with; when empty, the plan's tier bandwidths are used. Must match the
   // plan's tiers by index when given (used to replay a plan at a bandwidth it was not made for).
   std::vector<TierSpec> actual_tiers;
-  // Iterations to replay; the result reports the last (steady state, wrap-around moves included).
+  // Iterations to replay (1..1000). Times are means over them (the first starts as if every earlier
+  // transfer had completed); the timeline and urgent_fetches are the last iteration's.
   int iterations = 2;
   bool record_timeline = false;  // fill SimResult::kernel_start_us / transfers
 };
@@ -37,13 +38,14 @@ struct SimTransfer {
 };
 
 struct SimResult {
-  double iteration_us = 0;  // wall time of the (last) iteration
+  double iteration_us = 0;  // wall time of an iteration, mean over the simulated iterations
   double ideal_us = 0;      // sum of kernel times
   double stall_us = 0;      // iteration_us - ideal_us
-  double overlap_us = 0;    // transfer time hidden behind kernels
+  double overlap_us = 0;    // transfer time hidden behind kernels (per iteration, summed over links)
+  double last_iteration_us = 0;  // wall time of the last iteration alone (see docs/simulator.md)
   uint64_t peak_bytes = 0;  // most bytes resident at once
   std::vector<TierTraffic> tiers;
-  size_t urgent_fetches = 0;
+  size_t urgent_fetches = 0;  // transfers a kernel of the last iteration had to wait for
   // With record_timeline: start time of each kernel of the last iteration, and its transfers.
   std::vector<double> kernel_start_us;
   std::vector<SimTransfer> transfers;

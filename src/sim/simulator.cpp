@@ -146,6 +146,13 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
 // anything else queued): chunked preemption with chunks small enough to ignore. Without preemption
 // (urgent only jumps the queue) more bandwidth can make a plan slower: a small urgent prefetch
 // stuck behind a large transfer that started only because the link got free earlier.
+// Note [Reported iteration]
+// iteration_us is the mean over the simulated iterations: ideal plus every stall from time 0 to the
+// start of kernel 0 of the iteration after the last, divided by the iteration count. Each kernel's
+// start time never grows when bandwidth grows, so this mean never does either. The last iteration
+// alone (last_iteration_us) is closer to the steady state but is a difference of two start times,
+// and that difference can grow with bandwidth while the pipeline warms up (a faster iteration 0
+// leaves more transfers running into iteration 1).
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts) {
   TERAIO_CHECK(opts.iterations >= 1 && opts.iterations <= 1000,
                "simulate: iterations must be in [1, 1000], got {}", opts.iterations);
@@ -219,8 +226,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   }
 
   std::vector<double> start_us(static_cast<size_t>(n) + 1);  // kernel starts of the reported iteration
-  std::vector<Segment> gaps;  // compute-stream idle intervals inside the reported iteration
-  double stall_us = 0;
+  std::vector<Segment> gaps;  // compute-stream idle intervals, all iterations
+  double stall_us = 0;        // all iterations
   size_t urgent = 0;
   std::vector<std::pair<uint32_t, uint32_t>> waiting;  // (link, transfer)
   std::vector<uint32_t> group;
@@ -272,12 +279,10 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     t = satisfy(g, true, t);   // offloads that free the memory kernel g needs
     issue_all(g, false, t);    // prefetches issued as kernel g begins take memory now
     t = satisfy(g, false, t);  // prefetches kernel g reads
-    if (g >= first_g) {
-      start_us[static_cast<size_t>(g - first_g)] = t;
-      if (g > first_g && t > free_us) {
-        stall_us += t - free_us;
-        gaps.push_back({free_us, t});
-      }
+    if (g >= first_g) start_us[static_cast<size_t>(g - first_g)] = t;
+    if (t > free_us) {
+      stall_us += t - free_us;
+      gaps.push_back({free_us, t});
     }
     if (g == last_g) break;
     t += times[static_cast<size_t>(g % n)];
@@ -285,8 +290,10 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   }
   for (Link& l : links) l.advance(xs, kInf);
 
-  result.stall_us = stall_us;
-  result.iteration_us = result.ideal_us + stall_us;
+  // See Note [Reported iteration].
+  result.stall_us = stall_us / static_cast<double>(iters);
+  result.iteration_us = result.ideal_us + result.stall_us;
+  result.last_iteration_us = start_us[static_cast<size_t>(n)] - start_us[0];
   result.urgent_fetches = urgent;
 
   // Per-iteration traffic: the transfers issued by the kernels of the reported iteration.
@@ -306,7 +313,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     for (size_t k = 0; k < static_cast<size_t>(n); ++k) result.kernel_start_us[k] = start_us[k] - t0;
   }
 
-  // Overlap: link service time inside [t0, t1] minus the part of it spent while the stream waited.
+  // Overlap: link service time before the end of the last iteration minus the part of it spent
+  // while the stream waited, per iteration.
   std::vector<double> gap_prefix(gaps.size() + 1, 0);
   for (size_t i = 0; i < gaps.size(); ++i) gap_prefix[i + 1] = gap_prefix[i] + (gaps[i].end_us - gaps[i].begin_us);
   auto stalled_before = [&](double x) {  // total gap time in (-inf, x]
@@ -319,13 +327,13 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   double overlap = 0;
   for (const Link& l : links) {
     for (const Segment& s : l.segments) {
-      const double a = std::max(s.begin_us, t0);
+      const double a = s.begin_us;
       const double b = std::min(s.end_us, t1);
       if (b <= a) continue;
       overlap += (b - a) - (stalled_before(b) - stalled_before(a));
     }
   }
-  result.overlap_us = std::max(0.0, overlap);
+  result.overlap_us = std::max(0.0, overlap / static_cast<double>(iters));
   return result;
 }
 

@@ -1,0 +1,328 @@
+// Tests of teraio::simulate: golden timelines worked out by hand (docs/simulator.md has the model),
+// properties over random valid plans, rejection of invalid plans, and the 250k-kernel speed target.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+
+#include "sim_test_util.h"
+#include "teraio/error.h"
+#include "teraio/simulator.h"
+
+namespace teraio {
+namespace {
+
+using test::make_trace;
+using test::offload;
+using test::prefetch;
+using test::tier;
+
+// 1 GB/s moves 1000 bytes per microsecond, which keeps the hand arithmetic simple.
+constexpr double kGbps = 1.0;
+
+const SimTransfer* find_transfer(const SimResult& r, bool is_offload, uint64_t bytes) {
+  for (const SimTransfer& t : r.transfers) {
+    if (t.offload == is_offload && t.bytes == bytes) return &t;
+  }
+  return nullptr;
+}
+
+TEST(SimGolden, OffloadAndPrefetchStallExactly) {
+  // Kernels of 10 us; tensor 0 (20 us of transfer) used at kernels 0 and 4.
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  // Offload 10..30 holds kernel 2 (wants 20) until 30; prefetch 40..60 holds kernel 4 (wants 50).
+  EXPECT_DOUBLE_EQ(r.ideal_us, 50);
+  EXPECT_DOUBLE_EQ(r.stall_us, 20);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 70);
+  EXPECT_DOUBLE_EQ(r.last_iteration_us, 70);
+  EXPECT_DOUBLE_EQ(r.overlap_us, 20);  // 10 us of each transfer ran under kernels 1 and 3
+  EXPECT_EQ(r.urgent_fetches, 2u);
+  EXPECT_EQ(r.peak_bytes, 20000u);
+  ASSERT_EQ(r.tiers.size(), 1u);
+  EXPECT_EQ(r.tiers[0].offload_bytes, 20000u);
+  EXPECT_EQ(r.tiers[0].prefetch_bytes, 20000u);
+  EXPECT_DOUBLE_EQ(r.tiers[0].write_busy_us, 20);
+  EXPECT_DOUBLE_EQ(r.tiers[0].read_busy_us, 20);
+  ASSERT_EQ(r.kernel_start_us.size(), 5u);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[2], 30);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[4], 60);
+  const SimTransfer* pf = find_transfer(r, false, 20000);
+  ASSERT_NE(pf, nullptr);
+  EXPECT_DOUBLE_EQ(pf->begin_us, 40);
+  EXPECT_DOUBLE_EQ(pf->end_us, 60);
+  EXPECT_TRUE(pf->urgent);
+}
+
+TEST(SimGolden, MoreBandwidthRemovesTheStall) {
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.actual_tiers = {tier("ssd", 2.0, 2.0)};  // 10 us per transfer: exactly hidden
+  const SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.stall_us, 0);
+  EXPECT_DOUBLE_EQ(r.iteration_us, r.ideal_us);
+  EXPECT_DOUBLE_EQ(r.overlap_us, 20);
+  EXPECT_EQ(r.urgent_fetches, 0u);
+}
+
+TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
+  // 20 kernels of 10 us. Tensors A (50 us), B (30 us), C (10 us), all used at kernel 0; A and B
+  // again at 19, C at 12. Prefetches of A and B start at kernel 10 (t=100): A runs 100..150, B
+  // queues. C's prefetch starts at kernel 11 and is needed at kernel 12 (t=120): it preempts A
+  // (30 us left) and runs 120..130; A resumes 130..160, then B 160..190, before kernel 19 (t=200).
+  std::vector<double> times(20, 10.0);
+  std::vector<std::vector<TensorId>> uses(20);
+  uses[0] = {0, 1, 2};
+  uses[12] = {2};
+  uses[19] = {0, 1};
+  const Trace tr = make_trace(times, {{50000, false}, {30000, false}, {10000, false}}, uses);
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  // Write link: A 10..60, B 60..90, C 90..100, each done before its deadline kernel ends.
+  plan.moves = {offload(0, 0, 8),  offload(1, 0, 8),    offload(2, 0, 9),
+                prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.stall_us, 10);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 210);
+  EXPECT_EQ(r.urgent_fetches, 1u);
+  const SimTransfer* a = find_transfer(r, false, 50000);
+  const SimTransfer* b = find_transfer(r, false, 30000);
+  const SimTransfer* c = find_transfer(r, false, 10000);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_TRUE(c->urgent);
+  EXPECT_FALSE(b->urgent);
+  EXPECT_DOUBLE_EQ(c->begin_us, 120);
+  EXPECT_DOUBLE_EQ(c->end_us, 130);
+  EXPECT_DOUBLE_EQ(a->begin_us, 100);
+  EXPECT_DOUBLE_EQ(a->end_us, 160);
+  EXPECT_DOUBLE_EQ(b->begin_us, 160);
+  EXPECT_DOUBLE_EQ(b->end_us, 190);
+  EXPECT_LT(c->end_us, b->begin_us);  // C overtook B although B was issued first
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 130);
+}
+
+TEST(SimGolden, KernelWaitsForOffloadToFreeMemory) {
+  // Tensor 0 (20 us) offloaded right after kernel 0 with deadline 0: its memory is needed by kernel
+  // 1, which waits until the offload completes at 30. Tensor 1 (10 us) is prefetched as kernel 1
+  // begins, so its prefetch is issued only at 30 (memory first), and kernel 2 waits 30..40 for it.
+  const Trace tr =
+      make_trace({10, 10, 10, 10}, {{20000, false}, {10000, false}}, {{0, 1}, {}, {1}, {0}});
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 0), prefetch(0, 2, 3), offload(1, 0, 0), prefetch(1, 1, 2)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  // Write link: tensor 0 10..30, tensor 1 30..40 (both needed by kernel 1 -> starts at 40).
+  // Read link: tensor 1 issued at 40, 40..50 -> kernel 2 starts at 50 (wants 50: no wait).
+  // Tensor 0 prefetch issued at kernel 2 (50), 50..70 -> kernel 3 waits 60..70.
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[1], 40);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[2], 50);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 70);
+  EXPECT_DOUBLE_EQ(r.stall_us, 40);
+  const SimTransfer* pf1 = find_transfer(r, false, 10000);
+  ASSERT_NE(pf1, nullptr);
+  EXPECT_DOUBLE_EQ(pf1->begin_us, 40);  // issued after kernel 1's memory wait
+}
+
+TEST(SimGolden, WrapAroundPairReachesSteadyState) {
+  // Persistent weight used only by kernel 1 of 4 (10 us each), 30 us per transfer. Offloaded after
+  // kernel 1 (must be gone before kernel 3), prefetched from kernel 3 for kernel 1 of the next
+  // iteration. Iteration 0 starts with the weight resident (its prefetch was issued before time 0):
+  //   k1 10..20, offload 20..50, k3 waits 30..50, prefetch 50..80, k4(=k0') 60..70.
+  // Iteration 1: k1' waits 70..80, offload 90..120, k3' waits 100..120, k0'' at 130.
+  const Trace tr = make_trace({10, 10, 10, 10}, {{30000, true}}, {{}, {0}, {}, {}});
+  Plan plan;
+  plan.tiers = {tier("host", kGbps, kGbps)};
+  plan.moves = {offload(0, 1, 2), prefetch(0, 3, 1)};
+  test::fit_budget(tr, plan);
+  EXPECT_EQ(plan.budget_bytes, 30000u);
+  SimOptions o;
+  o.iterations = 1;
+  const SimResult r1 = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r1.iteration_us, 60);  // 0..60, only the 20 us offload wait
+  EXPECT_DOUBLE_EQ(r1.last_iteration_us, 60);
+  o.iterations = 2;
+  const SimResult r2 = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r2.last_iteration_us, 70);  // 60..130: the steady state
+  EXPECT_DOUBLE_EQ(r2.iteration_us, 65);       // mean of 60 and 70
+  EXPECT_DOUBLE_EQ(r2.stall_us, 25);
+  EXPECT_EQ(r2.urgent_fetches, 2u);  // both waits of iteration 1
+  o.iterations = 3;
+  const SimResult r3 = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r3.last_iteration_us, 70);  // steady
+  EXPECT_DOUBLE_EQ(r3.iteration_us, 200.0 / 3);
+  EXPECT_EQ(r2.tiers[0].prefetch_bytes, 30000u);
+  EXPECT_EQ(r2.tiers[0].offload_bytes, 30000u);
+}
+
+TEST(SimGolden, EmptyPlanIsIdeal) {
+  const Trace tr = make_trace({1.5, 2.25, 0, 7.125}, {{100, true}, {200, false}}, {{0, 1}, {1}, {}, {0}});
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  test::fit_budget(tr, plan);
+  const SimResult r = simulate(tr, plan);
+  EXPECT_EQ(r.iteration_us, r.ideal_us);
+  EXPECT_DOUBLE_EQ(r.ideal_us, 10.875);
+  EXPECT_EQ(r.stall_us, 0);
+  EXPECT_EQ(r.overlap_us, 0);
+  EXPECT_EQ(r.urgent_fetches, 0u);
+  EXPECT_EQ(r.peak_bytes, 300u);
+}
+
+TEST(SimReject, InvalidPlansAndOptions) {
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.budget_bytes = 1 << 20;
+  plan.moves = {prefetch(0, 3, 4)};  // no offload before it
+  try {
+    simulate(tr, plan);
+    FAIL() << "expected teraio::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("moves[0]"), std::string::npos) << e.what();
+  }
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4)};
+  plan.budget_bytes = 10;  // tensor 0 alone exceeds it
+  EXPECT_THROW(simulate(tr, plan), Error);
+  test::fit_budget(tr, plan);
+  EXPECT_NO_THROW(simulate(tr, plan));
+  SimOptions o;
+  o.actual_tiers = {tier("ssd", 1, 1), tier("host", 1, 1)};
+  EXPECT_THROW(simulate(tr, plan, o), Error);  // tier count mismatch
+  o.actual_tiers = {tier("ssd", 0, 1)};
+  EXPECT_THROW(simulate(tr, plan, o), Error);  // zero read bandwidth with a prefetch on it
+  o.actual_tiers = {};
+  o.iterations = 0;
+  EXPECT_THROW(simulate(tr, plan, o), Error);
+}
+
+std::vector<TierSpec> scaled(const std::vector<TierSpec>& tiers, std::mt19937_64& rng, bool up) {
+  std::vector<TierSpec> out = tiers;
+  std::uniform_real_distribution<double> f(1.0, 4.0);
+  for (TierSpec& t : out) {
+    // Scale each direction independently, sometimes not at all.
+    if (rng() % 3) t.read_gbps = up ? t.read_gbps * f(rng) : t.read_gbps;
+    if (rng() % 3) t.write_gbps = up ? t.write_gbps * f(rng) : t.write_gbps;
+  }
+  return out;
+}
+
+TEST(SimProperty, RandomPlans) {
+  std::mt19937_64 rng(12345);
+  int with_stall = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const Trace tr = test::random_trace(rng, trial % 2 == 1);
+    const Plan plan = test::random_plan(tr, rng);
+    SimOptions o;
+    o.iterations = 1 + trial % 3;
+    const SimResult r = simulate(tr, plan, o);
+    ASSERT_GE(r.iteration_us, r.ideal_us) << "trial " << trial;
+    ASSERT_GE(r.stall_us, 0);
+    ASSERT_NEAR(r.iteration_us, r.ideal_us + r.stall_us, 1e-9 * r.iteration_us);
+    with_stall += r.stall_us > 0;
+    // The plan's resident accounting.
+    const Lifetimes lt(tr);
+    ASSERT_EQ(r.peak_bytes, check_plan(tr, lt, plan).peak_bytes);
+    // Per-iteration traffic equals the plan's moves, busy time bytes / bandwidth.
+    double busy = 0;
+    for (size_t i = 0; i < plan.tiers.size(); ++i) {
+      uint64_t off = 0, pre = 0;
+      for (const Move& m : plan.moves) {
+        if (m.tier == i) (m.op == MoveOp::offload ? off : pre) += tr.tensors[m.tensor].bytes;
+      }
+      ASSERT_EQ(r.tiers[i].offload_bytes, off);
+      ASSERT_EQ(r.tiers[i].prefetch_bytes, pre);
+      ASSERT_NEAR(r.tiers[i].write_busy_us, off / (plan.tiers[i].write_gbps * 1e3), 1e-6);
+      busy += r.tiers[i].write_busy_us + r.tiers[i].read_busy_us;
+    }
+    ASSERT_LE(r.overlap_us, r.ideal_us * 2 * static_cast<double>(plan.tiers.size()) + 1e-6);
+    ASSERT_GE(r.overlap_us, 0);
+    (void)busy;
+
+    // More bandwidth (any tier, any direction) never makes the same plan slower.
+    SimOptions up = o;
+    up.actual_tiers = scaled(plan.tiers, rng, true);
+    const SimResult faster = simulate(tr, plan, up);
+    ASSERT_LE(faster.iteration_us, r.iteration_us * (1 + 1e-12) + 1e-9)
+        << "trial " << trial << ": " << faster.iteration_us << " > " << r.iteration_us;
+
+    // With (practically) unlimited bandwidth every move hides: iteration == ideal.
+    SimOptions inf = o;
+    inf.actual_tiers = plan.tiers;
+    for (TierSpec& t : inf.actual_tiers) t.read_gbps = t.write_gbps = 1e12;
+    ASSERT_NEAR(simulate(tr, plan, inf).stall_us, 0, 1e-3);
+  }
+  EXPECT_GT(with_stall, 1000);  // the generator exercises stalls and urgent transfers
+}
+
+TEST(SimProperty, BandwidthCurveOfOnePlanIsMonotone) {
+  std::mt19937_64 rng(777);
+  for (int trial = 0; trial < 400; ++trial) {
+    const Trace tr = test::random_trace(rng, trial % 2 == 1);
+    const Plan plan = test::random_plan(tr, rng);
+    double prev = std::numeric_limits<double>::infinity();
+    for (double s = 0.05; s < 20; s *= 1.3) {
+      SimOptions o;
+      o.actual_tiers = plan.tiers;
+      for (TierSpec& t : o.actual_tiers) {
+        t.read_gbps *= s;
+        t.write_gbps *= s;
+      }
+      const double it = simulate(tr, plan, o).iteration_us;
+      ASSERT_LE(it, prev * (1 + 1e-12) + 1e-9) << "trial " << trial << " scale " << s;
+      prev = it;
+    }
+  }
+}
+
+// 250k kernels and 100k moves (50k pairs) must simulate in well under a second.
+TEST(SimSpeed, QuarterMillionKernels) {
+  constexpr uint32_t kKernels = 250000;
+  constexpr uint32_t kTensors = 50000;
+  std::vector<double> times(kKernels, 20.0);
+  std::vector<test::TensorSpec> tensors(kTensors, {64ull << 20, false});
+  std::vector<std::vector<TensorId>> uses(kKernels);
+  for (uint32_t t = 0; t < kTensors; ++t) {
+    tensors[t].persistent = t % 2 == 0;
+    uses[(t * 5) % kKernels].push_back(t);
+    uses[(t * 5 + 1000 + t % 3000) % kKernels].push_back(t);
+  }
+  const Trace tr = make_trace(times, tensors, uses);
+  const Lifetimes lt(tr);
+  Plan plan;
+  plan.tiers = {tier("ssd", 16, 16), tier("host", 50, 50)};
+  for (const InactivePeriod& p : inactive_periods(tr, lt)) {
+    if (p.tensor % 2 == 0 && p.wraps) continue;  // one period per tensor
+    const uint32_t len = p.wraps ? p.end + kKernels - p.start : p.end - p.start;
+    plan.moves.push_back(offload(p.tensor, p.start, (p.start + 1) % kKernels, p.tensor % 2));
+    plan.moves.push_back(prefetch(p.tensor, (p.start + len - 50) % kKernels, p.end, p.tensor % 2));
+  }
+  ASSERT_EQ(plan.moves.size(), 2u * kTensors);
+  test::fit_budget(tr, plan);
+  const auto t0 = std::chrono::steady_clock::now();
+  const SimResult r = simulate(tr, plan);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("simulate: %u kernels, %zu moves, 2 iterations: %.3f s (iteration %.0f us, ideal %.0f us)\n",
+              kKernels, plan.moves.size(), s, r.iteration_us, r.ideal_us);
+  EXPECT_GT(r.tiers[0].offload_bytes, 0u);
+  EXPECT_LT(s, 3.0);  // target < 1 s on a free core; slack for a loaded CI machine
+}
+
+}  // namespace
+}  // namespace teraio
