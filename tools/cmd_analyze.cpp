@@ -25,7 +25,12 @@ std::string share(uint64_t part, uint64_t whole) {
 
 void print_table(const Trace& trace, const TraceStats& s, const std::string& path) {
   fmt::print("trace                {}\n", path);
-  for (const auto& [key, value] : s.meta) fmt::print("  {:<18} {}\n", key, value);
+  for (const auto& [key, value] : s.meta) {
+    // Strings without escapes print bare; anything else as its raw JSON.
+    const bool plain = value.size() >= 2 && value.front() == '"' && value.back() == '"' &&
+                       value.find('\\') == std::string::npos;
+    fmt::print("  {:<20} {}\n", key, plain ? value.substr(1, value.size() - 2) : value);
+  }
   fmt::print("kernels              {}   total time {}\n", s.num_kernels, format_us(s.total_time_us));
   fmt::print("tensors              {}   unused {}\n", s.num_tensors, s.unused_tensors);
   std::string peak_at =

@@ -16,6 +16,7 @@ namespace {
 struct SynthArgs {
   SynthOptions options;
   std::string dtype = "fp32";
+  std::string optimizer = "adamw";
   std::string output;
   bool list = false;
 };
@@ -69,8 +70,7 @@ const Registration kSynth{{
       sub.add_option("--launch-us", args->options.launch_overhead_us,
                      "fixed overhead added to every kernel, in us")
           ->capture_default_str();
-      std::string optimizer = "adamw";
-      sub.add_option("--optimizer", optimizer, "optimizer (only adamw)")
+      sub.add_option("--optimizer", args->optimizer, "optimizer (only adamw)")
           ->check(CLI::IsMember({"adamw"}))
           ->capture_default_str();
       sub.add_flag("--foreach", args->options.foreach,
