@@ -149,6 +149,7 @@ struct TierInfo {
   std::string engine;            // "memcpy", "io_uring", "threads", "sync", "cufile"
   std::vector<std::string> notes;  // fallbacks taken and why (e.g. "O_DIRECT refused on /dev/shm")
   uint64_t capacity_bytes = 0;
+  std::vector<std::string> files;  // file tiers: the backing file of each path, in stripe order
 };
 
 // A storage tier. submit() is thread-safe and never blocks on I/O (it may block briefly for a

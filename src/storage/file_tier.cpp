@@ -262,8 +262,10 @@ class FileTier final : public Tier {
 
   TierInfo info() const override {
     const char* e = engine_ == Engine::kSync ? "sync" : engine_ == Engine::kIoUring ? "io_uring" : "threads";
-    return TierInfo{engine_ == Engine::kSync ? "file-sync" : "file", gds_ ? std::string(e) + "+cufile" : e, notes_,
-                    o_.capacity_bytes};
+    TierInfo i{engine_ == Engine::kSync ? "file-sync" : "file", gds_ ? std::string(e) + "+cufile" : e, notes_,
+               o_.capacity_bytes, {}};
+    for (const auto& ps : paths_) i.files.push_back(ps->files.file);
+    return i;
   }
 
  private:

@@ -83,7 +83,7 @@ class HostTier final : public Tier {
     }
   }
 
-  TierInfo info() const override { return TierInfo{"host", "memcpy", notes_, options_.capacity_bytes}; }
+  TierInfo info() const override { return TierInfo{"host", "memcpy", notes_, options_.capacity_bytes, {}}; }
 
  private:
   void work() {
