@@ -3,6 +3,8 @@
 // parameter's states.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -210,6 +212,25 @@ TEST(Synth, AdamwTouchesEveryParameterAndItsStates) {
     }
     EXPECT_EQ(params, 9 * 2 + 3);
   }
+}
+
+// data/llama3-8b.trace.json.xz is what `teraio synth --model llama3-8b` writes (data/README.md).
+TEST(Synth, BundledTraceMatchesGenerator) {
+  const std::string path = std::string(TERAIO_SOURCE_DIR) + "/data/llama3-8b.trace.json.xz";
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  FILE* pipe = popen(("xz -dc '" + path + "' 2>/dev/null").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string bundled;
+  char buf[1 << 16];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) bundled.append(buf, n);
+  const int status = pclose(pipe);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) GTEST_SKIP() << "no xz to decompress " << path;
+  ASSERT_EQ(status, 0) << "xz -dc " << path << " failed";
+  SynthOptions o;
+  o.model = "llama3-8b";
+  EXPECT_TRUE(bundled == trace_to_json(synthesize(o)))
+      << "regenerate it: teraio synth --model llama3-8b -o data/llama3-8b.trace.json && xz -9 "
+         "data/llama3-8b.trace.json";
 }
 
 }  // namespace
