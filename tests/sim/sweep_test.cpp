@@ -1,0 +1,75 @@
+// Tests of teraio::sweep_bandwidth: the reported curve never goes down as bandwidth grows, the
+// winning plan comes from this or a lower bandwidth, and bad options are rejected.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "sim_test_util.h"
+#include "teraio/error.h"
+#include "teraio/sweep.h"
+
+namespace teraio {
+namespace {
+
+TEST(Sweep, CurveIsMonotoneAndHonest) {
+  std::mt19937_64 rng(4242);
+  int swept = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const Trace tr = test::random_trace(rng, trial % 2 == 1);
+    const Lifetimes lt(tr);
+    const std::vector<uint64_t> m = memory_curve(tr, lt);
+    const std::vector<uint64_t> active = active_bytes(tr);
+    const uint64_t peak = *std::max_element(m.begin(), m.end());
+    const uint64_t need = *std::max_element(active.begin(), active.end());
+    PlannerOptions base;
+    base.budget_bytes = std::max(need, peak * 6 / 10);
+    base.min_tensor_bytes = 0;
+    base.tiers = {test::tier("ssd", 1.0, 1.0), test::tier("host", 3.0, 2.0)};
+    SweepOptions so;
+    so.min_scale = 0.1;
+    so.max_scale = 10;
+    so.steps = 7;
+    const std::vector<SweepPoint> pts = sweep_bandwidth(tr, base, so);
+    ASSERT_EQ(pts.size(), 7u);
+    EXPECT_DOUBLE_EQ(pts.front().scale, 0.1);
+    EXPECT_NEAR(pts.back().scale, 10, 1e-9);
+    EXPECT_NEAR(pts.back().total_read_gbps, 40, 1e-9);
+    for (size_t i = 0; i < pts.size(); ++i) {
+      const SweepPoint& p = pts[i];
+      EXPECT_LE(p.plan_point, i);
+      EXPECT_LE(p.iteration_us, p.own_plan_iteration_us);
+      EXPECT_GE(p.iteration_us, p.ideal_us);
+      EXPECT_LE(p.percent_of_ideal, 100.0 + 1e-9);
+      if (i > 0) {
+        EXPECT_LE(p.iteration_us, pts[i - 1].iteration_us) << "trial " << trial << " point " << i;
+        EXPECT_GT(p.scale, pts[i - 1].scale);
+      }
+    }
+    EXPECT_EQ(pts[0].plan_point, 0u);
+    ++swept;
+  }
+  EXPECT_EQ(swept, 40);
+}
+
+TEST(Sweep, RejectsBadOptions) {
+  std::mt19937_64 rng(1);
+  const Trace tr = test::random_trace(rng);
+  PlannerOptions base;
+  base.budget_bytes = uint64_t{1} << 40;
+  base.tiers = {test::tier("ssd", 1.0, 1.0)};
+  SweepOptions so;
+  so.min_scale = 0;
+  EXPECT_THROW(sweep_bandwidth(tr, base, so), Error);
+  so = {};
+  so.max_scale = 0.1;  // below min
+  EXPECT_THROW(sweep_bandwidth(tr, base, so), Error);
+  so = {};
+  so.steps = 0;
+  EXPECT_THROW(sweep_bandwidth(tr, base, so), Error);
+  base.tiers.clear();
+  EXPECT_THROW(sweep_bandwidth(tr, base, {}), Error);
+}
+
+}  // namespace
+}  // namespace teraio
