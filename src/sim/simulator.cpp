@@ -47,7 +47,7 @@ class Link {
   std::vector<Segment> segments;
 
   // Serves transfers until time t: completes those ending at or before t, starts those that can
-  // start before t.
+  // start at or before t.
   void advance(std::vector<Transfer>& xs, double t) {
     for (;;) {
       if (current_ != kNone) {
@@ -59,7 +59,7 @@ class Link {
       if (cursor_ >= issued) return;
       const uint32_t next = seq[cursor_];
       const double begin = std::max(clock_, xs[next].issue_us);
-      if (begin >= t) return;
+      if (begin > t) return;
       ++cursor_;
       start(xs, next, begin, xs[next].dur_us);
     }

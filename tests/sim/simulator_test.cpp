@@ -115,9 +115,9 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
 }
 
 TEST(SimGolden, KernelWaitsForOffloadToFreeMemory) {
-  // Tensor 0 (20 us) offloaded right after kernel 0 with deadline 0: its memory is needed by kernel
-  // 1, which waits until the offload completes at 30. Tensor 1 (10 us) is prefetched as kernel 1
-  // begins, so its prefetch is issued only at 30 (memory first), and kernel 2 waits 30..40 for it.
+  // Tensors 0 (20 us) and 1 (10 us) are offloaded right after kernel 0 with deadline 0: their memory
+  // is needed by kernel 1, which waits until both offloads are done at 40. Tensor 1's prefetch starts
+  // at kernel 1, so it is issued only at 40 (memory first), not at 20 when kernel 0 ended.
   const Trace tr =
       make_trace({10, 10, 10, 10}, {{20000, false}, {10000, false}}, {{0, 1}, {}, {1}, {0}});
   Plan plan;
