@@ -78,9 +78,9 @@ void print_table(const Trace& trace, const TraceStats& s, const std::string& pat
   for (int l = 0; l < kNumLengthBuckets; ++l) fmt::print(" {:>9}", s.periods_by_length[l]);
   fmt::print("\n");
 
-  fmt::print("\n{:<48} {:>8} {:>12} {:>8}\n", "top kernels by time", "count", "time", "share");
+  fmt::print("\n{:<58} {:>8} {:>12} {:>8}\n", "top kernels by time", "count", "time", "share");
   for (const auto& g : s.top_kernels) {
-    fmt::print("  {:<46} {:>8} {:>12} {:>8}\n", g.name, g.count, format_us(g.time_us),
+    fmt::print("  {:<56} {:>8} {:>12} {:>8}\n", g.name, g.count, format_us(g.time_us),
                s.total_time_us > 0 ? pct(g.time_us / s.total_time_us) : "-");
   }
 }

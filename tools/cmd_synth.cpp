@@ -58,7 +58,8 @@ const Registration kSynth{{
                      "tiny, llama-1b, llama-3b, llama3-8b or llama3-70b (--list shows shapes)")
           ->capture_default_str();
       sub.add_option("--batch", args->options.batch,
-                     "global batch in sequences (default: the model's; a multiple of --micro-batches)");
+                     "global batch in sequences, a multiple of --micro-batches (default: the model's, or "
+                     "--micro-batches x the model's sequences per micro-batch)");
       sub.add_option("--seq", args->options.seq, "sequence length in tokens (default: the model's)");
       sub.add_option("--micro-batches", args->options.micro_batches,
                      "gradient-accumulation steps per iteration (default: the model's)");

@@ -43,8 +43,9 @@ uint64_t parameter_count(const ModelShape& shape);
 
 struct SynthOptions {
   std::string model = "tiny";
-  // 0 = the model's default (ModelShape::default_*). `batch` is the global batch in sequences;
-  // it must be a multiple of `micro_batches`.
+  // 0 = the model's default (ModelShape::default_*); when only micro_batches is given, batch keeps
+  // the default sequences per micro-batch. `batch` is the global batch in sequences; it must be a
+  // multiple of `micro_batches`.
   uint32_t batch = 0;
   uint32_t seq = 0;
   uint32_t micro_batches = 0;

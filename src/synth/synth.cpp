@@ -580,7 +580,10 @@ uint64_t parameter_count(const ModelShape& s) {
 Trace synthesize(const SynthOptions& options) {
   const ModelShape shape = model_shape(options.model);
   SynthOptions o = options;
-  if (o.batch == 0) o.batch = shape.default_batch;
+  const uint32_t default_mb_size = shape.default_batch / shape.default_micro_batches;
+  if (o.batch == 0) {
+    o.batch = o.micro_batches ? o.micro_batches * default_mb_size : shape.default_batch;
+  }
   if (o.seq == 0) o.seq = shape.default_seq;
   if (o.micro_batches == 0) o.micro_batches = std::min(shape.default_micro_batches, o.batch);
   TERAIO_CHECK(o.batch % o.micro_batches == 0,

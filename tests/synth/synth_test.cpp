@@ -100,6 +100,11 @@ TEST(Synth, KernelCountFollowsLayersAndMicroBatches) {
   o.batch = 6;
   o.micro_batches = 3;
   EXPECT_EQ(synthesize(o).num_kernels(), expected_kernels(model_shape("tiny"), 3));
+  SynthOptions only_micro = tiny();  // batch follows: one sequence per micro-batch
+  only_micro.micro_batches = 5;
+  Trace t5 = synthesize(only_micro);
+  EXPECT_EQ(t5.meta_value("batch"), "5");
+  EXPECT_EQ(t5.num_kernels(), expected_kernels(model_shape("tiny"), 5));
   o.foreach = true;  // 8 optimizer ops and one _foreach_zero_ in all
   EXPECT_EQ(synthesize(o).num_kernels(), expected_kernels(model_shape("tiny"), 3) - 9 * 21 + 9);
 }
