@@ -3,7 +3,9 @@
 // io_uring with registered pinned bounce buffers, or a pool of pread/pwrite threads; device buffers
 // pass through the bounce ring (or cuFile when GDS is usable). The synchronous engine is the oracle.
 #include <fcntl.h>
+#ifdef TERAIO_HAVE_LIBURING
 #include <liburing.h>
+#endif
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -553,6 +555,7 @@ class FileTier final : public Tier {
     cuda::event_destroy(h2d_event);
   }
 
+#ifdef TERAIO_HAVE_LIBURING
   // Note [io_uring engine]: one thread per path owns the ring. Slot i (of queue_depth) owns bounce
   // buffer i, registered with the ring, so staged I/O uses the fixed-buffer opcodes. The thread
   // stages a chunk (device-to-host copy), submits its segments, and when all of a chunk's
@@ -725,6 +728,14 @@ class FileTier final : public Tier {
     cuda::stream_destroy(d2h);
   }
 
+#else
+  void uring_loop(PathState& ps) {  // not reached: probe_io_uring() reports no io_uring
+    while (auto c = ps.queue.pop_wait()) {
+      chunk_done(c->ctx, failure(ENOSYS, "file tier: built without liburing"), c->piece);
+    }
+  }
+#endif
+
   FileTierOptions o_;
   uint64_t per_path_bytes_ = 0;
   std::vector<std::unique_ptr<PathState>> paths_;
@@ -744,11 +755,15 @@ class FileTier final : public Tier {
 }  // namespace
 
 IoUringProbe probe_io_uring() {
+#ifndef TERAIO_HAVE_LIBURING
+  return {false, "teraio was built without liburing"};
+#else
   io_uring ring;
   int rc = io_uring_queue_init(4, &ring, 0);
   if (rc < 0) return {false, fmt::format("io_uring_queue_init failed: {}", std::strerror(-rc))};
   io_uring_queue_exit(&ring);
   return {true, ""};
+#endif
 }
 
 std::unique_ptr<Tier> make_file_tier(const FileTierOptions& options) {
