@@ -127,14 +127,14 @@ TEST_P(Conformance, UnalignedHostBufferAddress) {
 
 TEST_P(Conformance, RandomWritesMatchTheSyncOracle) {
   std::mt19937_64 rng(42);
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 25; ++i) {
     uint64_t size = rng() % (2 * kStripe + 1);
     uint64_t off = rng() % (kCapacity / 4);
     auto data = pattern(size, rng());
     tier_->write(BufferView::host(data.data(), size), off);
     oracle_->write(BufferView::host(data.data(), size), off);
   }
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 25; ++i) {
     uint64_t size = rng() % (2 * kStripe + 1);
     uint64_t off = rng() % (kCapacity / 4);
     std::vector<unsigned char> a(size), b(size);
@@ -145,7 +145,7 @@ TEST_P(Conformance, RandomWritesMatchTheSyncOracle) {
 }
 
 TEST_P(Conformance, ManyConcurrentRequestsFromSeveralThreads) {
-  constexpr int kThreads = 4, kPerThread = 24;
+  constexpr int kThreads = 4, kPerThread = 10;
   constexpr uint64_t kSlot = 40000;  // unaligned sizes and slots
   std::vector<std::vector<unsigned char>> data(kThreads * kPerThread);
   for (size_t i = 0; i < data.size(); ++i) data[i] = pattern(kSlot - i * 13, i + 100);
