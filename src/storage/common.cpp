@@ -393,6 +393,9 @@ void install_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_old_int);
   sigaction(SIGTERM, &sa, &g_old_term);
+  // A signal the process ignores stays ignored: removing files and carrying on would break the job.
+  if (g_old_int.sa_handler == SIG_IGN) sigaction(SIGINT, &g_old_int, nullptr);
+  if (g_old_term.sa_handler == SIG_IGN) sigaction(SIGTERM, &g_old_term, nullptr);
   std::atexit([] { remove_all_async_safe(); });
 }
 }  // namespace
