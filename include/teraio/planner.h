@@ -14,7 +14,8 @@ struct PlannerOptions {
   uint64_t budget_bytes = 0;
   // In order of preference (e.g. ssd first, then host). Each tier has its own read and write link.
   std::vector<TierSpec> tiers;
-  // Tensors smaller than this are never moved.
+  // Tensors smaller than this are left out of the greedy search; they are moved only when nothing
+  // else can bring a kernel within the budget (docs/planner.md, "Minimum tensor size").
   uint64_t min_tensor_bytes = 1 << 20;
 };
 

@@ -61,6 +61,8 @@ struct Pair {
   uint32_t begin;
   bool forced = false;
   bool live = true;
+  bool late_offload = false;   // widened past its reserved bandwidth (counted once in diagnostics)
+  bool late_prefetch = false;
 };
 
 struct Window {
@@ -160,10 +162,12 @@ double Planner::clipped_time(const Gap& g, uint32_t first, uint32_t count) const
 // Bytes sit in the tier at the gap's kernels (as plan_check counts them: after the offload's
 // start kernel, before the prefetch's deadline kernel).
 bool Planner::tier_has_room(uint32_t tier, const Gap& g) const {
+  const auto capacity = static_cast<int64_t>(std::min<uint64_t>(opts_.tiers[tier].capacity_bytes, INT64_MAX / 2));
+  if (held_[tier].max_all() + g.bytes <= capacity) return true;  // room everywhere
   const Pieces p = pieces(n_, uint64_t{g.start} + 1, g.len - 1);
   int64_t m = 0;
   for (size_t i = 0; i < p.n; ++i) m = std::max(m, held_[tier].max(p.lo[i], p.hi[i]));
-  return m + g.bytes <= static_cast<int64_t>(opts_.tiers[tier].capacity_bytes);
+  return m + g.bytes <= capacity;
 }
 
 void Planner::hold(uint32_t tier, const Gap& g) {
@@ -231,7 +235,10 @@ void Planner::greedy() {
     const Gap& g = gaps_[top.gap];
     Window best;
     int best_tier = -1;
+    // No window can include the offload's first slot or the prefetch's last one.
+    const double ceiling = g.len >= 4 ? crit_time(g, 2, g.len - 3) : 0.0;
     for (uint32_t t = 0; t < opts_.tiers.size(); ++t) {
+      if (best_tier >= 0 && best.score >= ceiling * tier_weight_[t]) break;  // no later tier can do better
       Window w;
       if (!tier_has_room(t, g) || !evaluate(g, t, &w)) continue;
       ++diag_.rescores;
@@ -242,7 +249,7 @@ void Planner::greedy() {
       }
     }
     if (best_tier < 0) continue;  // not viable on any tier now: never again (bandwidth only fills)
-    if (!queue.empty() && best.score < queue.top().key) {
+    if (!queue.empty() && best.score < queue.top().key * (1.0 - tuning_.lazy_slack)) {
       queue.push({best.score, top.bytes, top.gap});
       continue;
     }
@@ -279,6 +286,12 @@ void Planner::force() {
   std::vector<uint8_t> in_set(gaps_.size(), 0);
   std::set<std::pair<int64_t, uint32_t>> present;
 
+  // Kernels over budget when the pass starts, as prefix counts (for the initial scheduling).
+  std::vector<uint32_t> over_prefix(n_ + 1, 0);
+  for (size_t k = mem_.first_above(0, n_, budget_); k != SIZE_MAX; k = mem_.first_above(k + 1, n_, budget_)) {
+    over_prefix[k + 1] = 1;
+  }
+  for (uint32_t k = 0; k < n_; ++k) over_prefix[k + 1] += over_prefix[k];
   auto schedule_range = [&](uint32_t gi, uint32_t first, uint32_t last, int64_t after) {
     if (first > last) return;
     const Gap& g = gaps_[gi];
@@ -287,7 +300,10 @@ void Planner::force() {
       const int64_t lo = std::max<int64_t>(static_cast<int64_t>(p.lo[i]), after + 1);
       const int64_t hi = static_cast<int64_t>(p.hi[i]);
       if (lo >= hi) continue;
-      if (mem_.max(static_cast<size_t>(lo), static_cast<size_t>(hi)) <= budget_) continue;
+      if (over_prefix.empty() ? mem_.max(static_cast<size_t>(lo), static_cast<size_t>(hi)) <= budget_
+                              : over_prefix[hi] == over_prefix[lo]) {
+        continue;  // nothing over budget there, and M' only falls during this pass
+      }
       adds.push({static_cast<uint32_t>(lo), static_cast<uint32_t>(hi - 1), gi, version[gi]});
     }
   };
@@ -303,6 +319,7 @@ void Planner::force() {
     }
   };
   for (uint32_t gi = 0; gi < gaps_.size(); ++gi) schedule(gi, -1);
+  over_prefix.clear();
 
   for (size_t k = mem_.first_above(0, n_, budget_); k != SIZE_MAX; k = mem_.first_above(k + 1, n_, budget_)) {
     while (!adds.empty() && adds.top().at <= k) {
@@ -350,20 +367,37 @@ void Planner::force() {
 // Makes gap `gi` absent at distance x: a new (stalling) pair, or a wider window for a chosen one.
 void Planner::force_at(uint32_t gi, uint32_t x) {
   const Gap& g = gaps_[gi];
+  // Keep the tensor away up to the last kernel of its gap still over budget (the sweep would
+  // otherwise widen it one kernel at a time); hoisting later starts the prefetch as early as
+  // memory allows.
+  auto last_over = [&](uint32_t from) -> uint32_t {
+    if (from > g.len - 1) return 0;
+    const Pieces p = pieces(n_, uint64_t{g.start} + from, g.len - from);
+    for (size_t j = p.n; j-- > 0;) {
+      const size_t k = mem_.last_above(p.lo[j], p.hi[j], budget_);
+      if (k != SIZE_MAX) return static_cast<uint32_t>((k + n_ - g.start) % n_);
+    }
+    return 0;
+  };
   if (pair_of_[gi] >= 0) {
     Pair& pr = pairs_[pair_of_[gi]];
-    const LinkSlots& wr = write_[pr.tier];
-    const LinkSlots& rd = read_[pr.tier];
     if (x <= pr.done) {
       subtract(g, x, pr.done - x + 1);
       pr.done = x - 1;
-      diag_.unhidden_bytes += g.bytes;
-      diag_.estimated_stall_us += static_cast<double>(g.bytes) / wr.bytes_per_us();
+      if (!pr.late_offload) {
+        pr.late_offload = true;
+        diag_.unhidden_bytes += g.bytes;
+        diag_.estimated_stall_us += static_cast<double>(g.bytes) / write_[pr.tier].bytes_per_us();
+      }
     } else if (x >= pr.begin) {
-      subtract(g, pr.begin, x - pr.begin + 1);
-      pr.begin = x + 1;
-      diag_.unhidden_bytes += g.bytes;
-      diag_.estimated_stall_us += static_cast<double>(g.bytes) / rd.bytes_per_us();
+      const uint32_t new_begin = std::max(x, last_over(x + 1)) + 1;
+      subtract(g, pr.begin, new_begin - pr.begin);
+      pr.begin = new_begin;
+      if (!pr.late_prefetch) {
+        pr.late_prefetch = true;
+        diag_.unhidden_bytes += g.bytes;
+        diag_.estimated_stall_us += static_cast<double>(g.bytes) / read_[pr.tier].bytes_per_us();
+      }
     }
     if (!pr.forced) {
       pr.forced = true;
@@ -386,11 +420,12 @@ void Planner::force_at(uint32_t gi, uint32_t x) {
       if (tier_has_room(t, g)) tier = static_cast<int>(t);
     }
     if (tier < 0) return;  // no tier can hold it: the caller tries another tensor
-    // Keep whatever bandwidth the tier has left, but absent at x regardless.
-    Window w;
-    const bool ok = evaluate(g, static_cast<uint32_t>(tier), &w);
-    fit.done = ok ? std::min(w.done, x - 1) : x - 1;
-    fit.begin = ok ? std::max(w.begin, x + 1) : x + 1;
+    // Use whatever bandwidth the tier has left, but be away from x on regardless.
+    const auto t = static_cast<uint32_t>(tier);
+    const uint32_t off = write_[t].forward_len((g.start + 1) % n_, g.len - 1, g.bytes);
+    const uint32_t pre = read_[t].backward_len(g.end, g.len - 1, g.bytes);
+    fit.done = off > 0 ? std::min(off, x - 1) : x - 1;
+    fit.begin = std::max(pre > 0 ? g.len - pre : 0, std::max(x, last_over(x + 1)) + 1);
   }
   const auto t = static_cast<uint32_t>(tier);
   const int64_t out = write_[t].reserve_forward((g.start + 1) % n_, fit.done, g.bytes);
@@ -403,6 +438,8 @@ void Planner::force_at(uint32_t gi, uint32_t x) {
   pair_of_[gi] = static_cast<int32_t>(pairs_.size());
   Pair pr{gi, t, fit.done, fit.begin};
   pr.forced = out < g.bytes || in < g.bytes;
+  pr.late_offload = out < g.bytes;
+  pr.late_prefetch = in < g.bytes;
   if (pr.forced) ++forced_;
   pairs_.push_back(pr);
 }
@@ -508,10 +545,19 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
       tier_weight_.push_back(tuning_.cost_per_time ? 1.0 / (1.0 / t.write_gbps + 1.0 / t.read_gbps) : 1.0);
     }
     diag_.tier_bytes.assign(opts_.tiers.size(), 0);
+    auto lap = [last = std::chrono::steady_clock::now()]() mutable {
+      const auto now = std::chrono::steady_clock::now();
+      const double s = std::chrono::duration<double>(now - last).count();
+      last = now;
+      return s;
+    };
+    diag_.setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     greedy();
-    st.chosen = pairs_.size();
+    diag_.greedy_seconds = lap();
     force();
+    diag_.force_seconds = lap();
     prune_and_hoist();
+    diag_.finish_seconds = lap();
     const int64_t peak = mem_.max_all();
     if (peak > budget_) {
       const size_t k = mem_.argmax_all();

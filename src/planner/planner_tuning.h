@@ -18,6 +18,9 @@ struct PlannerTuning {
   // After planning, drop pairs that memory no longer needs and start prefetches as early as memory
   // allows. Default on.
   bool prune = true;
+  // Lazy greedy slack: a re-scored candidate is taken when its fresh score is within this fraction
+  // of the best remaining upper bound (0 = exact greedy order). Default 0.1: see docs/planner.md.
+  double lazy_slack = 0.1;
   bool hoist_prefetch = true;
 };
 
@@ -30,6 +33,7 @@ struct PlannerDiagnostics {
   size_t pruned = 0;                    // pairs dropped by the prune pass
   size_t hoisted = 0;                   // prefetches started earlier than planned
   size_t rescores = 0;                  // candidate evaluations in the greedy loop
+  double setup_seconds = 0, greedy_seconds = 0, force_seconds = 0, finish_seconds = 0;
 };
 
 Plan make_plan_tuned(const Trace& trace, const PlannerOptions& opts, const PlannerTuning& tuning,

@@ -1,0 +1,168 @@
+"""GPU checks of the PyTorch integration (run by bench/torch_gpu.sh on the H200):
+1. bitwise: parameters and losses after several steps are equal with and without teraio on CUDA
+   (deterministic algorithms), for an MLP, a small CNN and a HF Llama built from a config, with a
+   budget below the footprint (host + file tiers); stats and max_memory_allocated are recorded;
+2. overhead: step time of a Llama with a budget that holds everything (empty plan) vs without
+   teraio, median of many steps.
+Writes one JSON file with everything to argv[1]."""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch
+
+import teraio
+
+torch.use_deterministic_algorithms(True)
+dev = torch.device("cuda")
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
+                               torch.nn.GELU(), torch.nn.Linear(4096, 1000))
+
+
+def mlp_batch(g):
+    return (torch.randn(256, 1024, generator=g), torch.randint(0, 1000, (256,), generator=g))
+
+
+class CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 64, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(64)
+        self.c2 = torch.nn.Conv2d(64, 128, 3, padding=1)
+        self.fc = torch.nn.Linear(128 * 8 * 8, 1000)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.c1(x))), 2)
+        x = torch.nn.functional.max_pool2d(torch.relu(self.c2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def cnn_batch(g):
+    return (torch.randn(64, 3, 32, 32, generator=g), torch.randint(0, 1000, (64,), generator=g))
+
+
+def llama_factory(hidden, layers, vocab=32000):
+    import transformers
+
+    class Llama(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 4,
+                                           num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+                                           num_key_value_heads=max(1, hidden // 128), max_position_embeddings=2048)
+            cfg._attn_implementation = "eager"
+            self.m = transformers.LlamaForCausalLM(cfg)
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).logits
+
+    def batch(g, seq=256, bs=4):
+        ids = torch.randint(0, vocab, (bs, seq + 1), generator=g)
+        return (ids[:, :-1], ids[:, 1:])
+
+    return Llama, batch
+
+
+def run(make_model, make_batch, steps, session=None, lr=1e-3, timing=False):
+    torch.manual_seed(0)
+    model = make_model().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    if session is not None:
+        session.watch(model, opt)
+    g = torch.Generator().manual_seed(1)
+    losses, times = [], []
+    for _ in range(steps):
+        batch = [t.to(dev) for t in make_batch(g)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ctx = session.step() if session is not None else _null()
+        with ctx:
+            opt.zero_grad()
+            out = model(*batch[:-1])
+            loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
+            loss.backward()
+            opt.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.detach().clone())
+    return losses, model, opt, times
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def equal(a, b):
+    la, ma, oa, _ = a
+    lb, mb, ob, _ = b
+    bad = [i for i, (x, y) in enumerate(zip(la, lb)) if not torch.equal(x, y)]
+    badp = [n for (n, p), (_, q) in zip(ma.named_parameters(), mb.named_parameters()) if not torch.equal(p, q)]
+    return not bad and not badp, {"losses_differ_at": bad, "params_differ": badp[:5]}
+
+
+def footprint(model_fn):
+    torch.manual_seed(0)
+    m = model_fn()
+    return 4 * sum(p.numel() * p.element_size() for p in m.parameters())  # params, grads, 2 Adam states
+
+
+def main(out_path):
+    res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "bitwise": {}, "overhead": {}}
+    tmp = tempfile.mkdtemp(prefix="teraio-gpu-", dir=os.environ.get("TERAIO_FILE_DIR", "/tmp"))
+    llama, llama_batch = llama_factory(256, 2, vocab=4096)
+    cases = [("mlp", mlp, mlp_batch), ("cnn", CNN, cnn_batch), ("llama", llama, llama_batch)]
+    for name, mf, bf in cases:
+        for planning in (False, True):
+            key = f"{name}-{'planned' if planning else 'reactive'}"
+            try:
+                torch.cuda.empty_cache()
+                ref = run(mf, bf, 5)
+                fp = footprint(mf)
+                budget = max(fp // 3, 1)
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                s = teraio.Session(budget=budget, tiers=[teraio.HostTier(fp // 2), teraio.FileTier([tmp], 4 * fp)],
+                                   planning=planning, min_tensor_bytes=65536)
+                got = run(mf, bf, 5, session=s)
+                st = s.stats()
+                peak = torch.cuda.max_memory_allocated()
+                s.fetch_all()
+                ok, why = equal(ref, got)
+                s.close()
+                res["bitwise"][key] = {"equal": ok, **why, "footprint_bytes": fp, "budget_bytes": budget,
+                                       "max_memory_allocated": peak, "stats": st}
+            except Exception as e:  # record and go on
+                res["bitwise"][key] = {"equal": False, "error": repr(e)}
+            print(key, json.dumps(res["bitwise"][key])[:400], flush=True)
+    # Overhead with an empty plan: everything fits in the budget.
+    big, big_batch = llama_factory(1024, 8)
+    steps = int(os.environ.get("TERAIO_OVERHEAD_STEPS", "30"))
+    base = run(big, big_batch, steps)
+    s = teraio.Session(budget="120GiB", tiers=[teraio.HostTier("1GiB")])
+    with_t = run(big, big_batch, steps, session=s)
+    st = s.stats()
+    s.close()
+    b = statistics.median(base[3][5:])
+    w = statistics.median(with_t[3][5:])
+    res["overhead"] = {"baseline_step_s": b, "teraio_step_s": w, "overhead_pct": 100.0 * (w - b) / b,
+                       "operators_per_step": st["operators"], "plan_moves": st["plan_moves"],
+                       "mode": st["mode"], "steps": steps}
+    print("overhead", res["overhead"], flush=True)
+    with open(out_path, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    return 0 if all(v.get("equal") for v in res["bitwise"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,122 @@
+// `teraio plan`: trace + GPU budget + tiers -> migration plan (docs/planner.md). Plans with
+// teraio::make_plan, validates the plan with check_plan (an invalid plan is an internal error),
+// predicts its iteration time with the simulator, writes the plan and prints a short summary.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "command.h"
+#include "teraio/analysis.h"
+#include "teraio/error.h"
+#include "teraio/plan_check.h"
+#include "teraio/planner.h"
+#include "teraio/simulator.h"
+#include "teraio/units.h"
+
+namespace teraio::cli {
+namespace {
+
+struct PlanArgs {
+  std::string trace_path;
+  std::string budget;
+  std::vector<std::string> tiers;
+  std::string out_path;
+  std::string min_tensor = "1MiB";
+  bool json = false;
+};
+
+int run_plan(const PlanArgs& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PlannerOptions opts;
+  opts.budget_bytes = parse_size(args.budget, "--budget");
+  opts.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
+  for (const std::string& spec : args.tiers) opts.tiers.push_back(parse_tier_spec(spec));
+  const Trace trace = read_trace(args.trace_path);
+  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  PlannerStats stats;
+  Plan plan = make_plan(trace, opts, &stats);
+
+  const Lifetimes lifetimes(trace);
+  const PlanCheck check = check_plan(trace, lifetimes, plan);
+  TERAIO_INTERNAL_ASSERT(check.valid, "the planner made an invalid plan for {}: {} problem(s), first: {}",
+                         args.trace_path, check.error_count, check.errors.empty() ? "" : check.errors.front());
+
+  const SimResult sim = simulate(trace, plan);
+  plan.predicted.iteration_us = sim.iteration_us;
+  plan.predicted.ideal_us = sim.ideal_us;
+  plan.predicted.stall_us = sim.stall_us;
+  plan.predicted.peak_bytes = static_cast<double>(check.peak_bytes);
+
+  std::vector<uint64_t> tier_bytes(plan.tiers.size(), 0);
+  for (const Move& m : plan.moves) {
+    if (m.op == MoveOp::offload) tier_bytes[m.tier] += trace.tensors[m.tensor].bytes;
+  }
+  std::string tiers_json;
+  for (size_t i = 0; i < plan.tiers.size(); ++i) {
+    tiers_json += fmt::format("{}\"{}\": {}", i ? ", " : "", plan.tiers[i].name, tier_bytes[i]);
+  }
+  const std::string stats_json = fmt::format(
+      "{{\"candidates\": {}, \"chosen\": {}, \"forced\": {}, \"peak_before_bytes\": {}, \"peak_after_bytes\": {}, "
+      "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}}}",
+      stats.candidates, stats.chosen, stats.forced, stats.peak_before_bytes, stats.peak_after_bytes,
+      stats.plan_seconds, tiers_json);
+  plan.extra.emplace_back("planner", stats_json);
+  write_plan(plan, args.out_path);
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (args.json) {
+    fmt::print(
+        "{{\"plan\": \"{}\", \"moves\": {}, \"budget_bytes\": {}, \"planned_peak_bytes\": {}, \"iteration_us\": {}, "
+        "\"ideal_us\": {}, \"stall_us\": {}, \"read_seconds\": {:.6f}, \"total_seconds\": {:.6f}, \"planner\": {}}}\n",
+        args.out_path, plan.moves.size(), plan.budget_bytes, check.peak_bytes, sim.iteration_us, sim.ideal_us,
+        sim.stall_us, read_s, total_s, stats_json);
+    return 0;
+  }
+  fmt::print("plan                 {} ({} kernels, {} tensors)\n", args.out_path, trace.num_kernels(),
+             trace.num_tensors());
+  fmt::print("moves                {} pairs: {} hidden by bandwidth, {} forced (stall)\n", plan.moves.size() / 2,
+             stats.chosen, stats.forced);
+  for (size_t i = 0; i < plan.tiers.size(); ++i) {
+    fmt::print("  to {:<16} {} offloaded per iteration (peak held {})\n", plan.tiers[i].name,
+               format_bytes(static_cast<double>(tier_bytes[i])),
+               format_bytes(static_cast<double>(check.tier_peak_bytes[i])));
+  }
+  fmt::print("peak                 {} planned, budget {}, {} without a plan\n",
+             format_bytes(static_cast<double>(check.peak_bytes)),
+             format_bytes(static_cast<double>(plan.budget_bytes)),
+             format_bytes(static_cast<double>(stats.peak_before_bytes)));
+  fmt::print("predicted            iteration {}, ideal {}, stall {} ({:.2f}%)\n", format_us(sim.iteration_us),
+             format_us(sim.ideal_us), format_us(sim.stall_us),
+             sim.ideal_us > 0 ? 100.0 * sim.stall_us / sim.ideal_us : 0.0);
+  fmt::print("time                 planner {}, total {} (read {})\n", format_us(stats.plan_seconds * 1e6),
+             format_us(total_s * 1e6), format_us(read_s * 1e6));
+  return 0;
+}
+
+const Registration kPlan{{
+    "plan",
+    "Plan tensor migrations for a trace under a GPU memory budget",
+    20,
+    [](CLI::App& sub) -> std::function<int()> {
+      auto args = std::make_shared<PlanArgs>();
+      sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
+      sub.add_option("--budget", args->budget, "GPU memory for tensors, e.g. 40GiB")->required();
+      sub.add_option("--tier", args->tiers,
+                     "NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat, most preferred first")
+          ->required();
+      sub.add_option("-o,--output", args->out_path, "plan file to write (teraio.plan v1 JSON)")->required();
+      sub.add_option("--min-tensor", args->min_tensor,
+                     "tensors smaller than this move only when nothing else fits the budget")
+          ->capture_default_str();
+      sub.add_flag("--json", args->json, "print the summary as one JSON object");
+      return [args] { return run_plan(*args); };
+    },
+}};
+
+}  // namespace
+}  // namespace teraio::cli
