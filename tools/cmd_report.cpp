@@ -1,5 +1,6 @@
 // `teraio report`: one self-contained HTML page of SVG charts for a trace, optionally a plan and a
-// measured run (docs/report.md). Reads the inputs, renders with teraio::render_report, writes the file.
+// measured run (docs/report.md). Reads the inputs, renders with teraio::render_report, writes the
+// file.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -34,13 +35,15 @@ int run_report(ReportArgs args) {
   args.options.trace_label = fs::path(args.trace_path).filename().string();
   if (plan) args.options.plan_label = fs::path(args.plan_path).filename().string();
   if (run) args.options.run_label = fs::path(args.run_path).filename().string();
-  const std::string html = render_report(trace, plan ? &*plan : nullptr, run ? &*run : nullptr, args.options);
+  const std::string html =
+      render_report(trace, plan ? &*plan : nullptr, run ? &*run : nullptr, args.options);
   std::ofstream out(args.out_path, std::ios::binary | std::ios::trunc);
   TERAIO_CHECK(out, "cannot open '{}' for writing", args.out_path);
   out.write(html.data(), static_cast<std::streamsize>(html.size()));
   out.close();
   TERAIO_CHECK(out, "cannot write '{}'", args.out_path);
-  fmt::print("report               {} ({:.1f} KiB)\n", args.out_path, static_cast<double>(html.size()) / 1024);
+  fmt::print("report               {} ({:.1f} KiB)\n", args.out_path,
+             static_cast<double>(html.size()) / 1024);
   return 0;
 }
 
@@ -51,14 +54,18 @@ const Registration kReport{{
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<ReportArgs>();
       sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
-      sub.add_option("--plan", args->plan_path, "plan file (teraio.plan v1 JSON) made for this trace");
+      sub.add_option("--plan", args->plan_path,
+                     "plan file (teraio.plan v1 JSON) made for this trace");
       sub.add_option("--run", args->run_path, "measured run (teraio.run v1 JSON, docs/report.md)");
       sub.add_option("-o,--output", args->out_path, "HTML file to write")->required();
-      sub.add_option("--title", args->options.title, "page title (default: from the trace's model)");
-      sub.add_option("--max-points", args->options.max_points, "samples per series along the x axis (>= 16)")
+      sub.add_option("--title", args->options.title,
+                     "page title (default: from the trace's model)");
+      sub.add_option("--max-points", args->options.max_points,
+                     "samples per series along the x axis (>= 16)")
           ->capture_default_str();
-      sub.add_option("--sweep-steps", args->options.sweep_steps,
-                     "points of the bandwidth roofline, each a replan and a simulation (0: leave it out)")
+      sub.add_option(
+             "--sweep-steps", args->options.sweep_steps,
+             "points of the bandwidth roofline, each a replan and a simulation (0: leave it out)")
           ->capture_default_str();
       return [args] { return run_report(*args); };
     },

@@ -56,8 +56,9 @@ struct ReportOptions {
   std::string trace_label;  // file names shown in the summary; default: empty (not shown)
   std::string plan_label;
   std::string run_label;
-  // Samples per series along the x axis of the memory and bandwidth charts (each sample is the
-  // maximum, or for bandwidth the mean, over its bin). Default 1000; at least 16.
+  // Samples per series along the x axis of the memory chart (each the maximum over its bin of
+  // kernels); the bandwidth chart uses half as many (each the mean rate over its bin of time).
+  // Default 1000; at least 16.
   size_t max_points = 1000;
   // Points of the bandwidth roofline (sweep.h); 0 leaves the roofline out. Default 9: a quarter of
   // the plan's bandwidth to four times it. Each point plans and simulates once.

@@ -16,8 +16,7 @@ bool contains_backward(std::string_view name) {
   if (name.size() < kWord.size()) return false;
   for (size_t i = 0; i + kWord.size() <= name.size(); ++i) {
     size_t j = 0;
-    while (j < kWord.size() &&
-           std::tolower(static_cast<unsigned char>(name[i + j])) == kWord[j]) {
+    while (j < kWord.size() && std::tolower(static_cast<unsigned char>(name[i + j])) == kWord[j]) {
       ++j;
     }
     if (j == kWord.size()) return true;
@@ -29,9 +28,12 @@ bool contains_backward(std::string_view name) {
 
 std::string_view to_string(Phase phase) {
   switch (phase) {
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
-    case Phase::optimizer: return "optimizer";
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::optimizer:
+      return "optimizer";
   }
   return "forward";
 }
@@ -97,8 +99,8 @@ std::vector<PhaseSpan> infer_phases(const Trace& trace) {
   std::vector<PhaseSpan> spans;
   for (const PhaseSpan& s : raw) {
     const bool short_span = s.end - s.begin < min_len && s.phase != Phase::optimizer;
-    if (!spans.empty() && (spans.back().phase == s.phase ||
-                           (short_span && spans.back().phase != Phase::optimizer))) {
+    if (!spans.empty() &&
+        (spans.back().phase == s.phase || (short_span && spans.back().phase != Phase::optimizer))) {
       spans.back().end = s.end;
     } else {
       spans.push_back(s);

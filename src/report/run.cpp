@@ -20,7 +20,8 @@ double number(const Json& obj, const char* key, std::string_view where) {
   TERAIO_CHECK(it != obj.end(), "{}: missing key '{}'", where, key);
   TERAIO_CHECK(it->is_number(), "{}.{}: expected a number", where, key);
   const double v = it->get<double>();
-  TERAIO_CHECK(std::isfinite(v) && v >= 0, "{}.{}: expected a non-negative number, got {}", where, key, v);
+  TERAIO_CHECK(std::isfinite(v) && v >= 0, "{}.{}: expected a non-negative number, got {}", where,
+               key, v);
   return v;
 }
 
@@ -41,12 +42,15 @@ RunMeasurement parse_run(std::string_view json, std::string_view source) {
   }
   TERAIO_CHECK(j.is_object(), "{}: expected a JSON object", source);
   auto fmt_it = j.find("format");
-  TERAIO_CHECK(fmt_it != j.end() && fmt_it->is_string() && fmt_it->get<std::string>() == "teraio.run",
-               "{}: \"format\" must be \"teraio.run\"", source);
+  TERAIO_CHECK(
+      fmt_it != j.end() && fmt_it->is_string() && fmt_it->get<std::string>() == "teraio.run",
+      "{}: \"format\" must be \"teraio.run\"", source);
   auto ver_it = j.find("version");
-  TERAIO_CHECK(ver_it != j.end() && ver_it->is_number_integer(), "{}: missing integer \"version\"", source);
-  TERAIO_CHECK(ver_it->get<int64_t>() == 1, "{}: teraio.run version {} is not supported (this reader knows 1)",
-               source, ver_it->get<int64_t>());
+  TERAIO_CHECK(ver_it != j.end() && ver_it->is_number_integer(), "{}: missing integer \"version\"",
+               source);
+  TERAIO_CHECK(ver_it->get<int64_t>() == 1,
+               "{}: teraio.run version {} is not supported (this reader knows 1)", source,
+               ver_it->get<int64_t>());
 
   RunMeasurement run;
   const std::string where(source);

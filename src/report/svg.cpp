@@ -14,12 +14,23 @@ std::string escape(std::string_view text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -63,7 +74,12 @@ std::vector<double> log_ticks(double lo, double hi) {
 std::string tick_label(double v) {
   if (v == 0) return "0";
   const double a = std::abs(v);
-  if (a >= 1e4 || a < 1e-3) return fmt::format("{:.3g}", v);
+  if (a >= 1e4 && a < 1e9) {  // 15k, 2.5M: kernel indices of large traces
+    const bool mega = a >= 1e6;
+    std::string s = tick_label(v / (mega ? 1e6 : 1e3));
+    return s + (mega ? "M" : "k");
+  }
+  if (a >= 1e9 || a < 1e-3) return fmt::format("{:.3g}", v);
   std::string s = fmt::format("{:.3f}", v);
   while (s.back() == '0') s.pop_back();
   if (s.back() == '.') s.pop_back();
@@ -84,7 +100,10 @@ Unit time_unit(double max_us) {
 }
 
 Plot::Plot(double x_lo, double x_hi, double y_lo, double y_hi, bool log_x)
-    : x_lo_(x_lo), x_hi_(x_hi > x_lo ? x_hi : x_lo + 1), y_lo_(y_lo), y_hi_(y_hi > y_lo ? y_hi : y_lo + 1),
+    : x_lo_(x_lo),
+      x_hi_(x_hi > x_lo ? x_hi : x_lo + 1),
+      y_lo_(y_lo),
+      y_hi_(y_hi > y_lo ? y_hi : y_lo + 1),
       log_x_(log_x) {}
 
 double Plot::px(double x) const {
@@ -98,39 +117,43 @@ double Plot::py(double y) const {
   return y_bottom() - std::clamp(f, 0.0, 1.0) * (y_bottom() - y_top());
 }
 
-void Plot::open(std::string& out, std::string_view id, std::string_view title, size_t data_points) const {
+void Plot::open(std::string& out, std::string_view id, std::string_view title,
+                size_t data_points) const {
   out += fmt::format(
       "<svg class=\"chart\" id=\"{}\" data-points=\"{}\" viewBox=\"0 0 {} {}\" role=\"img\" "
       "aria-label=\"{}\">\n",
       escape(id), data_points, kWidth, kHeight, escape(title));
 }
 
-void Plot::axes(std::string& out, const std::vector<double>& x_ticks, const std::vector<double>& y_ticks,
-                std::string_view x_label, std::string_view y_label,
-                const std::function<std::string(double)>& x_fmt,
+void Plot::axes(std::string& out, const std::vector<double>& x_ticks,
+                const std::vector<double>& y_ticks, std::string_view x_label,
+                std::string_view y_label, const std::function<std::string(double)>& x_fmt,
                 const std::function<std::string(double)>& y_fmt) const {
   out += "<g class=\"axes\">\n";
   for (double t : y_ticks) {
     const std::string y = coord(py(t));
-    out += fmt::format("<line class=\"grid\" x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\"/>", coord(x_left()),
-                       coord(x_right()), y, y);
-    out += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\" dy=\"0.32em\">{}</text>\n",
-                       coord(x_left() - 8), y, escape(y_fmt(t)));
+    out += fmt::format("<line class=\"grid\" x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\"/>",
+                       coord(x_left()), coord(x_right()), y, y);
+    out += fmt::format(
+        "<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"end\" dy=\"0.32em\">{}</text>\n",
+        coord(x_left() - 8), y, escape(y_fmt(t)));
   }
   for (double t : x_ticks) {
     const std::string x = coord(px(t));
     out += fmt::format("<line class=\"tickmark\" x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\"/>", x, x,
                        coord(y_bottom()), coord(y_bottom() + 5));
-    out += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x,
-                       coord(y_bottom() + 20), escape(x_fmt(t)));
+    out += fmt::format("<text class=\"tick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                       x, coord(y_bottom() + 20), escape(x_fmt(t)));
   }
-  out += fmt::format("<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/>\n", coord(x_left()),
-                     coord(y_top()), coord(x_right() - x_left()), coord(y_bottom() - y_top()));
+  out += fmt::format("<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\"/>\n",
+                     coord(x_left()), coord(y_top()), coord(x_right() - x_left()),
+                     coord(y_bottom() - y_top()));
   out += fmt::format("<text class=\"label\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
                      coord((x_left() + x_right()) / 2), coord(kHeight - 14), escape(x_label));
   const double cy = (y_top() + y_bottom()) / 2;
   out += fmt::format(
-      "<text class=\"label\" x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {})\">{}</text>\n",
+      "<text class=\"label\" x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 "
+      "{})\">{}</text>\n",
       coord(cy), coord(cy), escape(y_label));
   out += "</g>\n";
 }
@@ -146,16 +169,17 @@ void Plot::legend(std::string& out, const std::vector<LegendItem>& items) const 
       y += 20;
     }
     if (it.box) {
-      out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"12\" fill=\"{}\"/>", coord(x),
-                         coord(y - 6), it.colour);
+      out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"12\" fill=\"{}\"/>",
+                         coord(x), coord(y - 6), it.colour);
     } else {
-      out += fmt::format("<line x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\"{}/>",
-                         coord(x), coord(x + 22), coord(y), coord(y), it.colour,
-                         it.dashed ? " stroke-dasharray=\"6 4\"" : "");
+      out += fmt::format(
+          "<line x1=\"{}\" x2=\"{}\" y1=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"3\"{}/>",
+          coord(x), coord(x + 22), coord(y), coord(y), it.colour,
+          it.dashed ? " stroke-dasharray=\"6 4\"" : "");
     }
     const double w = it.box ? 14 : 22;
-    out += fmt::format("<text class=\"legend-text\" x=\"{}\" y=\"{}\" dy=\"0.32em\">{}</text>", coord(x + w + 6),
-                       coord(y), escape(it.label));
+    out += fmt::format("<text class=\"legend-text\" x=\"{}\" y=\"{}\" dy=\"0.32em\">{}</text>",
+                       coord(x + w + 6), coord(y), escape(it.label));
     x += width;
   }
   out += "</g>\n";

@@ -44,10 +44,11 @@ class Plot {
   double y_bottom() const { return kHeight - bottom; }
 
   // <svg ...> with the id, a data-points attribute (for tests) and an accessible title.
-  void open(std::string& out, std::string_view id, std::string_view title, size_t data_points) const;
+  void open(std::string& out, std::string_view id, std::string_view title,
+            size_t data_points) const;
   // Grid lines, ticks and axis labels (`*_ticks` in data units, labelled after dividing by unit).
-  void axes(std::string& out, const std::vector<double>& x_ticks, const std::vector<double>& y_ticks,
-            std::string_view x_label, std::string_view y_label,
+  void axes(std::string& out, const std::vector<double>& x_ticks,
+            const std::vector<double>& y_ticks, std::string_view x_label, std::string_view y_label,
             const std::function<std::string(double)>& x_fmt,
             const std::function<std::string(double)>& y_fmt) const;
   // A legend row above the plotting area: (colour, label, dashed).

@@ -55,9 +55,11 @@ size_t data_points(const std::string& svg) {
 std::vector<size_t> polyline_sizes(const std::string& svg) {
   std::vector<size_t> sizes;
   const std::regex re("<polyline[^>]* points=\"([^\"]*)\"");
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), re); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), re); it != std::sregex_iterator();
+       ++it) {
     const std::string pts = (*it)[1];
-    sizes.push_back(pts.empty() ? 0 : static_cast<size_t>(std::count(pts.begin(), pts.end(), ' ')) + 1);
+    sizes.push_back(pts.empty() ? 0
+                                : static_cast<size_t>(std::count(pts.begin(), pts.end(), ' ')) + 1);
   }
   return sizes;
 }
@@ -72,7 +74,8 @@ TEST(ReportPhases, MicroBatchesAlternateThenOptimizer) {
   const Trace trace = tiny_trace(2);
   const auto spans = infer_phases(trace);
   ASSERT_EQ(spans.size(), 5u);
-  const Phase expected[] = {Phase::forward, Phase::backward, Phase::forward, Phase::backward, Phase::optimizer};
+  const Phase expected[] = {Phase::forward, Phase::backward, Phase::forward, Phase::backward,
+                            Phase::optimizer};
   KernelIndex next = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
     EXPECT_EQ(spans[i].phase, expected[i]) << "span " << i;
@@ -109,7 +112,8 @@ TEST(ReportPhases, NamesAloneMarkBackward) {
 }
 
 TEST(ReportRun, ReadsTheSchemaAndIgnoresExtraKeys) {
-  const RunMeasurement r = parse_run(R"({"format": "teraio.run", "version": 1, "iteration_us": 2.5e6,
+  const RunMeasurement r =
+      parse_run(R"({"format": "teraio.run", "version": 1, "iteration_us": 2.5e6,
       "stall_us": 1.0e5, "peak_bytes": 42949672960, "extra": {"x": [1, 2]},
       "tiers": [{"name": "ssd", "offload_bytes": 1e9, "prefetch_bytes": 2e9, "gbps": 6.5}]})");
   EXPECT_DOUBLE_EQ(r.iteration_us, 2.5e6);
@@ -131,14 +135,19 @@ TEST(ReportRun, RejectsBadDocumentsNamingTheProblem) {
     return std::string("no error");
   };
   const std::string ok_tail = R"("stall_us": 0, "peak_bytes": 1, "tiers": [])";
-  EXPECT_NE(message(R"({"format": "teraio.run", "version": 2, "iteration_us": 1, )" + ok_tail + "}").find("version 2"),
+  EXPECT_NE(message(R"({"format": "teraio.run", "version": 2, "iteration_us": 1, )" + ok_tail + "}")
+                .find("version 2"),
             std::string::npos);
-  EXPECT_NE(message(R"({"format": "teraio.trace", "version": 1, "iteration_us": 1, )" + ok_tail + "}").find("format"),
-            std::string::npos);
-  EXPECT_NE(message(R"({"format": "teraio.run", "version": 1, )" + ok_tail + "}").find("iteration_us"),
-            std::string::npos);
+  EXPECT_NE(
+      message(R"({"format": "teraio.trace", "version": 1, "iteration_us": 1, )" + ok_tail + "}")
+          .find("format"),
+      std::string::npos);
+  EXPECT_NE(
+      message(R"({"format": "teraio.run", "version": 1, )" + ok_tail + "}").find("iteration_us"),
+      std::string::npos);
   EXPECT_NE(message(R"({"format": "teraio.run", "version": 1, "iteration_us": 1, "stall_us": 2,
-                        "peak_bytes": 1, "tiers": []})").find("exceeds"),
+                        "peak_bytes": 1, "tiers": []})")
+                .find("exceeds"),
             std::string::npos);
   EXPECT_NE(message(R"({"format": "teraio.run", "version": 1, "iteration_us": 1, "stall_us": 0,
                         "peak_bytes": 1, "tiers": [{"name": "ssd", "offload_bytes": -1, "prefetch_bytes": 0}]})")
@@ -160,7 +169,8 @@ TEST(Report, EveryChartHasDataAndNothingIsFetched) {
   opt.sweep_steps = 3;
   const std::string html = render_report(trace, &plan, &run, opt);
 
-  for (const char* id : {"chart-memory", "chart-periods", "chart-bandwidth", "chart-breakdown", "chart-roofline"}) {
+  for (const char* id :
+       {"chart-memory", "chart-periods", "chart-bandwidth", "chart-breakdown", "chart-roofline"}) {
     const std::string svg = chart(html, id);
     ASSERT_FALSE(svg.empty()) << id;
     EXPECT_GT(data_points(svg), 0u) << id;
@@ -169,8 +179,10 @@ TEST(Report, EveryChartHasDataAndNothingIsFetched) {
   }
   EXPECT_EQ(count(chart(html, "chart-roofline"), "class=\"point\""), 3u);
   const SimResult sim = simulate(trace, plan);
-  const size_t simulated_bars = (sim.overlap_us < trace.total_time_us()) + (sim.overlap_us > 0) + (sim.stall_us > 0);
-  EXPECT_EQ(count(chart(html, "chart-breakdown"), "class=\"bar\""), 1 + simulated_bars + 2);  // Ideal, plan, run
+  const size_t simulated_bars =
+      (sim.overlap_us < trace.total_time_us()) + (sim.overlap_us > 0) + (sim.stall_us > 0);
+  EXPECT_EQ(count(chart(html, "chart-breakdown"), "class=\"bar\""),
+            1 + simulated_bars + 2);  // Ideal, plan, run
   EXPECT_NE(chart(html, "chart-memory").find("data-series=\"budget\""), std::string::npos);
   EXPECT_NE(chart(html, "chart-memory").find("data-phase=\"optimizer\""), std::string::npos);
   // Self-contained: no URLs, scripts or external resources.
@@ -213,7 +225,8 @@ TEST(Report, LargeTraceIsAggregatedAndKeepsThePeak) {
   // 250k kernels, each touching a persistent weight and a short-lived temporary.
   Trace t;
   constexpr uint32_t kWeights = 500, kKernels = 250000;
-  for (uint32_t i = 0; i < kWeights; ++i) t.add_tensor({64ull << 20, TensorKind::parameter, true, ""});
+  for (uint32_t i = 0; i < kWeights; ++i)
+    t.add_tensor({64ull << 20, TensorKind::parameter, true, ""});
   t.reserve_kernels(kKernels, 2 * kKernels);
   uint64_t peak_extra = 0;
   for (uint32_t k = 0; k < kKernels; ++k) {
@@ -230,12 +243,14 @@ TEST(Report, LargeTraceIsAggregatedAndKeepsThePeak) {
   EXPECT_LE(data_points(memory), 2 * opt.max_points);
   for (size_t n : polyline_sizes(memory)) EXPECT_LE(n, opt.max_points);
   size_t total = 0;
-  for (const char* id : {"chart-memory", "chart-periods", "chart-breakdown"}) total += data_points(chart(html, id));
+  for (const char* id : {"chart-memory", "chart-periods", "chart-breakdown"})
+    total += data_points(chart(html, id));
   EXPECT_LE(total, 3000u);
   EXPECT_LT(html.size(), 400u * 1024);
   const uint64_t peak = kWeights * (64ull << 20) + peak_extra;
-  EXPECT_NE(html.find("required without offloading (max): " + format_bytes(static_cast<double>(peak))),
-            std::string::npos);
+  EXPECT_NE(
+      html.find("required without offloading (max): " + format_bytes(static_cast<double>(peak))),
+      std::string::npos);
 }
 
 }  // namespace
