@@ -379,6 +379,7 @@ void bandwidth_chart(std::string& out, const Context& c) {
     double left = dur;
     while (left > 0) {
       const double b = std::min(t_us, a + left);
+      if (!(b > a)) break;  // what is left is below the precision of the clock
       add(s, a, b, rate);
       left -= b - a;
       a = 0;

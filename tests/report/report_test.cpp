@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <regex>
 #include <string>
 
 #include "teraio/error.h"
@@ -45,19 +44,26 @@ std::string chart(const std::string& html, const std::string& id) {
   return html.substr(begin, end - begin);
 }
 
+// The value of the first attribute `name` after `from`, or "" (plain string search: std::regex
+// recurses per character and can overflow the stack on long SVG attributes in debug builds).
+std::string attribute(const std::string& text, const std::string& name, size_t from = 0) {
+  const size_t at = text.find(" " + name + "=\"", from);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + name.size() + 3;
+  return text.substr(begin, text.find('"', begin) - begin);
+}
+
 size_t data_points(const std::string& svg) {
-  std::smatch m;
-  if (!std::regex_search(svg, m, std::regex("data-points=\"(\\d+)\""))) return 0;
-  return std::stoul(m[1]);
+  const std::string v = attribute(svg, "data-points");
+  return v.empty() ? 0 : std::stoul(v);
 }
 
 // Numbers of coordinate pairs in each polyline.
 std::vector<size_t> polyline_sizes(const std::string& svg) {
   std::vector<size_t> sizes;
-  const std::regex re("<polyline[^>]* points=\"([^\"]*)\"");
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), re); it != std::sregex_iterator();
-       ++it) {
-    const std::string pts = (*it)[1];
+  for (size_t at = svg.find("<polyline"); at != std::string::npos;
+       at = svg.find("<polyline", at + 1)) {
+    const std::string pts = attribute(svg, "points", at);
     sizes.push_back(pts.empty() ? 0
                                 : static_cast<size_t>(std::count(pts.begin(), pts.end(), ' ')) + 1);
   }
