@@ -183,7 +183,9 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
 
   const int64_t iters = opts.iterations;
   const int64_t last_g = iters * n;      // kernel 0 of the iteration after the last: only its start
-  const int64_t first_g = (iters - 1) * n;  // kernel 0 of the reported iteration
+  const int64_t first_g = (iters - 1) * n;  // kernel 0 of the last iteration
+  TERAIO_CHECK(last_g <= 50'000'000, "simulate: {} iterations of {} kernels is too many kernel steps "
+               "(at most 50 million; lower the iteration count)", iters, n);
 
   // One offload and one prefetch transfer per pair and iteration. Iteration -1 contributes the part
   // of wrap-around pairs that lands in iteration 0; whatever it issued before time 0 counts as done.
@@ -225,7 +227,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     for (uint32_t id : issue.at(g)) links[xs[id].link].seq.push_back(id);
   }
 
-  std::vector<double> start_us(static_cast<size_t>(n) + 1);  // kernel starts of the reported iteration
+  std::vector<double> start_us(static_cast<size_t>(n) + 1);  // kernel starts of the last iteration
   std::vector<Segment> gaps;  // compute-stream idle intervals, all iterations
   double stall_us = 0;        // all iterations
   size_t urgent = 0;
@@ -296,7 +298,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   result.last_iteration_us = start_us[static_cast<size_t>(n)] - start_us[0];
   result.urgent_fetches = urgent;
 
-  // Per-iteration traffic: the transfers issued by the kernels of the reported iteration.
+  // Per-iteration traffic: the transfers issued by the kernels of the last iteration.
   const double t0 = start_us[0];
   const double t1 = start_us[static_cast<size_t>(n)];
   for (const Transfer& x : xs) {

@@ -1,0 +1,118 @@
+// Tests of the `teraio simulate` command: runs the built binary on a small trace and plan and checks
+// the JSON it prints (exactly the documented keys, the simulated numbers), --tier-bandwidth, the
+// sweep's JSON array, and the exit status on an invalid plan.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "sim_test_util.h"
+
+namespace teraio {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CmdResult {
+  int status = -1;
+  std::string out;
+};
+
+CmdResult run_teraio(const std::string& args) {
+  const std::string cmd = std::string(TERAIO_BINARY_DIR) + "/bin/teraio " + args + " 2>&1";
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t got = 0;
+  while ((got = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, got);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class SimulateCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fs::path("teraio_sim_cli_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    // The golden case of simulator_test.cpp: 20 us transfers at 1 GB/s, 20 us of stall.
+    const Trace tr = test::make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
+    Plan plan;
+    plan.tiers = {test::tier("ssd", 1.0, 1.0)};
+    plan.moves = {test::offload(0, 0, 1), test::prefetch(0, 3, 4)};
+    test::fit_budget(tr, plan);
+    trace_ = (dir_ / "t.json").string();
+    plan_ = (dir_ / "p.json").string();
+    write_trace(tr, trace_);
+    write_plan(plan, plan_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+  std::string trace_, plan_;
+};
+
+TEST_F(SimulateCli, JsonHasExactlyTheDocumentedKeys) {
+  const CmdResult r = run_teraio("simulate " + trace_ + " " + plan_ + " --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.insert(k);
+  EXPECT_EQ(keys, (std::set<std::string>{"iteration_us", "ideal_us", "stall_us", "overlap_us", "peak_bytes",
+                                         "tiers", "urgent_fetches"}));
+  EXPECT_DOUBLE_EQ(j["iteration_us"].get<double>(), 70);
+  EXPECT_DOUBLE_EQ(j["stall_us"].get<double>(), 20);
+  EXPECT_EQ(j["peak_bytes"].get<uint64_t>(), 20000u);
+  ASSERT_EQ(j["tiers"].size(), 1u);
+  std::set<std::string> tier_keys;
+  for (const auto& [k, v] : j["tiers"][0].items()) tier_keys.insert(k);
+  EXPECT_EQ(tier_keys, (std::set<std::string>{"name", "offload_bytes", "prefetch_bytes", "write_busy_us",
+                                              "read_busy_us"}));
+  EXPECT_EQ(j["tiers"][0]["name"], "ssd");
+  EXPECT_DOUBLE_EQ(j["tiers"][0]["read_busy_us"].get<double>(), 20);
+}
+
+TEST_F(SimulateCli, TierBandwidthOverridesThePlan) {
+  const CmdResult r = run_teraio("simulate " + trace_ + " " + plan_ + " --json --tier-bandwidth ssd:2:2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(r.out)["stall_us"].get<double>(), 0);
+  const CmdResult bad = run_teraio("simulate " + trace_ + " " + plan_ + " --tier-bandwidth nvme:2:2");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.out.find("no tier named \"nvme\""), std::string::npos) << bad.out;
+  EXPECT_EQ(run_teraio("simulate " + trace_ + " " + plan_ + " --tier-bandwidth ssd:2").status, 1);
+}
+
+TEST_F(SimulateCli, TableAndSweep) {
+  const CmdResult table = run_teraio("simulate " + trace_ + " " + plan_);
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("stall"), std::string::npos);
+  EXPECT_NE(table.out.find("ssd"), std::string::npos);
+  const CmdResult sweep = run_teraio("simulate " + trace_ + " " + plan_ +
+                        " --sweep-bandwidth --sweep-min 0.5 --sweep-max 2 --sweep-steps 3 --min-tensor 0 --json");
+  ASSERT_EQ(sweep.status, 0) << sweep.out;
+  const auto j = nlohmann::json::parse(sweep.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_DOUBLE_EQ(j[1]["scale"].get<double>(), 1.0);
+  for (size_t i = 1; i < j.size(); ++i) {
+    EXPECT_LE(j[i]["iteration_us"].get<double>(), j[i - 1]["iteration_us"].get<double>());
+  }
+}
+
+TEST_F(SimulateCli, InvalidPlanExitsWithStatus1) {
+  Plan plan = read_plan(plan_);
+  plan.moves.erase(plan.moves.begin());  // a prefetch with no offload
+  write_plan(plan, plan_);
+  const CmdResult r = run_teraio("simulate " + trace_ + " " + plan_);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("not valid"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace teraio
