@@ -46,7 +46,8 @@ std::string json_string(std::string_view s) {
 }
 
 // Applies NAME:READ_GBPS:WRITE_GBPS overrides to a copy of the plan's tiers.
-std::vector<TierSpec> apply_bandwidths(std::vector<TierSpec> tiers, const std::vector<std::string>& specs) {
+std::vector<TierSpec> apply_bandwidths(std::vector<TierSpec> tiers,
+                                       const std::vector<std::string>& specs) {
   for (const std::string& spec : specs) {
     const size_t a = spec.find(':');
     const size_t b = a == std::string::npos ? a : spec.find(':', a + 1);
@@ -56,8 +57,10 @@ std::vector<TierSpec> apply_bandwidths(std::vector<TierSpec> tiers, const std::v
     bool found = false;
     for (TierSpec& t : tiers) {
       if (t.name != name) continue;
-      t.read_gbps = parse_positive_double(std::string_view(spec).substr(a + 1, b - a - 1), "--tier-bandwidth read");
-      t.write_gbps = parse_positive_double(std::string_view(spec).substr(b + 1), "--tier-bandwidth write");
+      t.read_gbps = parse_positive_double(std::string_view(spec).substr(a + 1, b - a - 1),
+                                          "--tier-bandwidth read");
+      t.write_gbps =
+          parse_positive_double(std::string_view(spec).substr(b + 1), "--tier-bandwidth write");
       found = true;
     }
     TERAIO_CHECK(found, "--tier-bandwidth \"{}\": the plan has no tier named \"{}\"", spec, name);
@@ -65,7 +68,9 @@ std::vector<TierSpec> apply_bandwidths(std::vector<TierSpec> tiers, const std::v
   return tiers;
 }
 
-double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
+double pct(double part, double whole) {
+  return whole > 0 ? 100.0 * part / whole : 0.0;
+}
 
 void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan,
                   const std::vector<TierSpec>& tiers, const SimResult& r) {
@@ -76,36 +81,40 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
       tiers_json += fmt::format(
           "{}{{\"name\": {}, \"offload_bytes\": {}, \"prefetch_bytes\": {}, \"write_busy_us\": {}, "
           "\"read_busy_us\": {}}}",
-          i ? ", " : "", json_string(tiers[i].name), t.offload_bytes, t.prefetch_bytes, t.write_busy_us,
-          t.read_busy_us);
+          i ? ", " : "", json_string(tiers[i].name), t.offload_bytes, t.prefetch_bytes,
+          t.write_busy_us, t.read_busy_us);
     }
     fmt::print(
-        "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, \"peak_bytes\": {}, "
+        "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
+        "\"peak_bytes\": {}, "
         "\"tiers\": [{}], \"urgent_fetches\": {}}}\n",
-        r.iteration_us, r.ideal_us, r.stall_us, r.overlap_us, r.peak_bytes, tiers_json, r.urgent_fetches);
+        r.iteration_us, r.ideal_us, r.stall_us, r.overlap_us, r.peak_bytes, tiers_json,
+        r.urgent_fetches);
     return;
   }
-  fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path, trace.num_kernels(),
-             trace.num_tensors());
+  fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
+             trace.num_kernels(), trace.num_tensors());
   fmt::print("plan                 {} ({} moves)\n", args.plan_path, plan.moves.size());
-  fmt::print("iteration            {}  (mean of {} simulated; last alone {})\n", format_us(r.iteration_us),
-             args.iterations, format_us(r.last_iteration_us));
+  fmt::print("iteration            {}  (mean of {} simulated; last alone {})\n",
+             format_us(r.iteration_us), args.iterations, format_us(r.last_iteration_us));
   fmt::print("ideal                {}\n", format_us(r.ideal_us));
-  fmt::print("stall                {}  ({:.2f}% of ideal)\n", format_us(r.stall_us), pct(r.stall_us, r.ideal_us));
+  fmt::print("stall                {}  ({:.2f}% of ideal)\n", format_us(r.stall_us),
+             pct(r.stall_us, r.ideal_us));
   fmt::print("overlap              {}  (transfer time hidden behind kernels, all links)\n",
              format_us(r.overlap_us));
   fmt::print("speed                {:.2f}% of ideal\n", pct(r.ideal_us, r.iteration_us));
-  fmt::print("peak                 {} of budget {} ({:.1f}%)\n", format_bytes(static_cast<double>(r.peak_bytes)),
+  fmt::print("peak                 {} of budget {} ({:.1f}%)\n",
+             format_bytes(static_cast<double>(r.peak_bytes)),
              format_bytes(static_cast<double>(plan.budget_bytes)),
              pct(static_cast<double>(r.peak_bytes), static_cast<double>(plan.budget_bytes)));
   fmt::print("urgent transfers     {} in the last iteration\n", r.urgent_fetches);
-  fmt::print("\n{:<12} {:<6} {:>9} {:>12} {:>12} {:>10}\n", "tier", "link", "GB/s", "bytes/iter", "busy/iter",
-             "busy %");
+  fmt::print("\n{:<12} {:<6} {:>9} {:>12} {:>12} {:>10}\n", "tier", "link", "GB/s", "bytes/iter",
+             "busy/iter", "busy %");
   for (size_t i = 0; i < tiers.size(); ++i) {
     const TierTraffic& t = r.tiers[i];
-    fmt::print("{:<12} {:<6} {:>9.2f} {:>12} {:>12} {:>9.1f}%\n", tiers[i].name, "write", tiers[i].write_gbps,
-               format_bytes(static_cast<double>(t.offload_bytes)), format_us(t.write_busy_us),
-               pct(t.write_busy_us, r.iteration_us));
+    fmt::print("{:<12} {:<6} {:>9.2f} {:>12} {:>12} {:>9.1f}%\n", tiers[i].name, "write",
+               tiers[i].write_gbps, format_bytes(static_cast<double>(t.offload_bytes)),
+               format_us(t.write_busy_us), pct(t.write_busy_us, r.iteration_us));
     fmt::print("{:<12} {:<6} {:>9.2f} {:>12} {:>12} {:>9.1f}%\n", "", "read", tiers[i].read_gbps,
                format_bytes(static_cast<double>(t.prefetch_bytes)), format_us(t.read_busy_us),
                pct(t.read_busy_us, r.iteration_us));
@@ -118,25 +127,28 @@ void print_sweep(const SimulateArgs& args, const std::vector<SweepPoint>& points
     for (size_t i = 0; i < points.size(); ++i) {
       const SweepPoint& p = points[i];
       fmt::print(
-          "{}\n  {{\"scale\": {}, \"read_gbps\": {}, \"write_gbps\": {}, \"iteration_us\": {}, \"ideal_us\": {}, "
+          "{}\n  {{\"scale\": {}, \"read_gbps\": {}, \"write_gbps\": {}, \"iteration_us\": {}, "
+          "\"ideal_us\": {}, "
           "\"stall_us\": {}, \"percent_of_ideal\": {}, \"plan_point\": {}, \"plan_moves\": {}, "
           "\"own_plan_iteration_us\": {}}}",
-          i ? "," : "", p.scale, p.total_read_gbps, p.total_write_gbps, p.iteration_us, p.ideal_us, p.stall_us,
-          p.percent_of_ideal, p.plan_point, p.plan_moves, p.own_plan_iteration_us);
+          i ? "," : "", p.scale, p.total_read_gbps, p.total_write_gbps, p.iteration_us, p.ideal_us,
+          p.stall_us, p.percent_of_ideal, p.plan_point, p.plan_moves, p.own_plan_iteration_us);
     }
     fmt::print("\n]\n");
     return;
   }
-  fmt::print("{:>3} {:>8} {:>10} {:>10} {:>12} {:>9} {:>6} {:>8} {:>14}\n", "#", "scale", "read GB/s", "write GB/s",
-             "iteration", "% ideal", "plan", "moves", "own plan");
+  fmt::print("{:>3} {:>8} {:>10} {:>10} {:>12} {:>9} {:>6} {:>8} {:>14}\n", "#", "scale",
+             "read GB/s", "write GB/s", "iteration", "% ideal", "plan", "moves", "own plan");
   for (size_t i = 0; i < points.size(); ++i) {
     const SweepPoint& p = points[i];
-    fmt::print("{:>3} {:>8.3f} {:>10.2f} {:>10.2f} {:>12} {:>8.2f}% {:>6} {:>8} {:>14}\n", i, p.scale,
-               p.total_read_gbps, p.total_write_gbps, format_us(p.iteration_us), p.percent_of_ideal,
-               fmt::format("#{}", p.plan_point), p.plan_moves, format_us(p.own_plan_iteration_us));
+    fmt::print("{:>3} {:>8.3f} {:>10.2f} {:>10.2f} {:>12} {:>8.2f}% {:>6} {:>8} {:>14}\n", i,
+               p.scale, p.total_read_gbps, p.total_write_gbps, format_us(p.iteration_us),
+               p.percent_of_ideal, fmt::format("#{}", p.plan_point), p.plan_moves,
+               format_us(p.own_plan_iteration_us));
   }
-  fmt::print("plan: the sweep point whose plan won (a plan made at lower bandwidth stays valid at more);\n"
-             "own plan: the plan made at this bandwidth, simulated here.\n");
+  fmt::print(
+      "plan: the sweep point whose plan won (a plan made at lower bandwidth stays valid at more);\n"
+      "own plan: the plan made at this bandwidth, simulated here.\n");
 }
 
 int run_simulate(const SimulateArgs& args) {
@@ -170,16 +182,23 @@ const Registration kSimulate{{
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<SimulateArgs>();
       sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
-      sub.add_option("plan", args->plan_path, "plan file (teraio.plan v1 JSON) made for this trace")->required();
-      sub.add_flag("--json", args->json, "print one JSON object (a JSON array with --sweep-bandwidth)");
-      sub.add_option("--tier-bandwidth", args->tier_bandwidths,
-                     "NAME:READ_GBPS:WRITE_GBPS: simulate the plan's tier NAME at these bandwidths; repeat");
-      sub.add_option("--iterations", args->iterations, "iterations to simulate; times are their mean")
+      sub.add_option("plan", args->plan_path, "plan file (teraio.plan v1 JSON) made for this trace")
+          ->required();
+      sub.add_flag("--json", args->json,
+                   "print one JSON object (a JSON array with --sweep-bandwidth)");
+      sub.add_option(
+          "--tier-bandwidth", args->tier_bandwidths,
+          "NAME:READ_GBPS:WRITE_GBPS: simulate the plan's tier NAME at these bandwidths; repeat");
+      sub.add_option("--iterations", args->iterations,
+                     "iterations to simulate; times are their mean")
           ->capture_default_str();
-      sub.add_flag("--sweep-bandwidth", args->sweep,
-                   "replan and simulate at every tier's bandwidth times a range of factors (Figure 3)");
-      sub.add_option("--sweep-min", args->sweep_min, "smallest bandwidth factor")->capture_default_str();
-      sub.add_option("--sweep-max", args->sweep_max, "largest bandwidth factor")->capture_default_str();
+      sub.add_flag(
+          "--sweep-bandwidth", args->sweep,
+          "replan and simulate at every tier's bandwidth times a range of factors (Figure 3)");
+      sub.add_option("--sweep-min", args->sweep_min, "smallest bandwidth factor")
+          ->capture_default_str();
+      sub.add_option("--sweep-max", args->sweep_max, "largest bandwidth factor")
+          ->capture_default_str();
       sub.add_option("--sweep-steps", args->sweep_steps, "number of factors, spaced geometrically")
           ->capture_default_str();
       sub.add_option("--min-tensor", args->min_tensor, "planner option for the sweep's replanning")

@@ -23,16 +23,16 @@ struct SweepOptions {
 };
 
 struct SweepPoint {
-  double scale = 0;              // bandwidth factor of this point
-  std::vector<TierSpec> tiers;   // the tiers at this bandwidth
-  double total_read_gbps = 0;    // sum over tiers (the x-axis of Figure 3, prefetch direction)
+  double scale = 0;             // bandwidth factor of this point
+  std::vector<TierSpec> tiers;  // the tiers at this bandwidth
+  double total_read_gbps = 0;   // sum over tiers (the x-axis of Figure 3, prefetch direction)
   double total_write_gbps = 0;
-  double iteration_us = 0;       // best simulated iteration at this bandwidth
+  double iteration_us = 0;  // best simulated iteration at this bandwidth
   double ideal_us = 0;
   double stall_us = 0;
-  double percent_of_ideal = 0;   // 100 * ideal / iteration (throughput relative to ideal)
-  size_t plan_point = 0;         // index of the point whose plan won (this one when replanning won)
-  size_t plan_moves = 0;         // moves in the winning plan
+  double percent_of_ideal = 0;  // 100 * ideal / iteration (throughput relative to ideal)
+  size_t plan_point = 0;        // index of the point whose plan won (this one when replanning won)
+  size_t plan_moves = 0;        // moves in the winning plan
   double own_plan_iteration_us = 0;  // the plan made at this bandwidth, simulated here
 };
 

@@ -1,7 +1,8 @@
-// Discrete-event replay of a plan (docs/simulator.md has the model). Kernels run back to back on one
-// compute stream; every tier has a write link (offloads) and a read link (prefetches), each serving
-// one transfer at a time in issue order; a transfer a kernel waits for becomes urgent and preempts
-// its link. Links advance lazily, so the cost is O((kernels + moves) * iterations), no per-byte work.
+// Discrete-event replay of a plan (docs/simulator.md has the model). Kernels run back to back on
+// one compute stream; every tier has a write link (offloads) and a read link (prefetches), each
+// serving one transfer at a time in issue order; a transfer a kernel waits for becomes urgent and
+// preempts its link. Links advance lazily, so the cost is O((kernels + moves) * iterations), no
+// per-byte work.
 #include "teraio/simulator.h"
 
 #include <algorithm>
@@ -23,8 +24,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 struct Transfer {
   uint64_t bytes = 0;
   double dur_us = 0;
-  double issue_us = kInf;   // set when the kernel loop issues it
-  double begin_us = -1;     // first moment of service
+  double issue_us = kInf;  // set when the kernel loop issues it
+  double begin_us = -1;    // first moment of service
   double end_us = 0;
   int64_t issue_kernel = 0;  // global kernel index (iteration * N + k)
   uint32_t link = 0;         // 2 * tier + (offload ? 0 : 1)
@@ -113,18 +114,20 @@ class Link {
     current_ = kNone;
   }
 
-  size_t cursor_ = 0;        // first seq entry that may not have started
-  uint32_t current_ = kNone; // transfer in service
-  double seg_begin_ = 0;     // when the current service segment began
-  double rem_us_ = 0;        // its remaining service time at seg_begin_
-  double clock_ = 0;         // when the link last became idle
+  size_t cursor_ = 0;         // first seq entry that may not have started
+  uint32_t current_ = kNone;  // transfer in service
+  double seg_begin_ = 0;      // when the current service segment began
+  double rem_us_ = 0;         // its remaining service time at seg_begin_
+  double clock_ = 0;          // when the link last became idle
 };
 
 // Compressed lists of transfer ids per global kernel index.
 struct Csr {
   std::vector<uint32_t> offsets;
   std::vector<uint32_t> ids;
-  std::span<const uint32_t> at(size_t g) const { return {ids.data() + offsets[g], ids.data() + offsets[g + 1]}; }
+  std::span<const uint32_t> at(size_t g) const {
+    return {ids.data() + offsets[g], ids.data() + offsets[g + 1]};
+  }
 };
 
 Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& keyed) {
@@ -158,20 +161,23 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
                "simulate: iterations must be in [1, 1000], got {}", opts.iterations);
   const std::vector<TierSpec>& tiers = opts.actual_tiers.empty() ? plan.tiers : opts.actual_tiers;
   TERAIO_CHECK(tiers.size() == plan.tiers.size(),
-               "simulate: {} actual tiers given but the plan has {} tiers", tiers.size(), plan.tiers.size());
+               "simulate: {} actual tiers given but the plan has {} tiers", tiers.size(),
+               plan.tiers.size());
 
   const Lifetimes lifetimes(trace);
   const PlanCheck check = check_plan(trace, lifetimes, plan, 5);
   if (!check.valid) {
-    std::string msg = fmt::format("simulate: the plan is not valid for this trace ({} problems):", check.error_count);
+    std::string msg = fmt::format("simulate: the plan is not valid for this trace ({} problems):",
+                                  check.error_count);
     for (const std::string& e : check.errors) msg += "\n  " + e;
     throw Error(msg);
   }
   for (const Move& m : plan.moves) {
     const TierSpec& ts = tiers[m.tier];
     const double gbps = m.op == MoveOp::offload ? ts.write_gbps : ts.read_gbps;
-    TERAIO_CHECK(std::isfinite(gbps) && gbps > 0, "simulate: tier \"{}\" has {} bandwidth {} GB/s but moves use it",
-                 ts.name, m.op == MoveOp::offload ? "write" : "read", gbps);
+    TERAIO_CHECK(std::isfinite(gbps) && gbps > 0,
+                 "simulate: tier \"{}\" has {} bandwidth {} GB/s but moves use it", ts.name,
+                 m.op == MoveOp::offload ? "write" : "read", gbps);
   }
 
   SimResult result;
@@ -182,13 +188,16 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   if (n == 0) return result;
 
   const int64_t iters = opts.iterations;
-  const int64_t last_g = iters * n;      // kernel 0 of the iteration after the last: only its start
+  const int64_t last_g = iters * n;  // kernel 0 of the iteration after the last: only its start
   const int64_t first_g = (iters - 1) * n;  // kernel 0 of the last iteration
-  TERAIO_CHECK(last_g <= 50'000'000, "simulate: {} iterations of {} kernels is too many kernel steps "
-               "(at most 50 million; lower the iteration count)", iters, n);
+  TERAIO_CHECK(last_g <= 50'000'000,
+               "simulate: {} iterations of {} kernels is too many kernel steps "
+               "(at most 50 million; lower the iteration count)",
+               iters, n);
 
   // One offload and one prefetch transfer per pair and iteration. Iteration -1 contributes the part
-  // of wrap-around pairs that lands in iteration 0; whatever it issued before time 0 counts as done.
+  // of wrap-around pairs that lands in iteration 0; whatever it issued before time 0 counts as
+  // done.
   std::vector<Transfer> xs;
   std::vector<std::pair<int64_t, uint32_t>> issue_keyed, need_keyed;
   xs.reserve(check.pairs.size() * 2 * static_cast<size_t>(iters + 1));
@@ -307,18 +316,21 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     (x.offload ? tt.offload_bytes : tt.prefetch_bytes) += x.bytes;
     (x.offload ? tt.write_busy_us : tt.read_busy_us) += x.dur_us;
     if (opts.record_timeline) {
-      result.transfers.push_back({x.link / 2, x.offload, x.urgent, x.begin_us - t0, x.end_us - t0, x.bytes});
+      result.transfers.push_back(
+          {x.link / 2, x.offload, x.urgent, x.begin_us - t0, x.end_us - t0, x.bytes});
     }
   }
   if (opts.record_timeline) {
     result.kernel_start_us.resize(static_cast<size_t>(n));
-    for (size_t k = 0; k < static_cast<size_t>(n); ++k) result.kernel_start_us[k] = start_us[k] - t0;
+    for (size_t k = 0; k < static_cast<size_t>(n); ++k)
+      result.kernel_start_us[k] = start_us[k] - t0;
   }
 
   // Overlap: link service time before the end of the last iteration minus the part of it spent
   // while the stream waited, per iteration.
   std::vector<double> gap_prefix(gaps.size() + 1, 0);
-  for (size_t i = 0; i < gaps.size(); ++i) gap_prefix[i + 1] = gap_prefix[i] + (gaps[i].end_us - gaps[i].begin_us);
+  for (size_t i = 0; i < gaps.size(); ++i)
+    gap_prefix[i + 1] = gap_prefix[i] + (gaps[i].end_us - gaps[i].begin_us);
   auto stalled_before = [&](double x) {  // total gap time in (-inf, x]
     auto it = std::upper_bound(gaps.begin(), gaps.end(), x,
                                [](double v, const Segment& s) { return v < s.begin_us; });

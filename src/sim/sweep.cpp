@@ -13,9 +13,10 @@ namespace teraio {
 
 std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions& base,
                                         const SweepOptions& opts) {
-  TERAIO_CHECK(opts.steps >= 1 && opts.steps <= 1000, "sweep: steps must be in [1, 1000], got {}", opts.steps);
-  TERAIO_CHECK(std::isfinite(opts.min_scale) && opts.min_scale > 0, "sweep: min scale must be > 0, got {}",
-               opts.min_scale);
+  TERAIO_CHECK(opts.steps >= 1 && opts.steps <= 1000, "sweep: steps must be in [1, 1000], got {}",
+               opts.steps);
+  TERAIO_CHECK(std::isfinite(opts.min_scale) && opts.min_scale > 0,
+               "sweep: min scale must be > 0, got {}", opts.min_scale);
   TERAIO_CHECK(std::isfinite(opts.max_scale) && opts.max_scale >= opts.min_scale,
                "sweep: max scale ({}) must be >= min scale ({})", opts.max_scale, opts.min_scale);
   TERAIO_CHECK(!base.tiers.empty(), "sweep: no tiers to scale");
@@ -56,7 +57,8 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
     pt.iteration_us = winner.iteration_us;
     pt.ideal_us = winner.ideal_us;
     pt.stall_us = winner.stall_us;
-    pt.percent_of_ideal = winner.iteration_us > 0 ? 100.0 * winner.ideal_us / winner.iteration_us : 100.0;
+    pt.percent_of_ideal =
+        winner.iteration_us > 0 ? 100.0 * winner.ideal_us / winner.iteration_us : 100.0;
     points.push_back(std::move(pt));
   }
   return points;

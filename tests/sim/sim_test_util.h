@@ -22,7 +22,8 @@ struct TensorSpec {
 inline Trace make_trace(const std::vector<double>& times, const std::vector<TensorSpec>& tensors,
                         const std::vector<std::vector<TensorId>>& uses) {
   Trace tr;
-  for (const TensorSpec& t : tensors) tr.add_tensor(TensorInfo{t.bytes, TensorKind::activation, t.persistent, ""});
+  for (const TensorSpec& t : tensors)
+    tr.add_tensor(TensorInfo{t.bytes, TensorKind::activation, t.persistent, ""});
   for (size_t k = 0; k < times.size(); ++k) {
     const std::vector<TensorId> none;
     tr.add_kernel("k", times[k], k < uses.size() ? uses[k] : none);
@@ -78,11 +79,13 @@ inline Plan random_plan(const Trace& trace, std::mt19937_64& rng) {
   Plan plan;
   std::uniform_real_distribution<double> bw(0.5, 5.0);
   const int tiers = 1 + static_cast<int>(rng() % 2);
-  for (int i = 0; i < tiers; ++i) plan.tiers.push_back(tier(i == 0 ? "ssd" : "host", bw(rng), bw(rng)));
+  for (int i = 0; i < tiers; ++i)
+    plan.tiers.push_back(tier(i == 0 ? "ssd" : "host", bw(rng), bw(rng)));
   for (const InactivePeriod& p : inactive_periods(trace, lt)) {
     if (rng() % 10 >= 6) continue;
-    const uint32_t len = p.end == p.start ? n : (p.end + n - p.start) % n;  // cyclic distance to next use
-    const uint32_t dd = static_cast<uint32_t>(rng() % len);                 // [0, len-1]
+    const uint32_t len =
+        p.end == p.start ? n : (p.end + n - p.start) % n;    // cyclic distance to next use
+    const uint32_t dd = static_cast<uint32_t>(rng() % len);  // [0, len-1]
     const uint32_t sd = dd + 1 + static_cast<uint32_t>(rng() % (len - dd));  // [dd+1, len]
     const auto ti = static_cast<uint32_t>(rng() % tiers);
     plan.moves.push_back(offload(p.tensor, p.start, (p.start + dd) % n, ti));

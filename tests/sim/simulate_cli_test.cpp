@@ -1,12 +1,12 @@
-// Tests of the `teraio simulate` command: runs the built binary on a small trace and plan and checks
-// the JSON it prints (exactly the documented keys, the simulated numbers), --tier-bandwidth, the
-// sweep's JSON array, and the exit status on an invalid plan.
+// Tests of the `teraio simulate` command: runs the built binary on a small trace and plan and
+// checks the JSON it prints (exactly the documented keys, the simulated numbers), --tier-bandwidth,
+// the sweep's JSON array, and the exit status on an invalid plan.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <filesystem>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdio>
+#include <filesystem>
 #include <set>
 #include <string>
 
@@ -43,7 +43,8 @@ class SimulateCli : public ::testing::Test {
     dir_ = fs::temp_directory_path() / fs::path("teraio_sim_cli_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
     // The golden case of simulator_test.cpp: 20 us transfers at 1 GB/s, 20 us of stall.
-    const Trace tr = test::make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
+    const Trace tr =
+        test::make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
     Plan plan;
     plan.tiers = {test::tier("ssd", 1.0, 1.0)};
     plan.moves = {test::offload(0, 0, 1), test::prefetch(0, 3, 4)};
@@ -64,25 +65,27 @@ TEST_F(SimulateCli, JsonHasExactlyTheDocumentedKeys) {
   const auto j = nlohmann::json::parse(r.out);
   std::set<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.insert(k);
-  EXPECT_EQ(keys, (std::set<std::string>{"iteration_us", "ideal_us", "stall_us", "overlap_us", "peak_bytes",
-                                         "tiers", "urgent_fetches"}));
+  EXPECT_EQ(keys, (std::set<std::string>{"iteration_us", "ideal_us", "stall_us", "overlap_us",
+                                         "peak_bytes", "tiers", "urgent_fetches"}));
   EXPECT_DOUBLE_EQ(j["iteration_us"].get<double>(), 70);
   EXPECT_DOUBLE_EQ(j["stall_us"].get<double>(), 20);
   EXPECT_EQ(j["peak_bytes"].get<uint64_t>(), 20000u);
   ASSERT_EQ(j["tiers"].size(), 1u);
   std::set<std::string> tier_keys;
   for (const auto& [k, v] : j["tiers"][0].items()) tier_keys.insert(k);
-  EXPECT_EQ(tier_keys, (std::set<std::string>{"name", "offload_bytes", "prefetch_bytes", "write_busy_us",
-                                              "read_busy_us"}));
+  EXPECT_EQ(tier_keys, (std::set<std::string>{"name", "offload_bytes", "prefetch_bytes",
+                                              "write_busy_us", "read_busy_us"}));
   EXPECT_EQ(j["tiers"][0]["name"], "ssd");
   EXPECT_DOUBLE_EQ(j["tiers"][0]["read_busy_us"].get<double>(), 20);
 }
 
 TEST_F(SimulateCli, TierBandwidthOverridesThePlan) {
-  const CmdResult r = run_teraio("simulate " + trace_ + " " + plan_ + " --json --tier-bandwidth ssd:2:2");
+  const CmdResult r =
+      run_teraio("simulate " + trace_ + " " + plan_ + " --json --tier-bandwidth ssd:2:2");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(r.out)["stall_us"].get<double>(), 0);
-  const CmdResult bad = run_teraio("simulate " + trace_ + " " + plan_ + " --tier-bandwidth nvme:2:2");
+  const CmdResult bad =
+      run_teraio("simulate " + trace_ + " " + plan_ + " --tier-bandwidth nvme:2:2");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.out.find("no tier named \"nvme\""), std::string::npos) << bad.out;
   EXPECT_EQ(run_teraio("simulate " + trace_ + " " + plan_ + " --tier-bandwidth ssd:2").status, 1);
@@ -93,8 +96,9 @@ TEST_F(SimulateCli, TableAndSweep) {
   ASSERT_EQ(table.status, 0) << table.out;
   EXPECT_NE(table.out.find("stall"), std::string::npos);
   EXPECT_NE(table.out.find("ssd"), std::string::npos);
-  const CmdResult sweep = run_teraio("simulate " + trace_ + " " + plan_ +
-                        " --sweep-bandwidth --sweep-min 0.5 --sweep-max 2 --sweep-steps 3 --min-tensor 0 --json");
+  const CmdResult sweep = run_teraio(
+      "simulate " + trace_ + " " + plan_ +
+      " --sweep-bandwidth --sweep-min 0.5 --sweep-max 2 --sweep-steps 3 --min-tensor 0 --json");
   ASSERT_EQ(sweep.status, 0) << sweep.out;
   const auto j = nlohmann::json::parse(sweep.out);
   ASSERT_TRUE(j.is_array());

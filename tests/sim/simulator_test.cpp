@@ -89,7 +89,7 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
   Plan plan;
   plan.tiers = {tier("ssd", kGbps, kGbps)};
   // Write link: A 10..60, B 60..90, C 90..100, each done before its deadline kernel ends.
-  plan.moves = {offload(0, 0, 8),  offload(1, 0, 8),    offload(2, 0, 9),
+  plan.moves = {offload(0, 0, 8),    offload(1, 0, 8),    offload(2, 0, 9),
                 prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
   test::fit_budget(tr, plan);
   SimOptions o;
@@ -115,9 +115,10 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
 }
 
 TEST(SimGolden, KernelWaitsForOffloadToFreeMemory) {
-  // Tensors 0 (20 us) and 1 (10 us) are offloaded right after kernel 0 with deadline 0: their memory
-  // is needed by kernel 1, which waits until both offloads are done at 40. Tensor 1's prefetch starts
-  // at kernel 1, so it is issued only at 40 (memory first), not at 20 when kernel 0 ended.
+  // Tensors 0 (20 us) and 1 (10 us) are offloaded right after kernel 0 with deadline 0: their
+  // memory is needed by kernel 1, which waits until both offloads are done at 40. Tensor 1's
+  // prefetch starts at kernel 1, so it is issued only at 40 (memory first), not at 20 when kernel 0
+  // ended.
   const Trace tr =
       make_trace({10, 10, 10, 10}, {{20000, false}, {10000, false}}, {{0, 1}, {}, {1}, {0}});
   Plan plan;
@@ -171,7 +172,8 @@ TEST(SimGolden, WrapAroundPairReachesSteadyState) {
 }
 
 TEST(SimGolden, EmptyPlanIsIdeal) {
-  const Trace tr = make_trace({1.5, 2.25, 0, 7.125}, {{100, true}, {200, false}}, {{0, 1}, {1}, {}, {0}});
+  const Trace tr =
+      make_trace({1.5, 2.25, 0, 7.125}, {{100, true}, {200, false}}, {{0, 1}, {1}, {}, {0}});
   Plan plan;
   plan.tiers = {tier("ssd", kGbps, kGbps)};
   test::fit_budget(tr, plan);
@@ -318,8 +320,9 @@ TEST(SimSpeed, QuarterMillionKernels) {
   const auto t0 = std::chrono::steady_clock::now();
   const SimResult r = simulate(tr, plan);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("simulate: %u kernels, %zu moves, 2 iterations: %.3f s (iteration %.0f us, ideal %.0f us)\n",
-              kKernels, plan.moves.size(), s, r.iteration_us, r.ideal_us);
+  std::printf(
+      "simulate: %u kernels, %zu moves, 2 iterations: %.3f s (iteration %.0f us, ideal %.0f us)\n",
+      kKernels, plan.moves.size(), s, r.iteration_us, r.ideal_us);
   EXPECT_GT(r.tiers[0].offload_bytes, 0u);
   EXPECT_LT(s, 3.0);  // target < 1 s on a free core; slack for a loaded CI machine
 }
