@@ -1,7 +1,7 @@
 // Bandwidth sweep (the paper's Figure 3 roofline): at each bandwidth, replan with make_plan and
-// simulate, keeping the best plan made at this or any lower bandwidth, so that more bandwidth never
-// reports a slower iteration. Used by `teraio simulate --sweep-bandwidth` and by reports.
-// Pure computation; safe to call from several threads on distinct arguments.
+// report the best of the plans made at this or any lower bandwidth, simulated at this bandwidth, so
+// that more bandwidth never reports a slower iteration. Used by `teraio simulate --sweep-bandwidth`
+// and by reports. Pure computation; safe to call from several threads on distinct arguments.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,7 @@
-// Bandwidth sweep (docs/simulator.md, "Bandwidth sweep"): replans at each bandwidth and keeps the
-// best plan made at this or a lower bandwidth. A plan's validity does not depend on bandwidth, and
-// the simulator never makes a fixed plan slower when bandwidth grows, so the best-so-far plan
-// simulated at the next bandwidth is at least as fast as it was: the curve never goes down.
+// Bandwidth sweep (docs/simulator.md, "Bandwidth sweep"): replans at each bandwidth and reports
+// the best of the plans made at this or a lower bandwidth, simulated here. A plan's validity does
+// not depend on bandwidth, and the simulator never makes a fixed plan slower when bandwidth grows,
+// so the best at one point is at least as fast at the next: the curve never goes down.
 #include "teraio/sweep.h"
 
 #include <cmath>
@@ -22,7 +22,7 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
   TERAIO_CHECK(!base.tiers.empty(), "sweep: no tiers to scale");
 
   std::vector<SweepPoint> points;
-  Plan best_plan;
+  std::vector<Plan> plans;  // plans[i] was made at point i
   for (int i = 0; i < opts.steps; ++i) {
     const double frac = opts.steps == 1 ? 0.0 : static_cast<double>(i) / (opts.steps - 1);
     const double scale = opts.min_scale * std::pow(opts.max_scale / opts.min_scale, frac);
@@ -37,23 +37,21 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
     }
     PlannerOptions popts = base;
     popts.tiers = pt.tiers;
-    Plan plan = make_plan(trace, popts);
+    plans.push_back(make_plan(trace, popts));
     SimOptions sopts;
     sopts.actual_tiers = pt.tiers;
     sopts.iterations = opts.iterations;
-    const SimResult own = simulate(trace, plan, sopts);
-    pt.own_plan_iteration_us = own.iteration_us;
-    SimResult winner = own;
-    pt.plan_point = points.size();
-    if (!points.empty()) {
-      const SimResult prev = simulate(trace, best_plan, sopts);
-      if (prev.iteration_us <= own.iteration_us) {
-        winner = prev;
-        pt.plan_point = points.back().plan_point;
+    // Every plan made so far, simulated at this bandwidth; ties go to the most recent plan.
+    SimResult winner;
+    for (size_t j = plans.size(); j-- > 0;) {
+      SimResult r = simulate(trace, plans[j], sopts);
+      if (j + 1 == plans.size()) pt.own_plan_iteration_us = r.iteration_us;
+      if (j + 1 == plans.size() || r.iteration_us < winner.iteration_us) {
+        winner = std::move(r);
+        pt.plan_point = j;
       }
     }
-    if (pt.plan_point == points.size()) best_plan = std::move(plan);
-    pt.plan_moves = best_plan.moves.size();
+    pt.plan_moves = plans[pt.plan_point].moves.size();
     pt.iteration_us = winner.iteration_us;
     pt.ideal_us = winner.ideal_us;
     pt.stall_us = winner.stall_us;
