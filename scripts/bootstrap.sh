@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   liburing-dev libglpk-dev
   clang libclang-rt-14-dev
+  chromium
 )
 
 missing=()
