@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   int runs = 5;
   bool compare = false;
   double slack = -1;
+  bool skip_clip = false;
   app.add_option("--trace", trace_path, "trace file (timed with parsing)");
   app.add_option("--model", model, "or synthesize this model (teraio synth --model) into TRACE first");
   app.add_option("--budget", budget)->capture_default_str();
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   app.add_option("--min-tensor", min_tensor)->capture_default_str();
   app.add_option("--runs", runs)->capture_default_str();
   app.add_flag("--compare", compare, "plan with each tuning variant and simulate it");
+  app.add_flag("--skip-clip", skip_clip, "leave the (slow, O(window)) clipped-benefit variant out of --compare");
   app.add_option("--slack", slack, "override PlannerTuning::lazy_slack");
   CLI11_PARSE(app, argc, argv);
   planner_detail::PlannerTuning base;
@@ -100,13 +102,18 @@ int main(int argc, char** argv) {
       variants.push_back({"default (unclipped, per byte, prune, hoist)", {}});
       planner_detail::PlannerTuning v;
       v.clip_benefit = true;
-      variants.push_back({"clipped benefit", v});
+      if (!skip_clip) variants.push_back({"clipped benefit", v});
       v = {};
       v.cost_per_time = true;
       variants.push_back({"cost = transfer time", v});
       v = {};
       v.hoist_prefetch = false;
       variants.push_back({"no hoisting", v});
+      for (double s : {0.0, 0.03, 0.25}) {
+        v = {};
+        v.lazy_slack = s;
+        variants.push_back({s == 0 ? "lazy slack 0 (exact greedy order)" : (s < 0.1 ? "lazy slack 0.03" : "lazy slack 0.25"), v});
+      }
       v = {};
       v.prune = false;
       v.hoist_prefetch = false;
