@@ -300,12 +300,28 @@ void Engine::touch(std::span<const LogicalId> ids) {
   std::lock_guard lock(mutex_);
   for (LogicalId id : ids)
     if (Entry* e = find(id)) e->last_use = ++clock_;
+  sweep_dead_locked(kSweepPerCall);
+}
+
+// Forgets up to `max_entries` dead tensors (all when 0), resuming where the last sweep stopped, so
+// that freed tensors stop counting as resident soon after they die at O(1) cost per operator.
+void Engine::sweep_dead_locked(size_t max_entries) {
+  const size_t n = entries_.size();
+  if (n == 0) return;
+  const size_t count = max_entries == 0 ? n : std::min(max_entries, n);
+  for (size_t i = 0; i < count; ++i) {
+    sweep_cursor_ = (sweep_cursor_ + 1) % n;
+    Entry* e = entries_[sweep_cursor_].get();
+    if (e && e->loc != Location::kUnbound && e->pins == 0 && !e->memory->alive()) forget_locked(*e);
+  }
 }
 
 bool Engine::enforce_budget(uint64_t reserve_bytes) {
   std::lock_guard lock(mutex_);
   if (options_.budget_bytes == 0) return true;
   uint64_t target = options_.budget_bytes > reserve_bytes ? options_.budget_bytes - reserve_bytes : 0;
+  if (stats_.resident_bytes <= target) return true;
+  sweep_dead_locked(0);  // tensors that died still count until forgotten
   if (stats_.resident_bytes <= target) return true;
   // Offloads already in flight free their memory first.
   for (auto& p : entries_)

@@ -142,6 +142,9 @@ class Engine {
   void complete_prefetch_locked(Entry& e);
   void forget_locked(Entry& e);
   void note_resident_locked();
+  void sweep_dead_locked(size_t max_entries);
+  static constexpr size_t kSweepPerCall = 8;
+  size_t sweep_cursor_ = 0;
 
   EngineOptions options_;
   std::vector<EngineTier> tiers_;

@@ -209,6 +209,18 @@ TEST_F(EngineTest, DeadTensorsReleaseTierSpaceAndRebindRestoresTheOldOne) {
   EXPECT_TRUE(has_pattern(*b, 2));
 }
 
+TEST_F(EngineTest, DeadTensorsStopCountingBeforeEvictions) {
+  auto e = make(10000);
+  auto a = make_tensor(8000, 1), b = make_tensor(8000, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  a->alive = false;  // freed by its owner: nothing needs to be evicted
+  EXPECT_TRUE(e->enforce_budget());
+  EXPECT_EQ(e->stats().evictions, 0u);
+  EXPECT_EQ(e->stats().resident_bytes, 8000u);
+  EXPECT_EQ(e->location(1), Location::kResident);
+}
+
 TEST_F(EngineTest, PlanWithUnknownTierIsRejected) {
   auto e = make(0);
   Plan plan;

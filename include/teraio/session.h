@@ -1,0 +1,101 @@
+// teraio::Session: transparent tensor offloading inside stock PyTorch (docs/pytorch.md). It sees
+// every operator of a training step through an at::RecordFunction global callback, profiles the
+// first iterations into a trace (format teraio.trace v1), plans moves with make_plan and executes
+// them at operator indices; between, and on drift, it runs reactively (only what the running
+// operator needs is kept when the budget is exceeded). One Session may be active per process.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
+
+namespace teraio {
+
+struct SessionTier {
+  enum class Kind { kHost, kFile };
+  Kind kind = Kind::kHost;
+  uint64_t capacity_bytes = 0;      // required
+  std::vector<std::string> paths;   // kFile: one directory per SSD, each must be writable
+  double read_gbps = 0;             // for the planner; 0 picks 20 (host) or 1.5 (file)
+  double write_gbps = 0;
+};
+
+struct SessionOptions {
+  uint64_t budget_bytes = 0;                // resident bytes of tracked tensors allowed; required
+  std::vector<SessionTier> tiers;           // at least one, in order of preference for evictions
+  int profiling_iterations = 2;             // profiled (reactive) steps before planning; the last is traced
+  uint64_t min_tensor_bytes = 4096;         // smaller storages are not tracked
+  bool planning = true;                     // false: stay in reactive mode
+  std::string trace_path;                   // when set, each profiled trace is written there
+  std::string plan_path;                    // when set, each plan made is written there
+};
+
+struct SessionStats {
+  std::string mode;  // "profiling", "planned" or "reactive"
+  uint64_t iteration = 0;  // completed steps
+  uint64_t budget_bytes = 0;
+  uint64_t peak_resident_bytes = 0;
+  uint64_t resident_bytes = 0;
+  uint64_t bytes_offloaded = 0;
+  uint64_t bytes_prefetched = 0;
+  double stall_us = 0;
+  uint64_t plan_moves = 0;
+  uint64_t skipped_moves = 0;
+  uint64_t drift_events = 0;
+  uint64_t urgent_fetches = 0;
+  uint64_t evictions = 0;
+  uint64_t operators = 0;           // operators of the last step
+  uint64_t tracked_tensors = 0;     // logical tensors known
+  uint64_t plans_cached = 0;
+  uint64_t budget_violations = 0;   // operators whose own tensors exceeded the budget
+  std::string last_error;           // the last error caught inside a callback ("" if none)
+};
+
+class Session {
+ public:
+  // Validates the options (tiers, paths writable, budget) and creates the tiers; throws
+  // teraio::Error naming the bad argument before anything is moved.
+  explicit Session(SessionOptions options);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // A training step: construct before the forward pass, destroy after optimizer.step().
+  class StepGuard {
+   public:
+    explicit StepGuard(Session& s) : s_(&s) { s_->begin_step(); }
+    StepGuard(StepGuard&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+    ~StepGuard() noexcept(false) {
+      if (s_) s_->end_step();
+    }
+   private:
+    Session* s_;
+  };
+  StepGuard step() { return StepGuard(*this); }
+  void begin_step();
+  // Ends the step: builds the trace and plan after profiling, checks drift, restores transient
+  // tensors that are still alive. Throws teraio::Error for errors caught during the step (a budget
+  // smaller than one operator's tensors, a failed transfer).
+  void end_step();
+
+  // Brings every offloaded tensor back (before saving a checkpoint or reading raw data).
+  void fetch_all();
+  // Names a tensor (parameter name, "<param>.<state key>") and its kind for the trace.
+  void name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind);
+
+  SessionStats stats() const;
+  const SessionOptions& options() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace teraio

@@ -1,0 +1,87 @@
+// Python binding of teraio::Session (module teraio._C). Thin: argument conversion only; the
+// Python package (python/teraio/__init__.py) holds the user-facing names and validation messages.
+#include <torch/extension.h>
+
+#include "teraio/error.h"
+#include "teraio/session.h"
+#include "teraio/units.h"
+
+namespace py = pybind11;
+
+namespace {
+
+teraio::SessionTier tier_from_dict(const py::dict& d) {
+  teraio::SessionTier t;
+  std::string kind = py::cast<std::string>(d["kind"]);
+  if (kind == "host") {
+    t.kind = teraio::SessionTier::Kind::kHost;
+  } else if (kind == "file") {
+    t.kind = teraio::SessionTier::Kind::kFile;
+    t.paths = py::cast<std::vector<std::string>>(d["paths"]);
+  } else {
+    throw teraio::Error("unknown tier kind '" + kind + "'");
+  }
+  t.capacity_bytes = py::cast<uint64_t>(d["capacity_bytes"]);
+  if (d.contains("read_gbps")) t.read_gbps = py::cast<double>(d["read_gbps"]);
+  if (d.contains("write_gbps")) t.write_gbps = py::cast<double>(d["write_gbps"]);
+  return t;
+}
+
+py::dict stats_dict(const teraio::SessionStats& s) {
+  py::dict d;
+  d["mode"] = s.mode;
+  d["iteration"] = s.iteration;
+  d["budget_bytes"] = s.budget_bytes;
+  d["peak_resident_bytes"] = s.peak_resident_bytes;
+  d["resident_bytes"] = s.resident_bytes;
+  d["bytes_offloaded"] = s.bytes_offloaded;
+  d["bytes_prefetched"] = s.bytes_prefetched;
+  d["stall_us"] = s.stall_us;
+  d["plan_moves"] = s.plan_moves;
+  d["skipped_moves"] = s.skipped_moves;
+  d["drift_events"] = s.drift_events;
+  d["urgent_fetches"] = s.urgent_fetches;
+  d["evictions"] = s.evictions;
+  d["operators"] = s.operators;
+  d["tracked_tensors"] = s.tracked_tensors;
+  d["plans_cached"] = s.plans_cached;
+  d["budget_violations"] = s.budget_violations;
+  d["last_error"] = s.last_error;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "teraio native extension (use the teraio package)";
+  static py::exception<teraio::Error> error(m, "Error", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const teraio::Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+  m.def("parse_size", [](const std::string& text, const std::string& what) { return teraio::parse_size(text, what); });
+  py::class_<teraio::Session>(m, "Session")
+      .def(py::init([](uint64_t budget_bytes, const py::list& tiers, int profiling_iterations,
+                       uint64_t min_tensor_bytes, bool planning, std::string trace_path, std::string plan_path) {
+             teraio::SessionOptions o;
+             o.budget_bytes = budget_bytes;
+             for (const auto& t : tiers) o.tiers.push_back(tier_from_dict(py::cast<py::dict>(t)));
+             o.profiling_iterations = profiling_iterations;
+             o.min_tensor_bytes = min_tensor_bytes;
+             o.planning = planning;
+             o.trace_path = std::move(trace_path);
+             o.plan_path = std::move(plan_path);
+             return std::make_unique<teraio::Session>(std::move(o));
+           }),
+           py::arg("budget_bytes"), py::arg("tiers"), py::arg("profiling_iterations") = 2,
+           py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true, py::arg("trace_path") = "",
+           py::arg("plan_path") = "")
+      .def("begin_step", &teraio::Session::begin_step, py::call_guard<py::gil_scoped_release>())
+      .def("end_step", &teraio::Session::end_step, py::call_guard<py::gil_scoped_release>())
+      .def("fetch_all", &teraio::Session::fetch_all, py::call_guard<py::gil_scoped_release>())
+      .def("name_tensor", &teraio::Session::name_tensor)
+      .def("stats", [](const teraio::Session& s) { return stats_dict(s.stats()); });
+}

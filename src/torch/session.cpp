@@ -1,0 +1,700 @@
+// teraio::Session (include/teraio/session.h): the only C++ that touches PyTorch internals besides
+// the Python binding. A global at::RecordFunction callback sees every top-level operator on every
+// thread; tensors are identified by StorageImpl (held weakly) and given logical ids that repeat
+// every iteration (first appearance: operator ordinal + slot). Bytes move by swapping the storage's
+// DataPtr (views stay valid); an absent storage has a null DataPtr, so a kernel reaching it through
+// an unobserved path fails loudly instead of reading garbage.
+#include "teraio/session.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+#ifdef TERAIO_TORCH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "engine.h"
+#include "teraio/error.h"
+#include "teraio/planner.h"
+#include "teraio/storage.h"
+#include "teraio/trace.h"
+#include "teraio/units.h"
+
+namespace teraio {
+
+namespace {
+
+using runtime::LogicalId;
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A PyTorch storage as the engine sees it.
+class StorageMemory final : public runtime::Memory {
+ public:
+  StorageMemory(c10::StorageImpl* s, c10::Device device)
+      : weak_(c10::weak_intrusive_ptr<c10::StorageImpl>(
+            c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(s))),
+        allocator_(s->allocator()),
+        bytes_(s->nbytes()),
+        device_(device) {}
+
+  uint64_t bytes() const override {
+    auto s = weak_.lock();
+    return s ? s->nbytes() : bytes_;
+  }
+  storage::BufferView detach() override {
+    auto s = weak_.lock();
+    TERAIO_INTERNAL_ASSERT(s, "detach of a dead storage");
+    bytes_ = s->nbytes();
+    held_ = s->set_data_ptr(at::DataPtr(nullptr, device_));
+    return view(held_.get());
+  }
+  void attach() override {
+    auto s = weak_.lock();
+    if (s) {
+      s->set_data_ptr_noswap(std::move(held_));
+    }
+    held_ = at::DataPtr();
+  }
+  void drop() override { held_ = at::DataPtr(); }
+  storage::BufferView allocate() override {
+    held_ = allocator_->allocate(bytes_);
+#ifdef TERAIO_TORCH_CUDA
+    if (device_.is_cuda()) {
+      // The block may have been freed by kernels still queued on the compute stream; the tier's
+      // own stream must not write it before they finish.
+      at::cuda::CUDAEvent ev;
+      ev.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+      ev.synchronize();
+    }
+#endif
+    return view(held_.get());
+  }
+  bool alive() const override { return !weak_.expired(); }
+  storage::CudaStream stream() const override {
+#ifdef TERAIO_TORCH_CUDA
+    if (device_.is_cuda()) return c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+#endif
+    return nullptr;
+  }
+
+ private:
+  storage::BufferView view(void* p) const {
+    if (device_.is_cuda()) return storage::BufferView(p, bytes_, storage::MemoryKind::kDevice, device_.index());
+    return storage::BufferView::host(p, bytes_);
+  }
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak_;
+  at::Allocator* allocator_;
+  uint64_t bytes_;
+  c10::Device device_;
+  at::DataPtr held_;
+};
+
+enum class Mode { kProfiling, kPlanned, kReactive };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kProfiling: return "profiling";
+    case Mode::kPlanned: return "planned";
+    case Mode::kReactive: return "reactive";
+  }
+  return "?";
+}
+
+// Where a logical tensor first appears in an iteration: operator ordinal, slot, input or output.
+uint64_t make_key(uint32_t k, uint32_t slot, bool out) {
+  return (uint64_t(k) << 32) | (uint64_t(slot) << 1) | (out ? 1 : 0);
+}
+
+struct Binding {
+  Binding(c10::StorageImpl* s, LogicalId i)
+      : weak(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(s)), id(i) {}
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak;
+  LogicalId id = 0;
+};
+
+struct TensorMeta {
+  uint64_t bytes = 0;
+  uint64_t key = 0;
+  uint64_t first_iter = 0;
+  std::string name;
+  std::optional<TensorKind> named_kind;
+  bool is_param = false;
+  bool produced_in_forward = false;
+  bool produced_in_backward = false;
+  bool used_in_backward = false;
+  bool used_after_backward = false;  // produced in backward, used outside it (optimizer)
+};
+
+struct OpRecord {
+  std::string name;
+  double time_us = 0;
+  std::vector<LogicalId> ids;
+};
+
+struct CachedPlan {
+  Plan plan;                         // moves name logical ids
+  std::vector<uint64_t> signatures;  // per operator: name + input shapes
+  std::vector<OpRecord> ops;         // the profiled operators (times final), to splice on drift
+};
+
+struct OpCtx final : at::ObserverContext {
+  uint32_t k = 0;
+  bool in_step = false;
+  std::vector<LogicalId> ids;  // pinned inputs
+  double t0_us = 0;
+#ifdef TERAIO_TORCH_CUDA
+  std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> events;
+#endif
+};
+
+thread_local int tl_depth = 0;     // nesting of observed operators on this thread
+thread_local int tl_backward = 0;  // inside an autograd node on this thread
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+template <class F>
+void visit_tensors(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) visit_tensors(e, f);
+  } else if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) visit_tensors(e, f);
+  }
+}
+
+}  // namespace
+
+struct Session::Impl {
+  SessionOptions options;
+  std::vector<std::unique_ptr<storage::Tier>> tiers;
+  std::unique_ptr<runtime::Engine> engine;
+  std::vector<TierSpec> tier_specs;
+
+  mutable std::mutex mu;
+  Mode mode = Mode::kProfiling;
+  bool iteration_reactive = false;  // drift switched this iteration to reactive
+  int profiled = 0;                 // profiled iterations since the last (re)start
+  uint64_t iteration = 0;
+  bool in_step = false;
+  std::optional<c10::Device> device;
+
+  std::unordered_map<c10::StorageImpl*, Binding> storages;
+  std::vector<c10::StorageImpl*> id_storage;
+  std::unordered_map<uint64_t, LogicalId> key_ids;
+  std::vector<TensorMeta> metas;
+
+  uint32_t op_counter = 0;
+  std::vector<uint64_t> signatures;  // this iteration
+  std::vector<OpRecord> ops;         // this iteration, when profiling
+#ifdef TERAIO_TORCH_CUDA
+  std::vector<std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>> op_events;
+#endif
+  std::unordered_map<uint64_t, CachedPlan> plan_cache;
+  const CachedPlan* active = nullptr;
+
+  uint64_t drift_events = 0;
+  uint64_t budget_violations = 0;
+  uint64_t last_operators = 0;
+  std::string last_error;
+  std::string pending_error;
+
+  at::CallbackHandle handle = 0;
+
+  // Operators are recorded while profiling and, after a drift, for the rest of the iteration (the
+  // operators before the drift are the plan's own, spliced in from its profile).
+  bool recording() const { return in_step && (mode == Mode::kProfiling || iteration_reactive); }
+  bool planned_now() const { return in_step && mode == Mode::kPlanned && !iteration_reactive; }
+
+  void note_error(const std::string& what) {
+    last_error = what;
+    if (pending_error.empty()) pending_error = what;
+  }
+
+  // The logical id of a storage, binding it when new (only inside a step).
+  std::optional<LogicalId> lookup_or_bind(const at::Tensor& t, c10::StorageImpl* si, uint64_t key, bool bind) {
+    auto it = storages.find(si);
+    if (it != storages.end()) return it->second.id;
+    if (!bind || si->allocator() == nullptr || si->nbytes() < options.min_tensor_bytes) return std::nullopt;
+    LogicalId id;
+    auto kit = key_ids.find(key);
+    if (kit != key_ids.end() && (id_storage[kit->second] == nullptr || !storages.count(id_storage[kit->second]) ||
+                                 storages.at(id_storage[kit->second]).weak.expired())) {
+      id = kit->second;
+      if (c10::StorageImpl* old = id_storage[id]) storages.erase(old);
+    } else {
+      id = static_cast<LogicalId>(metas.size());
+      metas.emplace_back();
+      id_storage.push_back(nullptr);
+      key_ids[key] = id;
+    }
+    engine->bind(id, std::make_unique<StorageMemory>(si, *device));
+    storages.emplace(si, Binding(si, id));
+    id_storage[id] = si;
+    TensorMeta& m = metas[id];
+    if (m.key != key || m.bytes == 0) {  // a new logical tensor; the same key keeps its labels
+      m = TensorMeta{};
+      m.key = key;
+    }
+    m.bytes = si->nbytes();
+    m.first_iter = iteration;
+    m.is_param = t.requires_grad() && !t.grad_fn();
+    return id;
+  }
+
+  std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    std::lock_guard lock(mu);
+    auto ctx = std::make_unique<OpCtx>();
+    ctx->in_step = in_step;
+    uint64_t sig = std::hash<std::string_view>()(fn.name());
+    const uint32_t k = in_step ? op_counter++ : 0;
+    ctx->k = k;
+    uint32_t slot = 0;
+    uint64_t op_bytes = 0;
+    for (const c10::IValue& v : fn.inputs()) {
+      visit_tensors(v, [&](const at::Tensor& t) {
+        uint32_t my_slot = slot++;
+        if (!t.defined()) return;
+        if (in_step) {
+          for (int64_t d : t.sizes()) sig = mix(sig, static_cast<uint64_t>(d));
+        }
+        if (!t.has_storage()) return;
+        if (!device && in_step && t.requires_grad() && !t.grad_fn()) device = t.device();
+        if (!device || t.device() != *device) return;
+        c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+        std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(k, my_slot, false), in_step);
+        if (!id) return;
+        if (std::find(ctx->ids.begin(), ctx->ids.end(), *id) == ctx->ids.end()) {
+          ctx->ids.push_back(*id);
+          op_bytes += si->nbytes();
+        }
+        if (recording()) {
+          TensorMeta& m = metas[*id];
+          if (tl_backward > 0) m.used_in_backward = true;
+          else if (m.produced_in_backward) m.used_after_backward = true;
+        }
+      });
+    }
+    if (!in_step) {
+      engine->begin_use(ctx->ids);
+      return ctx;
+    }
+    signatures.push_back(sig);
+    if (mode == Mode::kPlanned && !iteration_reactive) {
+      const auto& planned = active->signatures;
+      if (k >= planned.size() || planned[k] != sig) {
+        iteration_reactive = true;  // finish this iteration safely, re-plan at its end
+        drift_events++;
+        ops.assign(active->ops.begin(), active->ops.begin() + std::min<size_t>(k, active->ops.size()));
+      } else {
+        engine->before_operator(k);
+      }
+    }
+    engine->begin_use(ctx->ids);
+    if (options.budget_bytes && op_bytes > options.budget_bytes) {
+      budget_violations++;
+      note_error(fmt::format("budget {} is smaller than the tensors of operator {} ({}): {}",
+                             format_bytes(double(options.budget_bytes)), k, fn.name(),
+                             format_bytes(double(op_bytes))));
+    }
+    if (!planned_now()) engine->enforce_budget();
+    if (recording()) {
+#ifdef TERAIO_TORCH_CUDA
+      if (device && device->is_cuda()) {
+        ctx->events = std::make_shared<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>(
+            at::cuda::CUDAEvent(cudaEventDefault), at::cuda::CUDAEvent(cudaEventDefault));
+        ctx->events->first.record(c10::cuda::getCurrentCUDAStream(device->index()));
+      }
+#endif
+      ctx->t0_us = now_us();
+    }
+    return ctx;
+  }
+
+  void on_end(const at::RecordFunction& fn, OpCtx* ctx) {
+    double t1 = now_us();
+    std::lock_guard lock(mu);
+    if (!ctx->in_step || !in_step) {
+      engine->end_use(ctx->ids);
+      return;
+    }
+    const uint32_t k = ctx->k;
+    const bool rec = recording();
+    std::vector<LogicalId> outs;
+    uint32_t slot = 0;
+    for (const c10::IValue& v : fn.outputs()) {
+      visit_tensors(v, [&](const at::Tensor& t) {
+        uint32_t my_slot = slot++;
+        if (!t.defined() || !t.has_storage() || !device || t.device() != *device) return;
+        c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+        bool fresh = !storages.count(si);
+        std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(k, my_slot, true), true);
+        if (!id) return;
+        outs.push_back(*id);
+        if (rec && fresh) {
+          TensorMeta& m = metas[*id];
+          if (tl_backward > 0) m.produced_in_backward = true;
+          else if (at::GradMode::is_enabled()) m.produced_in_forward = true;
+        }
+      });
+    }
+    if (rec) {
+      OpRecord r;
+      r.name = fn.name();
+      r.time_us = t1 - ctx->t0_us;
+      r.ids = ctx->ids;
+      for (LogicalId id : outs)
+        if (std::find(r.ids.begin(), r.ids.end(), id) == r.ids.end()) r.ids.push_back(id);
+      ops.push_back(std::move(r));
+#ifdef TERAIO_TORCH_CUDA
+      if (ctx->events) {
+        ctx->events->second.record(c10::cuda::getCurrentCUDAStream(device->index()));
+        op_events.resize(ops.size());
+        op_events.back() = ctx->events;
+      }
+#endif
+    }
+    engine->end_use(ctx->ids);
+    engine->touch(outs);
+    if (planned_now()) engine->after_operator(k);
+    if (!engine->enforce_budget() && !planned_now()) {
+      // Everything unpinned is out: the running operator alone exceeds the budget (reported at start).
+    }
+  }
+
+  Trace build_trace(std::vector<LogicalId>* trace_to_logical) {
+    std::unordered_map<LogicalId, TensorId> to_trace;
+    Trace trace;
+    trace.set_meta("source", "\"teraio.Session\"");
+    trace.set_meta("device", fmt::format("\"{}\"", device ? device->str() : std::string("cpu")));
+    trace.set_meta("iteration", std::to_string(iteration));
+    std::vector<TensorId> ids;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      ids.clear();
+      for (LogicalId id : ops[k].ids) {
+        auto [it, inserted] = to_trace.emplace(id, static_cast<TensorId>(trace_to_logical->size()));
+        if (inserted) {
+          trace_to_logical->push_back(id);
+          const TensorMeta& m = metas[id];
+          c10::StorageImpl* si = id_storage[id];
+          bool alive = si && storages.count(si) && !storages.at(si).weak.expired();
+          TensorInfo info;
+          info.bytes = m.bytes;
+          info.persistent = alive && m.first_iter < iteration;
+          if (m.named_kind) {
+            info.kind = *m.named_kind;
+          } else if (m.is_param) {
+            info.kind = TensorKind::parameter;
+          } else if (m.produced_in_backward) {
+            info.kind = (alive || m.used_after_backward) ? TensorKind::gradient : TensorKind::temporary;
+          } else if (info.persistent) {
+            info.kind = TensorKind::optimizer_state;
+          } else if (m.produced_in_forward && m.used_in_backward) {
+            info.kind = TensorKind::activation;
+          } else if (m.produced_in_forward || (m.key & 1)) {
+            info.kind = TensorKind::temporary;
+          } else {
+            info.kind = TensorKind::other;
+          }
+          info.name = !m.name.empty()
+                          ? m.name
+                          : fmt::format("op{}.{}{}", m.key >> 32, (m.key & 1) ? "out" : "in", (m.key >> 1) & 0x7fffffff);
+          trace.add_tensor(std::move(info));
+        }
+        ids.push_back(it->second);
+      }
+      double t = ops[k].time_us;
+#ifdef TERAIO_TORCH_CUDA
+      if (k < op_events.size() && op_events[k]) {
+        op_events[k]->second.synchronize();
+        t = 1000.0 * op_events[k]->first.elapsed_time(op_events[k]->second);
+      }
+#endif
+      trace.add_kernel(ops[k].name, std::max(0.0, t), ids);
+    }
+    trace.validate();
+    return trace;
+  }
+
+  void make_and_install_plan(uint64_t iteration_signature, bool force) {
+    std::vector<LogicalId> trace_to_logical;
+    Trace trace = build_trace(&trace_to_logical);
+    if (!options.trace_path.empty()) write_trace(trace, options.trace_path);
+    if (!options.planning || (!force && profiled < options.profiling_iterations)) return;
+    for (size_t k = 0; k < ops.size(); ++k) ops[k].time_us = trace.kernel_time_us(static_cast<KernelIndex>(k));
+    PlannerOptions po;
+    po.budget_bytes = options.budget_bytes;
+    po.tiers = tier_specs;
+    po.min_tensor_bytes = options.min_tensor_bytes;
+    Plan plan = make_plan(trace, po);
+    if (!options.plan_path.empty()) write_plan(plan, options.plan_path);
+    CachedPlan cp;
+    cp.signatures = signatures;
+    cp.plan = plan;
+    for (Move& m : cp.plan.moves) m.tensor = trace_to_logical.at(m.tensor);
+    cp.ops = std::move(ops);
+    ops.clear();
+    auto& slot = plan_cache[iteration_signature];
+    slot = std::move(cp);
+    install(&slot);
+  }
+
+  void install(const CachedPlan* p) {
+    active = p;
+    engine->set_plan(p->plan, p->signatures.size());
+    mode = Mode::kPlanned;
+  }
+
+  void begin_step() {
+    std::lock_guard lock(mu);
+    TERAIO_CHECK(!in_step, "Session.step(): a step is already running");
+    in_step = true;
+    op_counter = 0;
+    signatures.clear();
+    ops.clear();
+#ifdef TERAIO_TORCH_CUDA
+    op_events.clear();
+#endif
+    iteration_reactive = false;
+    pending_error.clear();
+    engine->poll();
+  }
+
+  void end_step() {
+    std::unique_lock lock(mu);
+    in_step = false;
+    last_operators = op_counter;
+    uint64_t sig = 0;
+    for (uint64_t s : signatures) sig = mix(sig, s);
+    try {
+      if (mode == Mode::kPlanned && !iteration_reactive && op_counter != active->signatures.size()) {
+        iteration_reactive = true;  // the iteration ended early or late: drift
+        drift_events++;
+      }
+      if (mode == Mode::kProfiling) {
+        profiled++;
+        make_and_install_plan(sig, /*force=*/false);
+      } else if (mode == Mode::kPlanned && iteration_reactive) {
+        auto it = plan_cache.find(sig);
+        if (it != plan_cache.end()) {
+          install(&it->second);
+        } else if (ops.size() == op_counter) {
+          make_and_install_plan(sig, /*force=*/true);  // this iteration is the new shape's profile
+        } else {
+          engine->set_plan(Plan{}, 0);
+          active = nullptr;
+          mode = Mode::kProfiling;  // profile the next iteration, then plan it
+          profiled = std::max(0, options.profiling_iterations - 1);
+        }
+      }
+    } catch (const std::exception& e) {
+      note_error(e.what());
+      engine->set_plan(Plan{}, 0);
+      active = nullptr;
+      mode = Mode::kReactive;
+    }
+    // Forget storages that died.
+    for (auto it = storages.begin(); it != storages.end();) {
+      if (it->second.weak.expired()) {
+        id_storage[it->second.id] = nullptr;
+        it = storages.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    engine->poll();
+    ops.clear();
+#ifdef TERAIO_TORCH_CUDA
+    op_events.clear();
+#endif
+    iteration++;
+    std::string err = std::move(pending_error);
+    pending_error.clear();
+    lock.unlock();
+    if (!err.empty()) throw Error(err);
+  }
+};
+
+namespace {
+
+std::atomic<Session::Impl*> g_session{nullptr};
+
+std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
+  Session::Impl* s = g_session.load(std::memory_order_acquire);
+  if (!s) return nullptr;
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    tl_backward++;
+    return nullptr;
+  }
+  if (std::strncmp(fn.name(), "autograd::", 10) == 0) return nullptr;
+  if (tl_depth++ > 0) return nullptr;
+  try {
+    return s->on_start(fn);
+  } catch (const std::exception& e) {
+    std::lock_guard lock(s->mu);
+    s->note_error(e.what());
+    return nullptr;
+  }
+}
+
+void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    if (tl_backward > 0) tl_backward--;
+    return;
+  }
+  if (std::strncmp(fn.name(), "autograd::", 10) == 0) return;
+  if (tl_depth > 0) tl_depth--;
+  Session::Impl* s = g_session.load(std::memory_order_acquire);
+  if (!s || !ctx) return;
+  try {
+    s->on_end(fn, static_cast<OpCtx*>(ctx));
+  } catch (const std::exception& e) {
+    std::lock_guard lock(s->mu);
+    s->note_error(e.what());
+  }
+}
+
+SessionTier::Kind tier_kind(const SessionTier& t) { return t.kind; }
+
+}  // namespace
+
+Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  TERAIO_CHECK(options.budget_bytes > 0, "Session: budget must be a positive size");
+  TERAIO_CHECK(!options.tiers.empty(), "Session: at least one tier (HostTier or FileTier) is needed");
+  TERAIO_CHECK(options.profiling_iterations >= 1, "Session: profiling_iterations must be >= 1, got {}",
+               options.profiling_iterations);
+  std::vector<runtime::EngineTier> engine_tiers;
+  int host_count = 0, file_count = 0;
+  for (const SessionTier& t : options.tiers) {
+    TERAIO_CHECK(t.capacity_bytes > 0, "Session: a tier has no capacity");
+    TierSpec spec;
+    if (tier_kind(t) == SessionTier::Kind::kHost) {
+      TERAIO_CHECK(host_count++ == 0, "Session: only one HostTier is supported");
+      storage::HostTierOptions ho;
+      ho.capacity_bytes = t.capacity_bytes;
+      ho.pin = storage::cuda_device_count() > 0;
+      s.tiers.push_back(storage::make_host_tier(ho));
+      spec.name = "host";
+      spec.read_gbps = t.read_gbps > 0 ? t.read_gbps : 20.0;
+      spec.write_gbps = t.write_gbps > 0 ? t.write_gbps : 20.0;
+    } else {
+      TERAIO_CHECK(file_count++ == 0, "Session: only one FileTier is supported (give it several paths)");
+      TERAIO_CHECK(!t.paths.empty(), "Session: FileTier needs at least one directory");
+      for (const std::string& p : t.paths) {
+        std::error_code ec;
+        TERAIO_CHECK(std::filesystem::is_directory(p, ec), "Session: FileTier path '{}' is not a directory", p);
+        std::string probe = p + "/.teraio-write-test-" + std::to_string(::getpid());
+        {
+          std::ofstream f(probe);
+          TERAIO_CHECK(f.good() && (f << "x") && f.flush(), "Session: FileTier path '{}' is not writable", p);
+        }
+        std::filesystem::remove(probe, ec);
+      }
+      storage::FileTierOptions fo;
+      fo.paths = t.paths;
+      fo.capacity_bytes = t.capacity_bytes;
+      s.tiers.push_back(storage::make_file_tier(fo));
+      spec.name = "file";
+      spec.read_gbps = t.read_gbps > 0 ? t.read_gbps : 1.5;
+      spec.write_gbps = t.write_gbps > 0 ? t.write_gbps : 1.5;
+    }
+    spec.capacity_bytes = t.capacity_bytes;
+    engine_tiers.push_back({spec.name, s.tiers.back().get(), t.capacity_bytes});
+    s.tier_specs.push_back(spec);
+  }
+  s.options = std::move(options);
+  s.engine = std::make_unique<runtime::Engine>(runtime::EngineOptions{s.options.budget_bytes},
+                                               std::move(engine_tiers));
+  Impl* expected = nullptr;
+  TERAIO_CHECK(g_session.compare_exchange_strong(expected, &s),
+               "Session: another teraio.Session is active in this process; close it first");
+  s.handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start_cb, &on_end_cb)
+                                       .needsInputs(true)
+                                       .needsOutputs(true)
+                                       .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+
+Session::~Session() {
+  if (!impl_) return;
+  at::removeCallback(impl_->handle);
+  g_session.store(nullptr, std::memory_order_release);
+  std::lock_guard lock(impl_->mu);
+  try {
+    impl_->engine->fetch_all();  // nothing is left without its bytes
+  } catch (...) {
+  }
+  impl_->engine.reset();
+  for (auto& t : impl_->tiers) t->shutdown(storage::ShutdownMode::kDrain);
+}
+
+void Session::begin_step() { impl_->begin_step(); }
+void Session::end_step() { impl_->end_step(); }
+
+void Session::fetch_all() {
+  std::lock_guard lock(impl_->mu);
+  impl_->engine->fetch_all();
+}
+
+void Session::name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind) {
+  TensorKind k;
+  TERAIO_CHECK(parse_tensor_kind(kind, &k), "name_tensor: unknown kind '{}'", kind);
+  if (!t.defined() || !t.has_storage()) return;
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->storages.find(t.storage().unsafeGetStorageImpl());
+  if (it == impl_->storages.end()) return;  // not (yet) tracked
+  TensorMeta& m = impl_->metas[it->second.id];
+  m.name = name;
+  m.named_kind = k;
+}
+
+SessionStats Session::stats() const {
+  std::lock_guard lock(impl_->mu);
+  const Impl& s = *impl_;
+  runtime::EngineStats e = s.engine->stats();
+  SessionStats r;
+  r.mode = mode_name(s.mode);
+  r.iteration = s.iteration;
+  r.budget_bytes = s.options.budget_bytes;
+  r.peak_resident_bytes = e.peak_resident_bytes;
+  r.resident_bytes = e.resident_bytes;
+  r.bytes_offloaded = e.bytes_offloaded;
+  r.bytes_prefetched = e.bytes_prefetched;
+  r.stall_us = e.stall_us;
+  r.plan_moves = e.plan_moves;
+  r.skipped_moves = e.skipped_moves;
+  r.drift_events = s.drift_events;
+  r.urgent_fetches = e.urgent_fetches;
+  r.evictions = e.evictions;
+  r.operators = s.last_operators;
+  r.tracked_tensors = s.storages.size();
+  r.plans_cached = s.plan_cache.size();
+  r.budget_violations = s.budget_violations;
+  r.last_error = s.last_error;
+  return r;
+}
+
+const SessionOptions& Session::options() const { return impl_->options; }
+
+}  // namespace teraio

@@ -1,0 +1,61 @@
+"""Shared helpers for the teraio pytest suite: deterministic training with and without a Session."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(1)
+
+
+def train(make_model, make_batch, steps, session=None, optimizer="adamw", foreach=False, lr=1e-2,
+          batches=None):
+    """Trains `steps` steps from seed 0; returns (losses, model, optimizer)."""
+    torch.manual_seed(0)
+    model = make_model()
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=foreach)
+    if session is not None:
+        session.watch(model, opt)
+    losses = []
+    g = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        batch = batches[i] if batches is not None else make_batch(g)
+        if session is None:
+            loss = step(model, opt, batch)
+        else:
+            with session.step():
+                loss = step(model, opt, batch)
+        losses.append(loss.detach().clone())
+    return losses, model, opt
+
+
+def step(model, opt, batch):
+    opt.zero_grad()
+    out = model(*batch[:-1])
+    loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def assert_bitwise(a, b):
+    la, ma, oa = a
+    lb, mb, ob = b
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert torch.equal(x, y), (x, y)
+    for (n, p), (_, q) in zip(ma.named_parameters(), mb.named_parameters()):
+        assert torch.equal(p, q), n
+    for p, q in zip(ma.parameters(), mb.parameters()):
+        sa, sb = oa.state[p], ob.state[q]
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), k
+
+
+def footprint_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())

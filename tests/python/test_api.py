@@ -1,0 +1,71 @@
+"""The Python API: names, argument validation (clear errors before anything is moved), stats keys."""
+import os
+
+import pytest
+import torch
+
+import teraio
+
+
+def test_names_exist():
+    assert callable(teraio.Session) and callable(teraio.HostTier) and callable(teraio.FileTier)
+    assert issubclass(teraio.Error, ValueError)
+
+
+def test_sizes_parse():
+    assert teraio.parse_size("24GiB") == 24 * 2**30
+    assert teraio.parse_size("1.5GB") == 1_500_000_000
+    assert teraio.parse_size(4096) == 4096
+    with pytest.raises(teraio.Error, match="budget"):
+        teraio.Session(budget="lots", tiers=[teraio.HostTier("1GiB")])
+    with pytest.raises(teraio.Error, match="budget"):
+        teraio.Session(budget=0, tiers=[teraio.HostTier("1GiB")])
+
+
+def test_bad_tiers(tmp_path):
+    with pytest.raises(teraio.Error, match="unknown tier"):
+        teraio.Session(budget="1GiB", tiers=["nvme"])
+    with pytest.raises(teraio.Error, match="at least one tier"):
+        teraio.Session(budget="1GiB", tiers=[])
+    with pytest.raises(teraio.Error, match="not a directory"):
+        teraio.FileTier([str(tmp_path / "missing")], "1GiB")
+    with pytest.raises(teraio.Error, match="capacity"):
+        teraio.FileTier([str(tmp_path)], "1 parsec")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_path(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    with pytest.raises(teraio.Error, match="not writable"):
+        teraio.FileTier([str(d)], "1GiB")
+
+
+def test_unwritable_path_in_native_layer(tmp_path):
+    # The native Session checks writability by writing (works as root too: /proc is not writable).
+    with pytest.raises(teraio.Error, match="not writable|not a directory"):
+        teraio._C.Session(1 << 20, [{"kind": "file", "paths": ["/proc"], "capacity_bytes": 1 << 20}])
+
+
+def test_stats_keys_and_one_session_at_a_time(tmp_path):
+    s = teraio.Session(budget="1MiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")])
+    st = s.stats()
+    for k in ["mode", "iteration", "budget_bytes", "peak_resident_bytes", "bytes_offloaded",
+              "bytes_prefetched", "stall_us", "plan_moves", "drift_events"]:
+        assert k in st
+    assert st["mode"] == "profiling" and st["iteration"] == 0 and st["budget_bytes"] == 1 << 20
+    with pytest.raises(teraio.Error, match="another"):
+        teraio.Session(budget="1MiB", tiers=[teraio.HostTier("1MiB")])
+    s.close()
+    teraio.Session(budget="1MiB", tiers=[teraio.HostTier("1MiB")]).close()
+
+
+def test_budget_smaller_than_one_operator(tmp_path):
+    a = torch.randn(256, 256, requires_grad=True)  # 256 KiB; a parameter-like leaf sets the device
+    b = torch.randn(256, 256)
+    with teraio.Session(budget="64KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")]) as s:
+        with pytest.raises(teraio.Error, match="smaller than the tensors of operator"):
+            with s.step():
+                c = a @ b
+        assert torch.equal(c, a @ b)

@@ -1,0 +1,105 @@
+"""Training with teraio is bitwise identical to training without it (CPU; the budget is below the
+footprint so tensors really go to files and come back): an MLP, a small CNN and, when transformers
+is installed, a tiny LlamaForCausalLM built from a config. Reactive and planned modes."""
+import pytest
+import torch
+
+import teraio
+from conftest import assert_bitwise, train
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                               torch.nn.GELU(), torch.nn.Linear(128, 10))
+
+
+def mlp_batch(g):
+    return (torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g))
+
+
+class SmallCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.c2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = torch.nn.Linear(32 * 2 * 2, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.c1(x))), 2)
+        x = torch.nn.functional.max_pool2d(torch.relu(self.c2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def cnn_batch(g):
+    return (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g))
+
+
+def session(tmp_path, budget, planning=True, **kw):
+    return teraio.Session(budget=budget, tiers=[teraio.HostTier("48KiB"),
+                                                teraio.FileTier([str(tmp_path)], "256MiB")],
+                          planning=planning, min_tensor_bytes=1024, **kw)
+
+
+@pytest.mark.parametrize("planning", [False, True])
+@pytest.mark.parametrize("model,batch,budget", [(mlp, mlp_batch, "200KiB"), (SmallCNN, cnn_batch, "80KiB")],
+                         ids=["mlp", "cnn"])
+def test_bitwise_cpu(tmp_path, model, batch, budget, planning):
+    steps = 5
+    ref = train(model, batch, steps)
+    with session(tmp_path, budget, planning=planning) as s:
+        got = train(model, batch, steps, session=s)
+        st = s.stats()
+        assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, st
+        assert st["peak_resident_bytes"] > st["budget_bytes"] or st["evictions"] > 0
+        assert st["iteration"] == steps
+        assert st["mode"] == ("planned" if planning else "profiling"), st
+        if planning:
+            assert st["plan_moves"] > 0, st
+        with s.resident():
+            assert_bitwise(ref, got)
+
+
+@pytest.mark.parametrize("foreach,budget", [(False, "200KiB"), (True, "330KiB")])
+def test_sgd_foreach_false_and_true(tmp_path, foreach, budget):
+    # A foreach step touches all parameters, gradients and momenta of the group in one operator:
+    # the budget must hold them all (docs/pytorch.md); per-parameter stepping needs far less.
+    ref = train(mlp, mlp_batch, 4, optimizer="sgd", foreach=foreach)
+    with session(tmp_path, budget) as s:
+        got = train(mlp, mlp_batch, 4, session=s, optimizer="sgd", foreach=foreach)
+        assert s.stats()["evictions"] > 0
+        s.fetch_all()
+        assert_bitwise(ref, got)
+
+
+transformers = pytest.importorskip("transformers")
+
+
+class LlamaWrap(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=64)
+        cfg._attn_implementation = "eager"
+        self.m = transformers.LlamaForCausalLM(cfg)
+
+    def forward(self, ids):
+        return self.m(input_ids=ids).logits
+
+
+def llama_batch(g):
+    ids = torch.randint(0, 128, (2, 17), generator=g)
+    return (ids[:, :-1], ids[:, 1:])
+
+
+@pytest.mark.parametrize("planning", [False, True])
+def test_bitwise_llama_cpu(tmp_path, planning):
+    steps = 4
+    ref = train(LlamaWrap, llama_batch, steps, lr=1e-3)
+    with session(tmp_path, "160KiB", planning=planning) as s:
+        got = train(LlamaWrap, llama_batch, steps, session=s, lr=1e-3)
+        st = s.stats()
+        assert st["bytes_offloaded"] > 0, st
+        s.fetch_all()
+        assert_bitwise(ref, got)
