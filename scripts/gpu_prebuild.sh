@@ -16,7 +16,7 @@ done
 for lib in libfmt.so.9 libsimdjson.so.14 liburing.so.2 libglpk.so.40 libbenchmark.so.1debian \
            libamd.so.2 libcolamd.so.2 libsuitesparseconfig.so.5 libgmp.so.10 libltdl.so.7 libz.so.1 \
            libcudart.so.13; do
-  p=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
-  [[ -n "$p" ]] && cp -L "$p" build-gpu/lib/
+  p=$(ldd "build-gpu/bin/teraio" "build-gpu/bin/storage_gpu_test" 2>/dev/null | awk -v l="$lib" '$1 == l {print $3}' | head -n1 || true)
+  if [[ -n "$p" ]]; then cp -L "$p" build-gpu/lib/; fi
 done
 du -sh build-gpu
