@@ -197,7 +197,11 @@ struct Session::Impl {
   bool iteration_reactive = false;  // drift switched this iteration to reactive
   int profiled = 0;                 // profiled iterations since the last (re)start
   uint64_t iteration = 0;
-  bool in_step = false;
+  std::atomic<bool> in_step{false};
+  // Planned with an empty plan and no drift yet: operators only advance the index and check the
+  // signature, without taking the lock (the hooks must cost < 1% of a step).
+  std::atomic<bool> fast{false};
+  std::atomic<uint64_t> iter_sig{0};  // running hash of this iteration's operator signatures
   std::optional<c10::Device> device;
 
   std::unordered_map<c10::StorageImpl*, Binding> storages;
@@ -205,8 +209,8 @@ struct Session::Impl {
   std::unordered_map<uint64_t, LogicalId> key_ids;
   std::vector<TensorMeta> metas;
 
-  uint32_t op_counter = 0;
-  std::vector<uint64_t> signatures;  // this iteration
+  std::atomic<uint32_t> op_counter{0};
+  std::vector<uint64_t> signatures;  // this iteration's, while recording
   std::vector<OpRecord> ops;         // this iteration, when profiling
 #ifdef TERAIO_TORCH_CUDA
   std::vector<std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>> op_events;
@@ -226,6 +230,38 @@ struct Session::Impl {
   // operators before the drift are the plan's own, spliced in from its profile).
   bool recording() const { return in_step && (mode == Mode::kProfiling || iteration_reactive); }
   bool planned_now() const { return in_step && mode == Mode::kPlanned && !iteration_reactive; }
+
+  // The iteration left the plan at operator k: finish it safely in reactive mode, recording from
+  // here on; the operators before k are the plan's own (same signatures), spliced in from its
+  // profile so that the iteration can become the profile of its shape.
+  void note_drift(uint32_t k) {
+    iteration_reactive = true;
+    fast.store(false, std::memory_order_relaxed);
+    drift_events++;
+    size_t n = std::min<size_t>(k, active->ops.size());
+    ops.assign(active->ops.begin(), active->ops.begin() + n);
+    signatures.assign(active->signatures.begin(), active->signatures.begin() + n);
+  }
+
+  // Returns true when the operator was fully handled by the fast path.
+  bool fast_path(const at::RecordFunction& fn) {
+    uint64_t sig = std::hash<std::string_view>()(fn.name());
+    for (const c10::IValue& v : fn.inputs())
+      visit_tensors(v, [&](const at::Tensor& t) {
+        if (t.defined())
+          for (int64_t d : t.sizes()) sig = mix(sig, static_cast<uint64_t>(d));
+      });
+    uint32_t k = op_counter.load(std::memory_order_relaxed);
+    const auto& planned = active->signatures;
+    if (k < planned.size() && planned[k] == sig) {
+      op_counter.store(k + 1, std::memory_order_relaxed);
+      iter_sig.store(mix(iter_sig.load(std::memory_order_relaxed), sig), std::memory_order_relaxed);
+      return true;
+    }
+    std::lock_guard lock(mu);
+    if (fast.load(std::memory_order_relaxed)) note_drift(k);
+    return false;  // the full path handles this operator (and the rest of the iteration)
+  }
 
   void note_error(const std::string& what) {
     last_error = what;
@@ -300,17 +336,16 @@ struct Session::Impl {
       engine->begin_use(ctx->ids);
       return ctx;
     }
-    signatures.push_back(sig);
+    iter_sig.store(mix(iter_sig.load(std::memory_order_relaxed), sig), std::memory_order_relaxed);
     if (mode == Mode::kPlanned && !iteration_reactive) {
       const auto& planned = active->signatures;
       if (k >= planned.size() || planned[k] != sig) {
-        iteration_reactive = true;  // finish this iteration safely, re-plan at its end
-        drift_events++;
-        ops.assign(active->ops.begin(), active->ops.begin() + std::min<size_t>(k, active->ops.size()));
+        note_drift(k);
       } else {
         engine->before_operator(k);
       }
     }
+    if (recording()) signatures.push_back(sig);
     engine->begin_use(ctx->ids);
     if (options.budget_bytes && op_bytes > options.budget_bytes) {
       budget_violations++;
@@ -464,6 +499,12 @@ struct Session::Impl {
     active = p;
     engine->set_plan(p->plan, p->signatures.size());
     mode = Mode::kPlanned;
+    if (p->plan.moves.empty()) {
+      engine->fetch_all();  // nothing may stay out: the fast path fetches nothing
+      fast.store(true, std::memory_order_relaxed);
+    } else {
+      fast.store(false, std::memory_order_relaxed);
+    }
   }
 
   void begin_step() {
@@ -471,22 +512,24 @@ struct Session::Impl {
     TERAIO_CHECK(!in_step, "Session.step(): a step is already running");
     in_step = true;
     op_counter = 0;
+    iter_sig = 0;
     signatures.clear();
     ops.clear();
 #ifdef TERAIO_TORCH_CUDA
     op_events.clear();
 #endif
     iteration_reactive = false;
+    fast.store(mode == Mode::kPlanned && active && active->plan.moves.empty(), std::memory_order_relaxed);
     pending_error.clear();
-    engine->poll();
+    if (!fast.load(std::memory_order_relaxed)) engine->poll();
   }
 
   void end_step() {
     std::unique_lock lock(mu);
     in_step = false;
     last_operators = op_counter;
-    uint64_t sig = 0;
-    for (uint64_t s : signatures) sig = mix(sig, s);
+    fast.store(false, std::memory_order_relaxed);
+    uint64_t sig = iter_sig.load();
     try {
       if (mode == Mode::kPlanned && !iteration_reactive && op_counter != active->signatures.size()) {
         iteration_reactive = true;  // the iteration ended early or late: drift
@@ -550,6 +593,9 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
   if (std::strncmp(fn.name(), "autograd::", 10) == 0) return nullptr;
   if (tl_depth++ > 0) return nullptr;
   try {
+    if (s->fast.load(std::memory_order_relaxed) && s->in_step.load(std::memory_order_relaxed) &&
+        s->fast_path(fn))
+      return nullptr;
     return s->on_start(fn);
   } catch (const std::exception& e) {
     std::lock_guard lock(s->mu);

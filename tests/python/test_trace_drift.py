@@ -87,3 +87,18 @@ def test_ops_outside_a_step_fetch_what_they_read(tmp_path):
         total = sum(p.sum() for p in model.parameters())  # dispatched ops: fetched on demand
         assert torch.isfinite(total)
         assert s.stats()["urgent_fetches"] > before
+
+
+def test_empty_plan_still_detects_drift(tmp_path):
+    # Everything fits: the plan is empty and operators take the lock-free fast path, which still
+    # checks every operator's signature against the profile.
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g))
+               for n in [32, 32, 32, 32, 16, 16]]
+    ref = train(mlp, None, 6, batches=batches)
+    with teraio.Session(budget="64MiB", tiers=[teraio.HostTier("1MiB")], min_tensor_bytes=1024) as s:
+        got = train(mlp, None, 6, session=s, batches=batches)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["plan_moves"] == 0 and st["bytes_offloaded"] == 0, st
+        assert st["drift_events"] == 1 and st["plans_cached"] == 2, st
+        assert_bitwise(ref, got)
