@@ -103,11 +103,17 @@ class _null:
         return False
 
 
+def to_cpu(result):
+    """Losses and named parameters on the CPU (the reference must not occupy the GPU)."""
+    losses, model, _, _ = result
+    return [x.cpu() for x in losses], [(n, p.detach().cpu()) for n, p in model.named_parameters()]
+
+
 def equal(a, b):
-    la, ma, oa, _ = a
-    lb, mb, ob, _ = b
+    la, pa = a
+    lb, pb = b
     bad = [i for i, (x, y) in enumerate(zip(la, lb)) if not torch.equal(x, y)]
-    badp = [n for (n, p), (_, q) in zip(ma.named_parameters(), mb.named_parameters()) if not torch.equal(p, q)]
+    badp = [n for (n, p), (_, q) in zip(pa, pb) if not torch.equal(p, q)]
     return not bad and not badp, {"losses_differ_at": bad, "params_differ": badp[:5]}
 
 
@@ -130,7 +136,7 @@ def main(out_path):
             s = None
             try:
                 torch.cuda.empty_cache()
-                ref = run(mf, bf, 5)
+                ref = to_cpu(run(mf, bf, 5))
                 fp, largest = footprint(mf)
                 # below the footprint, above what one AdamW operator needs (addcdiv_: 3 tensors)
                 budget = max(fp // 3, 4 * largest)
@@ -142,7 +148,8 @@ def main(out_path):
                 st = s.stats()
                 peak = torch.cuda.max_memory_allocated()
                 s.fetch_all()
-                ok, why = equal(ref, got)
+                ok, why = equal(ref, to_cpu(got))
+                del got
                 res["bitwise"][key] = {"equal": ok, **why, "footprint_bytes": fp, "budget_bytes": budget,
                                        "max_memory_allocated": peak, "stats": st}
             except Exception as e:  # record and go on

@@ -1,5 +1,6 @@
 // Python binding of teraio::Session (module teraio._C). Thin: argument conversion only; the
 // Python package (python/teraio/__init__.py) holds the user-facing names and validation messages.
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/extension.h>
 
 #include "teraio/error.h"
@@ -50,6 +51,50 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   return d;
 }
 
+// Trains a small MLP with libtorch's C++ AdamW (no Python in the step) for `steps` steps, inside a
+// C++ teraio::Session (FileTier at `dir`) when budget_bytes > 0. Returns the losses followed by the
+// final parameters, for the bitwise test of the C++ path.
+std::vector<at::Tensor> cpp_adamw_train(int steps, uint64_t budget_bytes, const std::string& dir) {
+  std::unique_ptr<teraio::Session> session;
+  if (budget_bytes > 0) {
+    teraio::SessionOptions o;
+    o.budget_bytes = budget_bytes;
+    teraio::SessionTier t;
+    t.kind = teraio::SessionTier::Kind::kFile;
+    t.paths = {dir};
+    t.capacity_bytes = 64ull << 20;
+    o.tiers = {t};
+    o.min_tensor_bytes = 1024;
+    session = std::make_unique<teraio::Session>(std::move(o));
+  }
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Linear(128, 128),
+                              torch::nn::ReLU(), torch::nn::Linear(128, 10));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < steps; ++i) {
+    at::Tensor x = at::randn({32, 64}, gen);
+    at::Tensor y = at::randint(0, 10, {32}, gen);
+    auto step = [&] {
+      opt.zero_grad();
+      at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+      loss.backward();
+      opt.step();
+      return loss.detach().clone();
+    };
+    if (session) {
+      auto guard = session->step();
+      out.push_back(step());
+    } else {
+      out.push_back(step());
+    }
+  }
+  if (session) session->fetch_all();
+  for (const at::Tensor& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -62,6 +107,7 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(error.ptr(), e.what());
     }
   });
+  m.def("_cpp_adamw_train", &cpp_adamw_train, py::call_guard<py::gil_scoped_release>());
   m.def("parse_size", [](const std::string& text, const std::string& what) { return teraio::parse_size(text, what); });
   py::class_<teraio::Session>(m, "Session")
       .def(py::init([](uint64_t budget_bytes, const py::list& tiers, int profiling_iterations,

@@ -103,3 +103,12 @@ def test_bitwise_llama_cpu(tmp_path, planning):
         assert st["bytes_offloaded"] > 0, st
         s.fetch_all()
         assert_bitwise(ref, got)
+
+
+def test_libtorch_cpp_adamw_with_cpp_session(tmp_path):
+    # libtorch's C++ AdamW and the C++ teraio::Session API (StepGuard), no Python in the step.
+    ref = teraio._C._cpp_adamw_train(5, 0, "")
+    got = teraio._C._cpp_adamw_train(5, 200 * 1024, str(tmp_path))
+    assert len(ref) == len(got) == 5 + 6
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
