@@ -1,6 +1,8 @@
 // Unit tests of the storage pieces: extent allocator, CRC32C, checksum verification, fault
 // injection, host cap, cleanup on SIGTERM, io_uring / O_DIRECT / cuFile probes and fallbacks.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -185,16 +187,29 @@ TEST(FaultTier, InjectedErrorsNameOffsetAndSizeAndLaterRequestsAreUnaffected) {
   EXPECT_EQ(back, data);
 }
 
+// The child half of Cleanup.SigtermRemovesTierFilesAndReRaises. It runs in a freshly exec'd
+// process (a forked child of a process that already initialized CUDA cannot use CUDA, and the file
+// tier pins its bounce buffers when a GPU is present), so it does nothing unless the parent set
+// TERAIO_TEST_SIGTERM_DIR.
+TEST(CleanupChild, WriteThenSigterm) {
+  const char* dir = std::getenv("TERAIO_TEST_SIGTERM_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "runs only as the child of Cleanup.SigtermRemovesTierFilesAndReRaises";
+  auto tier = make_file_tier(small_file(dir));
+  std::vector<unsigned char> d(4096, 1);
+  tier->write(BufferView::host(d.data(), d.size()), 0);
+  raise(SIGTERM);
+  _exit(3);  // not reached: the handler re-raises with the default action
+}
+
 TEST(Cleanup, SigtermRemovesTierFilesAndReRaises) {
   TempDir dir;
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    auto tier = make_file_tier(small_file(dir.path()));
-    std::vector<unsigned char> d(4096, 1);
-    tier->write(BufferView::host(d.data(), d.size()), 0);
-    raise(SIGTERM);
-    _exit(3);  // not reached: the handler re-raises with the default action
+    setenv("TERAIO_TEST_SIGTERM_DIR", dir.path().c_str(), 1);
+    execl("/proc/self/exe", "storage_unit_test", "--gtest_filter=CleanupChild.WriteThenSigterm",
+          static_cast<char*>(nullptr));
+    _exit(4);  // exec failed
   }
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
