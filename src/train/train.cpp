@@ -1,0 +1,686 @@
+// teraio-train (docs/train.md): trains the Llama-architecture decoder of model.h with AdamW in
+// libtorch, each step wrapped by a teraio::Session when --budget is given. Data are real text
+// (byte-level tokens) or synthetic tokens; one progress line per step; a JSON run report
+// (teraio.run v1 plus config, throughput, memory, traffic, stalls, drift, predicted vs measured).
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "model.h"
+#include "teraio/error.h"
+#include "teraio/plan.h"
+#include "teraio/simulator.h"
+#include "teraio/trace.h"
+#include "teraio/units.h"
+#ifdef TERAIO_TRAIN_HAVE_SESSION
+#include "teraio/session.h"
+#endif
+
+namespace teraio::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+constexpr int64_t kBos = 256;
+constexpr int64_t kEos = 257;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct Args {
+  std::string model = "tiny";
+  int64_t steps = 200;
+  int64_t batch = 0;  // 0: the preset's
+  int64_t seq = 0;    // 0: the preset's
+  double lr = 0;      // 0: the preset's
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  uint64_t seed = 1;
+  int threads = 0;
+  std::string budget;
+  std::vector<std::string> tiers;
+  int profile_steps = 2;
+  std::string min_tensor = "4KiB";
+  bool synthetic = false;
+  std::string data;
+  std::string report;
+  std::string save_trace;
+  std::string save_plan;
+  bool deterministic = false;
+};
+
+struct PresetRun {
+  int64_t batch, seq;
+  double lr;
+};
+
+PresetRun preset_run(const std::string& model) {
+  if (model == "tiny") return {16, 128, 3e-3};
+  return {1, 2048, 3e-4};
+}
+
+// ---- data ---------------------------------------------------------------------------------------
+
+// Random windows of seq + 1 tokens. Text: byte-level tokens of one file, BOS + bytes + EOS.
+// Synthetic: per sequence, an arithmetic progression t_i = (a + i * d) mod vocab with random a and
+// d in [1, 16] — cheap, learnable (the loss falls below ln(vocab)), and independent of any file.
+class TokenSource {
+ public:
+  TokenSource(const Args& args, int64_t vocab) : rng_(args.seed), vocab_(vocab) {
+    if (args.synthetic) return;
+    std::ifstream in(args.data, std::ios::binary);
+    TERAIO_CHECK(in.good(), "--data \"{}\": cannot open the file", args.data);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    tokens_.reserve(bytes.size() + 2);
+    tokens_.push_back(kBos);
+    for (char c : bytes) tokens_.push_back(static_cast<unsigned char>(c));
+    tokens_.push_back(kEos);
+    bytes_ = bytes.size();
+  }
+
+  bool synthetic() const { return tokens_.empty(); }
+  uint64_t bytes() const { return bytes_; }
+
+  // Fills inputs and targets [batch, seq] (int64, on the CPU).
+  void next(int64_t batch, int64_t seq, torch::Tensor& inputs, torch::Tensor& targets) {
+    torch::Tensor window = torch::empty({batch, seq + 1}, torch::kInt64);
+    int64_t* w = window.data_ptr<int64_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t* row = w + b * (seq + 1);
+      if (synthetic()) {
+        const int64_t a = int64_t(rng_() % uint64_t(vocab_));
+        const int64_t d = 1 + int64_t(rng_() % 16);
+        for (int64_t i = 0; i <= seq; ++i) row[i] = (a + i * d) % vocab_;
+      } else {
+        const uint64_t start = rng_() % (tokens_.size() - uint64_t(seq));
+        std::copy_n(tokens_.begin() + int64_t(start), seq + 1, row);
+      }
+    }
+    inputs = window.narrow(1, 0, seq).contiguous();
+    targets = window.narrow(1, 1, seq).contiguous();
+  }
+
+  void check_length(const std::string& path, int64_t seq) const {
+    TERAIO_CHECK(synthetic() || tokens_.size() > uint64_t(seq) + 1,
+                 "--data \"{}\": {} bytes is shorter than one sequence of --seq {} tokens", path,
+                 bytes_, seq);
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  int64_t vocab_;
+  std::vector<int64_t> tokens_;
+  uint64_t bytes_ = 0;
+};
+
+// ---- the Session adapter -------------------------------------------------------------------------
+
+// What the loop needs from offloading: wrap a step, name tensors, read counters. Without --budget,
+// or in a build without teraio_torch, it is inactive and reports nothing it did not measure.
+struct OffloadCounters {
+  std::string mode = "off";
+  uint64_t resident_bytes = 0;
+  uint64_t peak_resident_bytes = 0;
+  uint64_t bytes_offloaded = 0;
+  uint64_t bytes_prefetched = 0;
+  double stall_us = 0;
+  uint64_t drift_events = 0;
+  Json all;  // every SessionStats field
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = s.find(sep, begin);
+    out.push_back(s.substr(begin, end == std::string::npos ? end : end - begin));
+    if (end == std::string::npos) return out;
+    begin = end + 1;
+  }
+}
+
+// The simulator's replay of the Session's plan: what the plan predicts for one iteration.
+struct Prediction {
+  double iteration_us, ideal_us, stall_us;
+  size_t moves;
+};
+
+#ifdef TERAIO_TRAIN_HAVE_SESSION
+constexpr bool kSessionBuilt = true;
+
+// --tier host:SIZE | file:DIR[,DIR...]:SIZE
+SessionTier parse_tier(const std::string& spec) {
+  const size_t first = spec.find(':');
+  const size_t last = spec.rfind(':');
+  TERAIO_CHECK(first != std::string::npos, "--tier \"{}\": expected host:SIZE or file:DIR[,DIR]:SIZE",
+               spec);
+  SessionTier t;
+  const std::string kind = spec.substr(0, first);
+  t.capacity_bytes = parse_size(spec.substr(last + 1), "--tier capacity");
+  TERAIO_CHECK(t.capacity_bytes > 0, "--tier \"{}\": the capacity must be positive", spec);
+  if (kind == "host") {
+    TERAIO_CHECK(first == last, "--tier \"{}\": a host tier is host:SIZE", spec);
+    t.kind = SessionTier::Kind::kHost;
+  } else if (kind == "file") {
+    TERAIO_CHECK(first != last, "--tier \"{}\": a file tier is file:DIR[,DIR]:SIZE", spec);
+    t.kind = SessionTier::Kind::kFile;
+    for (const std::string& dir : split(spec.substr(first + 1, last - first - 1), ',')) {
+      TERAIO_CHECK(!dir.empty(), "--tier \"{}\": empty directory", spec);
+      t.paths.push_back(dir);
+    }
+  } else {
+    throw Error(fmt::format("--tier \"{}\": unknown tier kind \"{}\" (expected host or file)", spec,
+                            kind));
+  }
+  return t;
+}
+
+class Offload {
+ public:
+  explicit Offload(const Args& args) {
+    if (args.budget.empty()) return;
+    SessionOptions o;
+    o.budget_bytes = parse_size(args.budget, "--budget");
+    for (const std::string& spec : args.tiers) o.tiers.push_back(parse_tier(spec));
+    o.profiling_iterations = args.profile_steps;
+    o.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
+    // The trace and plan are always written (to scratch files unless asked for) so that the
+    // report can replay the plan in the simulator: the predicted iteration time.
+    keep_trace_ = !args.save_trace.empty();
+    keep_plan_ = !args.save_plan.empty();
+    o.trace_path = keep_trace_ ? args.save_trace : scratch_path("trace");
+    o.plan_path = keep_plan_ ? args.save_plan : scratch_path("plan");
+    trace_path_ = o.trace_path;
+    plan_path_ = o.plan_path;
+    if (!o.tiers.empty()) tier_name_ = o.tiers.size() == 1
+                                           ? (o.tiers[0].kind == SessionTier::Kind::kHost ? "host"
+                                                                                          : "file")
+                                           : "all";
+    session_ = std::make_unique<Session>(std::move(o));
+  }
+  ~Offload() {
+    std::error_code ec;
+    if (!keep_plan_ && !plan_path_.empty()) std::filesystem::remove(plan_path_, ec);
+    if (!keep_trace_ && !trace_path_.empty()) std::filesystem::remove(trace_path_, ec);
+  }
+
+  bool active() const { return session_ != nullptr; }
+  void begin_step() {
+    if (session_) session_->begin_step();
+  }
+  void end_step() {
+    if (session_) session_->end_step();
+  }
+  void name(const torch::Tensor& t, const std::string& name, const std::string& kind) {
+    if (session_ && t.defined()) session_->name_tensor(t, name, kind);
+  }
+  OffloadCounters counters() const {
+    OffloadCounters c;
+    if (!session_) return c;
+    const SessionStats s = session_->stats();
+    c.mode = s.mode;
+    c.resident_bytes = s.resident_bytes;
+    c.peak_resident_bytes = s.peak_resident_bytes;
+    c.bytes_offloaded = s.bytes_offloaded;
+    c.bytes_prefetched = s.bytes_prefetched;
+    c.stall_us = s.stall_us;
+    c.drift_events = s.drift_events;
+    c.all = {{"mode", s.mode},
+             {"iteration", s.iteration},
+             {"budget_bytes", s.budget_bytes},
+             {"peak_resident_bytes", s.peak_resident_bytes},
+             {"resident_bytes", s.resident_bytes},
+             {"bytes_offloaded", s.bytes_offloaded},
+             {"bytes_prefetched", s.bytes_prefetched},
+             {"stall_us", s.stall_us},
+             {"plan_moves", s.plan_moves},
+             {"skipped_moves", s.skipped_moves},
+             {"drift_events", s.drift_events},
+             {"urgent_fetches", s.urgent_fetches},
+             {"evictions", s.evictions},
+             {"operators", s.operators},
+             {"tracked_tensors", s.tracked_tensors},
+             {"plans_cached", s.plans_cached},
+             {"budget_violations", s.budget_violations},
+             {"last_error", s.last_error}};
+    return c;
+  }
+  uint64_t budget_bytes() const { return session_ ? session_->options().budget_bytes : 0; }
+  const std::string& tier_name() const { return tier_name_; }
+  // The last plan the Session made, replayed over the trace it was made from.
+  std::optional<Prediction> prediction() const {
+    if (!std::filesystem::exists(plan_path_) || !std::filesystem::exists(trace_path_)) {
+      return std::nullopt;
+    }
+    const Plan plan = read_plan(plan_path_);
+    const SimResult sim = simulate(read_trace(trace_path_), plan);
+    return Prediction{sim.iteration_us, sim.ideal_us, sim.stall_us, plan.moves.size()};
+  }
+
+ private:
+  static std::string scratch_path(const char* what) {
+    return (std::filesystem::temp_directory_path() /
+            fmt::format("teraio-train-{}.{}.json", ::getpid(), what))
+        .string();
+  }
+  std::unique_ptr<Session> session_;
+  std::string trace_path_, plan_path_;
+  std::string tier_name_;
+  bool keep_trace_ = false, keep_plan_ = false;
+};
+#else
+constexpr bool kSessionBuilt = false;
+
+class Offload {
+ public:
+  explicit Offload(const Args& args) {
+    TERAIO_CHECK(args.budget.empty() && args.tiers.empty(),
+                 "--budget/--tier: offloading unavailable in this build (teraio-train was built "
+                 "without teraio_torch; configure with -DTERAIO_WITH_TORCH=ON)");
+  }
+  bool active() const { return false; }
+  void begin_step() {}
+  void end_step() {}
+  void name(const torch::Tensor&, const std::string&, const std::string&) {}
+  OffloadCounters counters() const { return {}; }
+  uint64_t budget_bytes() const { return 0; }
+  const std::string& tier_name() const { return tier_name_; }
+  std::optional<Prediction> prediction() const { return std::nullopt; }
+
+ private:
+  std::string tier_name_;
+};
+#endif
+
+// ---- the run -------------------------------------------------------------------------------------
+
+uint64_t tensor_bytes(const torch::Tensor& t) {
+  return t.defined() ? uint64_t(t.numel()) * t.element_size() : 0;
+}
+
+// Parameters, gradients and AdamW states, counted from shapes (valid while tensors are offloaded).
+uint64_t model_state_bytes(Llama& model, torch::optim::AdamW& opt) {
+  uint64_t bytes = 0;
+  for (const auto& p : model->parameters()) bytes += tensor_bytes(p) + tensor_bytes(p.grad());
+  for (const auto& [key, state] : opt.state()) {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
+    bytes += tensor_bytes(s.exp_avg()) + tensor_bytes(s.exp_avg_sq()) +
+             tensor_bytes(s.max_exp_avg_sq());
+  }
+  return bytes;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct StepRecord {
+  int64_t step;
+  double loss;
+  double time_us;
+  double stall_us;
+  uint64_t offloaded_bytes;
+  uint64_t prefetched_bytes;
+  uint64_t resident_bytes;
+  std::string mode;
+};
+
+int run(Args args) {
+  const LlamaConfig config = llama_preset(args.model);
+  const PresetRun preset = preset_run(args.model);
+  if (args.batch == 0) args.batch = preset.batch;
+  if (args.seq == 0) args.seq = preset.seq;
+  if (args.lr == 0) args.lr = preset.lr;
+  TERAIO_CHECK(args.steps > 0, "--steps {}: must be positive", args.steps);
+  TERAIO_CHECK(args.batch > 0, "--batch {}: must be positive", args.batch);
+  TERAIO_CHECK(args.seq > 0 && args.seq <= config.max_seq, "--seq {}: must be in [1, {}]", args.seq,
+               config.max_seq);
+  TERAIO_CHECK(args.lr > 0, "--lr {}: must be positive", args.lr);
+  TERAIO_CHECK(args.dtype == "fp32" || args.dtype == "bf16",
+               "--dtype \"{}\": expected fp32 or bf16", args.dtype);
+  TERAIO_CHECK(args.device == "cpu" || args.device == "cuda",
+               "--device \"{}\": expected cpu or cuda", args.device);
+  TERAIO_CHECK(args.profile_steps >= 1, "--profile-steps {}: must be at least 1",
+               args.profile_steps);
+  TERAIO_CHECK(args.tiers.empty() || !args.budget.empty(),
+               "--tier needs --budget (the resident bytes allowed)");
+  TERAIO_CHECK(args.budget.empty() || !args.tiers.empty() || !kSessionBuilt,
+               "--budget needs at least one --tier (host:SIZE or file:DIR[,DIR]:SIZE)");
+  TERAIO_CHECK(!(args.synthetic && !args.data.empty()), "--synthetic and --data exclude each other");
+  if (!args.synthetic && args.data.empty()) args.data = TERAIO_DEFAULT_DATA;
+
+  if (args.device == "cuda") {
+    TERAIO_CHECK(torch::cuda::is_available(),
+                 "--device cuda: no CUDA device is visible to PyTorch (torch {})", TORCH_VERSION);
+  }
+  if (args.deterministic) {
+    // cuBLAS needs a fixed workspace for reproducible results; set before CUDA is first used.
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  if (args.threads > 0) torch::set_num_threads(args.threads);
+  torch::manual_seed(args.seed);
+
+  const torch::Device device(args.device == "cuda" ? torch::kCUDA : torch::kCPU);
+  const torch::Dtype dtype = args.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  TokenSource source(args, config.vocab);
+  source.check_length(args.data, args.seq);
+
+  Llama model(config);
+  model->to(device, dtype);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(args.lr)
+                                                   .betas({0.9, 0.95})
+                                                   .eps(1e-8)
+                                                   .weight_decay(args.weight_decay));
+  Offload offload(args);
+  for (const auto& p : model->named_parameters()) offload.name(p.value(), p.key(), "parameter");
+
+  const uint64_t tokens_per_step = uint64_t(args.batch * args.seq);
+  fmt::print("teraio-train: model {} ({:.2f}M parameters: {} layers, dim {}, {} heads, {} kv heads, "
+             "ffn {}, vocab {}), {} {}, batch {} x seq {}, {} steps, lr {}, data {}\n",
+             config.name, double(config.parameter_count()) / 1e6, config.layers, config.dim,
+             config.heads, config.kv_heads, config.ffn_dim, config.vocab, args.device, args.dtype,
+             args.batch, args.seq, args.steps, args.lr,
+             source.synthetic() ? std::string("synthetic tokens")
+                                : fmt::format("{} ({} bytes)", args.data, source.bytes()));
+  if (offload.active()) {
+    fmt::print("teraio-train: offloading: budget {}, tiers {}, {} profiling step(s)\n",
+               format_bytes(double(offload.budget_bytes())), fmt::join(args.tiers, " "),
+               args.profile_steps);
+  } else {
+    fmt::print("teraio-train: offloading: {}\n",
+               kSessionBuilt ? "off (no --budget)" : "unavailable in this build");
+  }
+  std::fflush(stdout);
+
+  std::vector<StepRecord> records;
+  OffloadCounters before = offload.counters();
+  const auto run_start = Clock::now();
+  for (int64_t step = 1; step <= args.steps; ++step) {
+    const auto t0 = Clock::now();
+    torch::Tensor inputs, targets;
+    source.next(args.batch, args.seq, inputs, targets);
+    offload.begin_step();
+    double loss_value = 0;
+    try {
+      inputs = inputs.to(device);
+      targets = targets.to(device);
+      opt.zero_grad();
+      torch::Tensor loss = model->loss(inputs, targets);
+      loss.backward();
+      if (args.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.grad_clip);
+      opt.step();
+      loss_value = loss.item<double>();  // synchronises the device
+    } catch (...) {
+      try {
+        offload.end_step();
+      } catch (...) {
+      }
+      throw;
+    }
+    offload.end_step();
+    const double time_us =
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (step == 1) {
+      for (const auto& p : model->named_parameters()) {
+        auto it = opt.state().find(p.value().unsafeGetTensorImpl());
+        if (it == opt.state().end()) continue;
+        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+        offload.name(s.exp_avg(), p.key() + ".exp_avg", "optimizer_state");
+        offload.name(s.exp_avg_sq(), p.key() + ".exp_avg_sq", "optimizer_state");
+      }
+    }
+    const OffloadCounters after = offload.counters();
+    StepRecord r{step,
+                 loss_value,
+                 time_us,
+                 after.stall_us - before.stall_us,
+                 after.bytes_offloaded - before.bytes_offloaded,
+                 after.bytes_prefetched - before.bytes_prefetched,
+                 offload.active() ? after.resident_bytes : model_state_bytes(model, opt),
+                 before.mode};  // the mode the step ran in
+    before = after;
+    records.push_back(r);
+
+    const double secs = time_us / 1e6;
+    const std::string io =
+        offload.active()
+            ? fmt::format("io {:.2f} GB/s", double(r.offloaded_bytes + r.prefetched_bytes) / secs / 1e9)
+            : "io -";
+    const std::string stall =
+        offload.active() ? fmt::format("stall {:.1f}%", 100.0 * r.stall_us / time_us) : "stall -";
+    const std::string budget = offload.active()
+                                   ? fmt::format("{:.3f}", double(offload.budget_bytes()) / kGiB)
+                                   : std::string("-");
+    fmt::print("step {:>{}}/{}  loss {:.4f}  tokens/s {:.0f}  resident {:.3f}/{} GiB  {}  {}  [{}]\n",
+               step, fmt::formatted_size("{}", args.steps), args.steps, loss_value,
+               double(tokens_per_step) / secs, double(r.resident_bytes) / kGiB, budget, io, stall,
+               r.mode);
+    std::fflush(stdout);
+  }
+  const double wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+  // Steady state: the steps after profiling (with a Session) or after the first (without); all
+  // steps when there are no such steps.
+  const size_t skip = offload.active() ? size_t(args.profile_steps) : 1;
+  std::vector<const StepRecord*> steady;
+  for (const StepRecord& r : records) {
+    if (size_t(r.step) > skip) steady.push_back(&r);
+  }
+  if (steady.empty()) {
+    for (const StepRecord& r : records) steady.push_back(&r);
+  }
+  std::vector<double> times;
+  double stall_sum = 0, off_sum = 0, pre_sum = 0;
+  for (const StepRecord* r : steady) {
+    times.push_back(r->time_us);
+    stall_sum += r->stall_us;
+    off_sum += double(r->offloaded_bytes);
+    pre_sum += double(r->prefetched_bytes);
+  }
+  const double n = double(steady.size());
+  const double iteration_us = median(times);
+  const double stall_us = std::min(stall_sum / n, iteration_us);
+  const OffloadCounters final_counters = offload.counters();
+  const uint64_t state_bytes = model_state_bytes(model, opt);
+
+  const int64_t k = std::clamp<int64_t>(int64_t(records.size()) / 2, 1, 5);
+  double first_loss = 0, last_loss = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    first_loss += records[size_t(i)].loss / double(k);
+    last_loss += records[records.size() - 1 - size_t(i)].loss / double(k);
+  }
+  fmt::print("teraio-train: {} steps in {:.1f} s; loss {:.4f} -> {:.4f} (mean of the first and last "
+             "{} steps); median step {}, {:.0f} tokens/s\n",
+             args.steps, wall_s, first_loss, last_loss, k, format_us(iteration_us),
+             double(tokens_per_step) / (iteration_us / 1e6));
+
+  if (args.report.empty()) return 0;
+  Json tiers = Json::array();
+  if (offload.active()) {
+    tiers.push_back({{"name", offload.tier_name()},
+                     {"offload_bytes", uint64_t(off_sum / n)},
+                     {"prefetch_bytes", uint64_t(pre_sum / n)}});
+  }
+  const uint64_t peak_bytes = offload.active() ? final_counters.peak_resident_bytes : state_bytes;
+  Json loss_history = Json::array();
+  for (const StepRecord& r : records) loss_history.push_back(r.loss);
+  Json steps = Json::array();
+  for (const StepRecord& r : records) {
+    steps.push_back({{"step", r.step},
+                     {"loss", r.loss},
+                     {"time_us", r.time_us},
+                     {"stall_us", r.stall_us},
+                     {"offload_bytes", r.offloaded_bytes},
+                     {"prefetch_bytes", r.prefetched_bytes},
+                     {"resident_bytes", r.resident_bytes},
+                     {"mode", r.mode}});
+  }
+  Json predicted = nullptr;
+  if (const std::optional<Prediction> p = offload.prediction()) {
+    predicted = {{"iteration_us", p->iteration_us},
+                 {"ideal_us", p->ideal_us},
+                 {"stall_us", p->stall_us},
+                 {"plan_moves", p->moves},
+                 {"measured_over_predicted",
+                  p->iteration_us > 0 ? iteration_us / p->iteration_us : 0.0}};
+  }
+  Json report = {
+      {"format", "teraio.run"},
+      {"version", 1},
+      {"iteration_us", iteration_us},
+      {"stall_us", stall_us},
+      {"peak_bytes", peak_bytes},
+      {"tiers", tiers},
+      {"config",
+       {{"model", config.name},
+        {"parameters", config.parameter_count()},
+        {"layers", config.layers},
+        {"dim", config.dim},
+        {"heads", config.heads},
+        {"kv_heads", config.kv_heads},
+        {"ffn_dim", config.ffn_dim},
+        {"vocab", config.vocab},
+        {"tie_embeddings", config.tie_embeddings},
+        {"steps", args.steps},
+        {"batch", args.batch},
+        {"seq", args.seq},
+        {"lr", args.lr},
+        {"weight_decay", args.weight_decay},
+        {"grad_clip", args.grad_clip},
+        {"dtype", args.dtype},
+        {"device", args.device},
+        {"threads", torch::get_num_threads()},
+        {"seed", args.seed},
+        {"deterministic", args.deterministic},
+        {"data", source.synthetic() ? std::string("synthetic") : args.data},
+        {"data_bytes", source.bytes()},
+        {"budget_bytes", offload.budget_bytes()},
+        {"tiers", args.tiers},
+        {"profile_steps", args.profile_steps},
+        {"torch", TORCH_VERSION}}},
+      {"offloading", offload.active() ? "on" : (kSessionBuilt ? "off" : "unavailable in this build")},
+      {"throughput",
+       {{"tokens_per_step", tokens_per_step},
+        {"tokens_per_s", double(tokens_per_step) / (iteration_us / 1e6)},
+        {"iteration_us_median", iteration_us},
+        {"iteration_us_min", *std::min_element(times.begin(), times.end())},
+        {"iteration_us_max", *std::max_element(times.begin(), times.end())},
+        {"measured_steps", steady.size()},
+        {"wall_s", wall_s}}},
+      {"memory",
+       {{"budget_bytes", offload.budget_bytes()},
+        {"peak_resident_bytes", offload.active() ? Json(final_counters.peak_resident_bytes) : Json()},
+        {"model_state_bytes", state_bytes},
+        {"parameter_bytes", config.parameter_count() * int64_t(dtype == torch::kBFloat16 ? 2 : 4)}}},
+      {"traffic",
+       {{"bytes_offloaded", final_counters.bytes_offloaded},
+        {"bytes_prefetched", final_counters.bytes_prefetched},
+        {"per_iteration", tiers}}},
+      {"stalls",
+       {{"stall_us_total", final_counters.stall_us},
+        {"stall_us_per_iteration", stall_us},
+        {"stall_pct", iteration_us > 0 ? 100.0 * stall_us / iteration_us : 0.0}}},
+      {"drift_events", final_counters.drift_events},
+      {"predicted", predicted},
+      {"session", offload.active() ? final_counters.all : Json()},
+      {"loss",
+       {{"first", first_loss}, {"last", last_loss}, {"window", k}, {"history", loss_history}}},
+      {"steps", steps},
+  };
+  std::ofstream out(args.report);
+  TERAIO_CHECK(out.good(), "--report \"{}\": cannot write the file", args.report);
+  out << report.dump(2) << "\n";
+  TERAIO_CHECK(out.good(), "--report \"{}\": write failed", args.report);
+  fmt::print("teraio-train: run report written to {}\n", args.report);
+  return 0;
+}
+
+}  // namespace
+}  // namespace teraio::train
+
+int main(int argc, char** argv) {
+  using teraio::train::Args;
+  Args a;
+  CLI::App app{"teraio-train: train a Llama-architecture decoder (libtorch, AdamW) under a teraio "
+               "Session (docs/train.md)",
+               "teraio-train"};
+  app.get_formatter()->column_width(34);
+  app.add_option("--model", a.model, "tiny (CPU), llama-1b, llama-3b or llama-8b")
+      ->capture_default_str();
+  app.add_option("--steps", a.steps, "training steps")->capture_default_str();
+  app.add_option("--batch", a.batch, "sequences per step (default: tiny 16, llama-* 1)");
+  app.add_option("--seq", a.seq, "tokens per sequence (default: tiny 128, llama-* 2048)");
+  app.add_option("--lr", a.lr, "AdamW learning rate (default: tiny 3e-3, llama-* 3e-4)");
+  app.add_option("--weight-decay", a.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
+  app.add_option("--grad-clip", a.grad_clip, "clip the global gradient norm (0: off)")
+      ->capture_default_str();
+  app.add_option("--dtype", a.dtype, "fp32 or bf16 (parameters, gradients, states, activations)")
+      ->capture_default_str();
+  app.add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of the initialisation and of the data order")
+      ->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads of PyTorch (0: PyTorch's default)")
+      ->capture_default_str();
+  app.add_option("--budget", a.budget,
+                 "resident bytes of tracked tensors allowed (e.g. 8MiB, 40GiB); turns on "
+                 "offloading through a teraio Session");
+  app.add_option("--tier", a.tiers,
+                 "where offloaded bytes go, in order of preference, repeatable: host:SIZE or "
+                 "file:DIR[,DIR]:SIZE");
+  app.add_option("--profile-steps", a.profile_steps,
+                 "steps profiled (reactive) before the plan is made")
+      ->capture_default_str();
+  app.add_option("--min-tensor", a.min_tensor, "smaller tensors are not tracked")
+      ->capture_default_str();
+  app.add_flag("--synthetic", a.synthetic,
+               "synthetic tokens (arithmetic progressions) instead of text");
+  app.add_option("--data", a.data,
+                 "text file, byte-level tokens (default: data/kjv-genesis-exodus.txt)");
+  app.add_option("--report", a.report, "write the JSON run report (teraio.run v1 and more) here");
+  app.add_option("--save-trace", a.save_trace, "write the profiled trace (teraio.trace v1) here");
+  app.add_option("--save-plan", a.save_plan, "write the plan (teraio.plan v1) here");
+  app.add_flag("--deterministic", a.deterministic,
+               "deterministic algorithms only (bitwise repeatable runs)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    return teraio::train::run(a);
+  } catch (const teraio::Error& e) {
+    fmt::print(stderr, "teraio-train: error: {}\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "teraio-train: error: {}\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "teraio-train: error: {}\n", e.what());
+    return 1;
+  }
+}
