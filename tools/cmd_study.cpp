@@ -65,6 +65,7 @@ struct GapArgs {
   std::vector<std::string> tiers = {"ssd:1TiB:6.5:6.5", "host:1GiB:25:25"};
   std::vector<double> fractions = {0.5, 0.25};
   int max_layers = 4;
+  int first_index = 0;
   std::string json_path;
 };
 
@@ -78,7 +79,7 @@ int run_gap(const GapArgs& args) {
   std::string rows;
   std::vector<double> gaps, bound_gaps;
   int greedy_optimal = 0, proved = 0, exact_worse = 0;
-  for (int i = 0; i < args.instances; ++i) {
+  for (int i = args.first_index; i < args.first_index + args.instances; ++i) {
     const uint64_t seed = args.seed + static_cast<uint64_t>(i);
     SmallInstanceOptions iopts;
     iopts.layers = 1 + static_cast<uint32_t>(i % args.max_layers);
@@ -253,6 +254,9 @@ const Registration kStudy{{
                     "budgets between the largest kernel (0) and the unplanned peak (1), next one every --max-layers instances")
           ->capture_default_str()
           ->delimiter(',');
+      g->add_option("--first-index", gap->first_index,
+                    "index of the first instance (runs instances first..first+N-1; for running slices in parallel)")
+          ->capture_default_str();
       g->add_option("--max-layers", gap->max_layers, "instance i has 1 + i % max-layers layers (7L+1 kernels)")
           ->capture_default_str();
       g->add_option("--json", gap->json_path, "also write every number to this JSON file");
