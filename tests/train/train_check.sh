@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# End-to-end checks of teraio-train (docs/train.md) on the tiny model, CPU, one thread (the CI
+# machine has 2 shared cores): 5 steps under a Session with a file tier and a budget well under the
+# footprint. Usage: train_check.sh BIN_DIR WORK_DIR. Exit 77 (skip) without teraio-train.
+set -euo pipefail
+bin=$1
+work=$2
+train=$bin/teraio-train
+if [[ ! -x $train ]]; then
+  echo "SKIP: $train not built (configure with -DTERAIO_WITH_TORCH=ON)"
+  exit 77
+fi
+rm -rf "$work"
+mkdir -p "$work/tier"
+fail() { echo "FAIL: $*"; exit 1; }
+
+common=(--model tiny --steps 5 --batch 4 --seq 64 --threads 1 --deterministic)
+
+# 1. Offloaded run: 6 MiB budget (parameters, gradients and AdamW states alone are 13 MiB), a
+#    file tier, trace and plan kept.
+"$train" "${common[@]}" --budget 6MiB --tier "file:$work/tier:256MiB" --report "$work/run.json" \
+  --save-trace "$work/trace.json" --save-plan "$work/plan.json" | tee "$work/offload.log"
+grep -Eq '^step 5/5  loss [0-9.]+  tokens/s [0-9]+  resident [0-9.]+/0\.006 GiB  io [0-9.]+ GB/s  stall [0-9.]+%  \[planned\]$' \
+  "$work/offload.log" || fail "progress line format"
+
+# 2. The same run without offloading.
+"$train" "${common[@]}" --report "$work/plain.json" > "$work/plain.log"
+
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+run = json.load(open(f"{work}/run.json"))
+plain = json.load(open(f"{work}/plain.json"))
+for key in ["format", "version", "iteration_us", "stall_us", "peak_bytes", "tiers", "config",
+            "throughput", "memory", "traffic", "stalls", "drift_events", "predicted", "session",
+            "loss", "steps"]:
+    assert key in run, f"run report lacks {key}"
+assert run["format"] == "teraio.run" and run["version"] == 1
+assert run["iteration_us"] > 0 and 0 <= run["stall_us"] <= run["iteration_us"]
+hist = run["loss"]["history"]
+assert len(hist) == 5, hist
+assert hist[-1] < hist[0] - 0.5, f"loss did not fall: {hist}"
+# Offloading moves bytes, never changes them: the losses are bitwise those of the plain run.
+assert hist == plain["loss"]["history"], (hist, plain["loss"]["history"])
+assert run["offloading"] == "on" and plain["offloading"] == "off"
+assert run["session"]["mode"] == "planned", run["session"]
+assert run["memory"]["budget_bytes"] == 6 * 2**20
+assert run["memory"]["peak_resident_bytes"] < 3 * run["memory"]["budget_bytes"] // 2
+assert run["traffic"]["bytes_offloaded"] > 0 and run["traffic"]["bytes_prefetched"] > 0
+assert run["tiers"][0]["name"] == "file" and run["tiers"][0]["offload_bytes"] > 0
+assert run["predicted"]["iteration_us"] > 0 and run["predicted"]["plan_moves"] > 0
+assert [s["mode"] for s in run["steps"]] == ["profiling"] * 2 + ["planned"] * 3
+assert run["config"]["model"] == "tiny" and run["config"]["steps"] == 5
+print("report keys, falling loss, bitwise-equal losses: ok")
+PY
+
+# 3. `teraio report --run` reads the run report next to the trace and plan the run wrote.
+if [[ -x $bin/teraio ]]; then
+  "$bin/teraio" report "$work/trace.json" --plan "$work/plan.json" --run "$work/run.json" \
+    -o "$work/report.html" --sweep-steps 0
+  grep -q 'measured (run)' "$work/report.html" || fail "report page lacks the measured run"
+  # `teraio train` passes every argument to teraio-train.
+  "$bin/teraio" train --help | grep -q -- '--budget' || fail "teraio train --help"
+fi
+
+# 4. Argument errors: exit 1 with a message naming the argument, before any training.
+expect_error() {
+  local pattern=$1; shift
+  if "$train" "$@" > "$work/err.log" 2>&1; then fail "accepted: $*"; fi
+  grep -q -- "$pattern" "$work/err.log" || { cat "$work/err.log"; fail "message for: $*"; }
+}
+expect_error '--budget needs at least one --tier' --budget 8MiB
+expect_error '--tier needs --budget' --tier host:1GiB
+expect_error 'unknown tier kind "disk"' --budget 8MiB --tier disk:1GiB
+expect_error 'unknown model' --model llama-9b
+expect_error '--dtype "fp16"' --dtype fp16
+expect_error 'cannot open the file' --data "$work/missing.txt"
+expect_error 'exclude each other' --synthetic --data "$work/run.json"
+echo "train_check: all passed"
