@@ -165,6 +165,10 @@ struct OpCtx final : at::ObserverContext {
 
 thread_local int tl_depth = 0;     // nesting of observed operators on this thread
 thread_local int tl_backward = 0;  // inside an autograd node on this thread
+// The thread that began the step. Operators of the step are those of this thread and of autograd
+// nodes (backward on autograd's device threads); other threads (a DataLoader's pin-memory thread)
+// are treated as outside the step, so they neither shift operator indices nor get tracked.
+thread_local bool tl_step_thread = false;
 
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -302,9 +306,10 @@ struct Session::Impl {
   std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     std::lock_guard lock(mu);
     auto ctx = std::make_unique<OpCtx>();
-    ctx->in_step = in_step;
+    const bool step_op = in_step && (tl_step_thread || tl_backward > 0);
+    ctx->in_step = step_op;
     uint64_t sig = std::hash<std::string_view>()(fn.name());
-    const uint32_t k = in_step ? op_counter++ : 0;
+    const uint32_t k = step_op ? op_counter++ : 0;
     ctx->k = k;
     uint32_t slot = 0;
     uint64_t op_bytes = 0;
@@ -312,14 +317,14 @@ struct Session::Impl {
       visit_tensors(v, [&](const at::Tensor& t) {
         uint32_t my_slot = slot++;
         if (!t.defined()) return;
-        if (in_step) {
+        if (step_op) {
           for (int64_t d : t.sizes()) sig = mix(sig, static_cast<uint64_t>(d));
         }
         if (!t.has_storage()) return;
-        if (!device && in_step && t.requires_grad() && !t.grad_fn()) device = t.device();
+        if (!device && step_op && t.requires_grad() && !t.grad_fn()) device = t.device();
         if (!device || t.device() != *device) return;
         c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-        std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(k, my_slot, false), in_step);
+        std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(k, my_slot, false), step_op);
         if (!id) return;
         if (std::find(ctx->ids.begin(), ctx->ids.end(), *id) == ctx->ids.end()) {
           ctx->ids.push_back(*id);
@@ -332,7 +337,7 @@ struct Session::Impl {
         }
       });
     }
-    if (!in_step) {
+    if (!step_op) {
       engine->begin_use(ctx->ids);
       return ctx;
     }
@@ -511,6 +516,7 @@ struct Session::Impl {
     std::lock_guard lock(mu);
     TERAIO_CHECK(!in_step, "Session.step(): a step is already running");
     in_step = true;
+    tl_step_thread = true;
     op_counter = 0;
     iter_sig = 0;
     signatures.clear();
@@ -527,6 +533,7 @@ struct Session::Impl {
   void end_step() {
     std::unique_lock lock(mu);
     in_step = false;
+    tl_step_thread = false;
     last_operators = op_counter;
     fast.store(false, std::memory_order_relaxed);
     uint64_t sig = iter_sig.load();
@@ -594,7 +601,7 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
   if (tl_depth++ > 0) return nullptr;
   try {
     if (s->fast.load(std::memory_order_relaxed) && s->in_step.load(std::memory_order_relaxed) &&
-        s->fast_path(fn))
+        (tl_step_thread || tl_backward > 0) && s->fast_path(fn))
       return nullptr;
     return s->on_start(fn);
   } catch (const std::exception& e) {

@@ -102,3 +102,37 @@ def test_empty_plan_still_detects_drift(tmp_path):
         assert st["mode"] == "planned" and st["plan_moves"] == 0 and st["bytes_offloaded"] == 0, st
         assert st["drift_events"] == 1 and st["plans_cached"] == 2, st
         assert_bitwise(ref, got)
+
+
+def test_other_threads_do_not_shift_operator_indices(tmp_path):
+    # A helper thread running operators during the step (like a DataLoader's pin-memory thread)
+    # must neither be counted nor cause drift.
+    import threading
+
+    def helper():
+        for _ in range(20):
+            torch.randn(64, 64) @ torch.randn(64, 64)
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(6)]
+    ref = train(mlp, None, 6, batches=batches)
+    with teraio.Session(budget="200KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=1024) as s:
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+        losses = []
+        for b in batches:
+            with s.step():
+                t = threading.Thread(target=helper)
+                t.start()
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(b[0]), b[1])
+                loss.backward()
+                opt.step()
+                t.join()
+            losses.append(loss.detach().clone())
+        st = s.stats()
+        assert st["drift_events"] == 0 and st["mode"] == "planned", st
+        s.fetch_all()
+        assert_bitwise(ref, (losses, model, opt))
