@@ -180,8 +180,10 @@ class Session:
         """Brings everything back and removes the hooks. Another Session may then be created."""
         if self._impl is not None:
             impl, self._impl = self._impl, None
-            impl.fetch_all()
-            del impl
+            try:
+                impl.fetch_all()  # raises when bytes could not come back
+            finally:
+                del impl
 
     def _require(self):
         if self._impl is None:

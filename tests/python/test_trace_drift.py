@@ -136,3 +136,35 @@ def test_other_threads_do_not_shift_operator_indices(tmp_path):
         assert st["drift_events"] == 0 and st["mode"] == "planned", st
         s.fetch_all()
         assert_bitwise(ref, (losses, model, opt))
+
+
+def test_failed_fetch_fails_the_operator_loudly(tmp_path):
+    # A tensor whose bytes cannot come back must make its operator fail, never read garbage:
+    # an absent storage has no data pointer, and the error is also raised from the step.
+    import glob
+
+    from conftest import step
+
+    s = teraio.Session(budget="200KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                       min_tensor_bytes=1024, planning=False)
+    try:
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+        b = mlp_batch(torch.Generator().manual_seed(1))
+        with s.step():
+            step(model, opt, b)
+        assert s.stats()["bytes_offloaded"] > 0
+        files = [f for f in glob.glob(str(tmp_path / "**" / "*"), recursive=True) if os.path.isfile(f)]
+        assert files
+        for f in files:
+            os.truncate(f, 0)
+        with pytest.raises((RuntimeError, teraio.Error)):
+            with s.step():
+                step(model, opt, b)
+        assert s.stats()["last_error"]
+    finally:
+        try:
+            s.close()
+        except teraio.Error:
+            pass
