@@ -133,7 +133,7 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
   if (e.loc != Location::kOffloading) return;
   if (!wait && !e.pending.ready()) return;
   double t0 = wait && !e.pending.ready() ? now_us() : 0;
-  const storage::IoResult& r = e.pending.wait();
+  const storage::IoResult r = e.pending.wait();  // a copy: resetting `pending` frees the state
   if (t0 != 0) stats_.stall_us += now_us() - t0;
   e.pending = {};
   if (!r.ok) {  // the bytes are still ours: give them back
