@@ -29,7 +29,8 @@ torch::nn::Linear linear(int64_t in, int64_t out) {
 
 // Rotates pairs (x[..., :h/2], x[..., h/2:]) by the position's angles (the "rotate half" layout of
 // Hugging Face Llama). x: [batch, heads, seq, head_dim]; cos/sin: [seq, head_dim / 2].
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin) {
   auto halves = x.chunk(2, -1);
   const torch::Tensor& x1 = halves[0];
   const torch::Tensor& x2 = halves[1];
@@ -50,9 +51,10 @@ LlamaConfig llama_preset(const std::string& name) {
   for (const LlamaConfig& c : kPresets) {
     if (c.name == name) return c;
   }
-  throw Error(fmt::format("--model \"{}\": unknown model (expected tiny, llama-1b, llama-3b or "
-                          "llama-8b)",
-                          name));
+  throw Error(
+      fmt::format("--model \"{}\": unknown model (expected tiny, llama-1b, llama-3b or "
+                  "llama-8b)",
+                  name));
 }
 
 std::vector<std::string> llama_preset_names() {
@@ -133,8 +135,8 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
   const double residual_std = 0.02 / std::sqrt(2.0 * double(c.layers));
   for (auto& p : named_parameters()) {
     if (p.value().dim() < 2) continue;
-    const bool residual = p.key().find(".wo.") != std::string::npos ||
-                          p.key().find(".w2.") != std::string::npos;
+    const bool residual =
+        p.key().find(".wo.") != std::string::npos || p.key().find(".w2.") != std::string::npos;
     p.value().normal_(0.0, residual ? residual_std : 0.02);
   }
 
@@ -161,8 +163,8 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
 
 torch::Tensor LlamaImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
   torch::Tensor logits = forward(tokens);
-  return torch::nn::functional::cross_entropy(
-      logits.view({-1, config_.vocab}).to(torch::kFloat32), targets.reshape({-1}));
+  return torch::nn::functional::cross_entropy(logits.view({-1, config_.vocab}).to(torch::kFloat32),
+                                              targets.reshape({-1}));
 }
 
 }  // namespace teraio::train

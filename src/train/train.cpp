@@ -20,9 +20,9 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "model.h"
@@ -48,9 +48,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 struct Args {
   std::string model = "tiny";
   int64_t steps = 200;
-  int64_t batch = 0;  // 0: the preset's
-  int64_t seq = 0;    // 0: the preset's
-  double lr = 0;      // 0: the preset's
+  int64_t batch = 0;          // 0: the preset's
+  int64_t seq = 0;            // 0: the preset's
+  double lr = 0;              // 0: the preset's
   int64_t warmup_steps = -1;  // -1: the preset's
   double weight_decay = 0.1;
   double grad_clip = 1.0;
@@ -137,7 +137,8 @@ class TokenSource {
   uint64_t bytes_ = 0;
 };
 
-// ---- the Session adapter -------------------------------------------------------------------------
+// ---- the Session adapter
+// -------------------------------------------------------------------------
 
 // What the loop needs from offloading: wrap a step, name tensors, read counters. Without --budget,
 // or in a build without teraio_torch, it is inactive and reports nothing it did not measure.
@@ -176,8 +177,8 @@ constexpr bool kSessionBuilt = true;
 SessionTier parse_tier(const std::string& spec) {
   const size_t first = spec.find(':');
   const size_t last = spec.rfind(':');
-  TERAIO_CHECK(first != std::string::npos, "--tier \"{}\": expected host:SIZE or file:DIR[,DIR]:SIZE",
-               spec);
+  TERAIO_CHECK(first != std::string::npos,
+               "--tier \"{}\": expected host:SIZE or file:DIR[,DIR]:SIZE", spec);
   SessionTier t;
   const std::string kind = spec.substr(0, first);
   t.capacity_bytes = parse_size(spec.substr(last + 1), "--tier capacity");
@@ -193,8 +194,8 @@ SessionTier parse_tier(const std::string& spec) {
       t.paths.push_back(dir);
     }
   } else {
-    throw Error(fmt::format("--tier \"{}\": unknown tier kind \"{}\" (expected host or file)", spec,
-                            kind));
+    throw Error(
+        fmt::format("--tier \"{}\": unknown tier kind \"{}\" (expected host or file)", spec, kind));
   }
   return t;
 }
@@ -216,10 +217,10 @@ class Offload {
     o.plan_path = keep_plan_ ? args.save_plan : scratch_path("plan");
     trace_path_ = o.trace_path;
     plan_path_ = o.plan_path;
-    if (!o.tiers.empty()) tier_name_ = o.tiers.size() == 1
-                                           ? (o.tiers[0].kind == SessionTier::Kind::kHost ? "host"
-                                                                                          : "file")
-                                           : "all";
+    if (!o.tiers.empty())
+      tier_name_ = o.tiers.size() == 1
+                       ? (o.tiers[0].kind == SessionTier::Kind::kHost ? "host" : "file")
+                       : "all";
     session_ = std::make_unique<Session>(std::move(o));
   }
   ~Offload() {
@@ -316,7 +317,8 @@ class Offload {
 };
 #endif
 
-// ---- the run -------------------------------------------------------------------------------------
+// ---- the run
+// -------------------------------------------------------------------------------------
 
 uint64_t tensor_bytes(const torch::Tensor& t) {
   return t.defined() ? uint64_t(t.numel()) * t.element_size() : 0;
@@ -328,8 +330,8 @@ uint64_t model_state_bytes(Llama& model, torch::optim::AdamW& opt) {
   for (const auto& p : model->parameters()) bytes += tensor_bytes(p) + tensor_bytes(p.grad());
   for (const auto& [key, state] : opt.state()) {
     const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
-    bytes += tensor_bytes(s.exp_avg()) + tensor_bytes(s.exp_avg_sq()) +
-             tensor_bytes(s.max_exp_avg_sq());
+    bytes +=
+        tensor_bytes(s.exp_avg()) + tensor_bytes(s.exp_avg_sq()) + tensor_bytes(s.max_exp_avg_sq());
   }
   return bytes;
 }
@@ -374,7 +376,8 @@ int run(Args args) {
                "--tier needs --budget (the resident bytes allowed)");
   TERAIO_CHECK(args.budget.empty() || !args.tiers.empty() || !kSessionBuilt,
                "--budget needs at least one --tier (host:SIZE or file:DIR[,DIR]:SIZE)");
-  TERAIO_CHECK(!(args.synthetic && !args.data.empty()), "--synthetic and --data exclude each other");
+  TERAIO_CHECK(!(args.synthetic && !args.data.empty()),
+               "--synthetic and --data exclude each other");
   if (!args.synthetic && args.data.empty()) args.data = TERAIO_DEFAULT_DATA;
 
   if (args.device == "cuda") {
@@ -404,13 +407,14 @@ int run(Args args) {
   for (const auto& p : model->named_parameters()) offload.name(p.value(), p.key(), "parameter");
 
   const uint64_t tokens_per_step = uint64_t(args.batch * args.seq);
-  fmt::print("teraio-train: model {} ({:.2f}M parameters: {} layers, dim {}, {} heads, {} kv heads, "
-             "ffn {}, vocab {}), {} {}, batch {} x seq {}, {} steps, lr {}, data {}\n",
-             config.name, double(config.parameter_count()) / 1e6, config.layers, config.dim,
-             config.heads, config.kv_heads, config.ffn_dim, config.vocab, args.device, args.dtype,
-             args.batch, args.seq, args.steps, args.lr,
-             source.synthetic() ? std::string("synthetic tokens")
-                                : fmt::format("{} ({} bytes)", args.data, source.bytes()));
+  fmt::print(
+      "teraio-train: model {} ({:.2f}M parameters: {} layers, dim {}, {} heads, {} kv heads, "
+      "ffn {}, vocab {}), {} {}, batch {} x seq {}, {} steps, lr {}, data {}\n",
+      config.name, double(config.parameter_count()) / 1e6, config.layers, config.dim, config.heads,
+      config.kv_heads, config.ffn_dim, config.vocab, args.device, args.dtype, args.batch, args.seq,
+      args.steps, args.lr,
+      source.synthetic() ? std::string("synthetic tokens")
+                         : fmt::format("{} ({} bytes)", args.data, source.bytes()));
   if (offload.active()) {
     fmt::print("teraio-train: offloading: budget {}, tiers {}, {} profiling step(s)\n",
                format_bytes(double(offload.budget_bytes())), fmt::join(args.tiers, " "),
@@ -429,10 +433,9 @@ int run(Args args) {
     torch::Tensor inputs, targets;
     source.next(args.batch, args.seq, inputs, targets);
     // Linear warmup to --lr over --warmup-steps, then constant.
-    const double lr =
-        args.warmup_steps > 0
-            ? args.lr * std::min(1.0, double(step) / double(args.warmup_steps))
-            : args.lr;
+    const double lr = args.warmup_steps > 0
+                          ? args.lr * std::min(1.0, double(step) / double(args.warmup_steps))
+                          : args.lr;
     for (auto& group : opt.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
@@ -444,7 +447,8 @@ int run(Args args) {
       opt.zero_grad();
       torch::Tensor loss = model->loss(inputs, targets);
       loss.backward();
-      if (args.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), args.grad_clip);
+      if (args.grad_clip > 0)
+        torch::nn::utils::clip_grad_norm_(model->parameters(), args.grad_clip);
       opt.step();
       loss_value = loss.item<double>();  // synchronises the device
     } catch (...) {
@@ -455,8 +459,7 @@ int run(Args args) {
       throw;
     }
     offload.end_step();
-    const double time_us =
-        std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    const double time_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (step == 1) {
       for (const auto& p : model->named_parameters()) {
         auto it = opt.state().find(p.value().unsafeGetTensorImpl());
@@ -480,18 +483,18 @@ int run(Args args) {
 
     const double secs = time_us / 1e6;
     const std::string io =
-        offload.active()
-            ? fmt::format("io {:.2f} GB/s", double(r.offloaded_bytes + r.prefetched_bytes) / secs / 1e9)
-            : "io -";
+        offload.active() ? fmt::format("io {:.2f} GB/s",
+                                       double(r.offloaded_bytes + r.prefetched_bytes) / secs / 1e9)
+                         : "io -";
     const std::string stall =
         offload.active() ? fmt::format("stall {:.1f}%", 100.0 * r.stall_us / time_us) : "stall -";
     const std::string budget = offload.active()
                                    ? fmt::format("{:.3f}", double(offload.budget_bytes()) / kGiB)
                                    : std::string("-");
-    fmt::print("step {:>{}}/{}  loss {:.4f}  tokens/s {:.0f}  resident {:.3f}/{} GiB  {}  {}  [{}]\n",
-               step, fmt::formatted_size("{}", args.steps), args.steps, loss_value,
-               double(tokens_per_step) / secs, double(r.resident_bytes) / kGiB, budget, io, stall,
-               r.mode);
+    fmt::print(
+        "step {:>{}}/{}  loss {:.4f}  tokens/s {:.0f}  resident {:.3f}/{} GiB  {}  {}  [{}]\n",
+        step, fmt::formatted_size("{}", args.steps), args.steps, loss_value,
+        double(tokens_per_step) / secs, double(r.resident_bytes) / kGiB, budget, io, stall, r.mode);
     std::fflush(stdout);
   }
   const double wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -526,10 +529,11 @@ int run(Args args) {
     first_loss += records[size_t(i)].loss / double(k);
     last_loss += records[records.size() - 1 - size_t(i)].loss / double(k);
   }
-  fmt::print("teraio-train: {} steps in {:.1f} s; loss {:.4f} -> {:.4f} (mean of the first and last "
-             "{} steps); median step {}, {:.0f} tokens/s\n",
-             args.steps, wall_s, first_loss, last_loss, k, format_us(iteration_us),
-             double(tokens_per_step) / (iteration_us / 1e6));
+  fmt::print(
+      "teraio-train: {} steps in {:.1f} s; loss {:.4f} -> {:.4f} (mean of the first and last "
+      "{} steps); median step {}, {:.0f} tokens/s\n",
+      args.steps, wall_s, first_loss, last_loss, k, format_us(iteration_us),
+      double(tokens_per_step) / (iteration_us / 1e6));
 
   if (args.report.empty()) return 0;
   Json tiers = Json::array();
@@ -554,12 +558,12 @@ int run(Args args) {
   }
   Json predicted = nullptr;
   if (const std::optional<Prediction> p = offload.prediction()) {
-    predicted = {{"iteration_us", p->iteration_us},
-                 {"ideal_us", p->ideal_us},
-                 {"stall_us", p->stall_us},
-                 {"plan_moves", p->moves},
-                 {"measured_over_predicted",
-                  p->iteration_us > 0 ? iteration_us / p->iteration_us : 0.0}};
+    predicted = {
+        {"iteration_us", p->iteration_us},
+        {"ideal_us", p->ideal_us},
+        {"stall_us", p->stall_us},
+        {"plan_moves", p->moves},
+        {"measured_over_predicted", p->iteration_us > 0 ? iteration_us / p->iteration_us : 0.0}};
   }
   Json report = {
       {"format", "teraio.run"},
@@ -596,7 +600,8 @@ int run(Args args) {
         {"tiers", args.tiers},
         {"profile_steps", args.profile_steps},
         {"torch", TORCH_VERSION}}},
-      {"offloading", offload.active() ? "on" : (kSessionBuilt ? "off" : "unavailable in this build")},
+      {"offloading",
+       offload.active() ? "on" : (kSessionBuilt ? "off" : "unavailable in this build")},
       {"throughput",
        {{"tokens_per_step", tokens_per_step},
         {"tokens_per_s", double(tokens_per_step) / (iteration_us / 1e6)},
@@ -607,9 +612,11 @@ int run(Args args) {
         {"wall_s", wall_s}}},
       {"memory",
        {{"budget_bytes", offload.budget_bytes()},
-        {"peak_resident_bytes", offload.active() ? Json(final_counters.peak_resident_bytes) : Json()},
+        {"peak_resident_bytes",
+         offload.active() ? Json(final_counters.peak_resident_bytes) : Json()},
         {"model_state_bytes", state_bytes},
-        {"parameter_bytes", config.parameter_count() * int64_t(dtype == torch::kBFloat16 ? 2 : 4)}}},
+        {"parameter_bytes",
+         config.parameter_count() * int64_t(dtype == torch::kBFloat16 ? 2 : 4)}}},
       {"traffic",
        {{"bytes_offloaded", final_counters.bytes_offloaded},
         {"bytes_prefetched", final_counters.bytes_prefetched},
@@ -639,9 +646,10 @@ int run(Args args) {
 int main(int argc, char** argv) {
   using teraio::train::Args;
   Args a;
-  CLI::App app{"teraio-train: train a Llama-architecture decoder (libtorch, AdamW) under a teraio "
-               "Session (docs/train.md)",
-               "teraio-train"};
+  CLI::App app{
+      "teraio-train: train a Llama-architecture decoder (libtorch, AdamW) under a teraio "
+      "Session (docs/train.md)",
+      "teraio-train"};
   app.get_formatter()->column_width(34);
   app.add_option("--model", a.model, "tiny (CPU), llama-1b, llama-3b or llama-8b")
       ->capture_default_str();
