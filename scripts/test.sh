@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test that needs no GPU: the release build with warnings as errors, the sanitizer builds
-# (AddressSanitizer+UBSan for everything, ThreadSanitizer for the threaded storage engine) and the
-# format fuzzers for a bounded time. Usage: scripts/test.sh [--quick]  (--quick: release build only)
+# Runs every test that needs no GPU: the release build with warnings as errors, the PyTorch
+# integration on CPU (torch 2.11 from PyPI, `pip install .`, pytest, and `teraio-train` end to end),
+# the sanitizer builds (AddressSanitizer+UBSan for everything, ThreadSanitizer for the threaded
+# storage engine) and the format fuzzers for a bounded time.
+# Usage: scripts/test.sh [--quick]  (--quick: the release build's tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -15,6 +17,15 @@ cmake --build build -j"$JOBS"
 ctest --test-dir build -L cpu --output-on-failure -j"$JOBS"
 
 if ((quick)); then exit 0; fi
+
+echo "== PyTorch integration on CPU (torch 2.11, pip install ., pytest)"
+bash scripts/test_python.sh
+
+echo "== teraio-train (libtorch) end to end"
+cmake -S . -B build-torch -G Ninja -DCMAKE_BUILD_TYPE=Release -DTERAIO_WITH_TORCH=ON \
+  -DTERAIO_BUILD_BENCH=OFF -DTERAIO_BUILD_TESTS=ON >/dev/null
+cmake --build build-torch -j"$JOBS" --target teraio teraio-train
+ctest --test-dir build-torch -R '^train_check$' --output-on-failure
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake --preset asan >/dev/null
