@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "teraio/json_text.h"
 #include "teraio/error.h"
 #include "teraio/storage.h"
 #include "teraio/units.h"
@@ -190,20 +191,6 @@ std::vector<Direction> directions(const std::string& d) {
   return {Direction::kWrite, Direction::kRead};
 }
 
-std::string json_str(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 int run_probe(const IobenchArgs& a) {
   TERAIO_CHECK(!a.paths.empty(), "iobench --probe: give at least one --path DIR");
@@ -223,9 +210,9 @@ int run_probe(const IobenchArgs& a) {
           "\"io_uring_reason\":{},\"gds\":{{\"mode\":{},\"library_loaded\":{},\"driver_opened\":{},"
           "\"handle_registered\":{},\"io_ok\":{},\"usable\":{},\"step\":{},\"error_code\":{},\"reason\":{}}},"
           "\"cuda_devices\":{}}}",
-          i ? "," : "", json_str(p), json_str(use), dio.supported, json_str(dio.reason), uring.supported,
-          json_str(uring.reason), json_str(std::string(to_string(mode))), gds.library_loaded, gds.driver_opened,
-          gds.handle_registered, gds.io_ok, gds.usable, json_str(gds.step), gds.error_code, json_str(gds.reason),
+          i ? "," : "", json_quote(p), json_quote(use), dio.supported, json_quote(dio.reason), uring.supported,
+          json_quote(uring.reason), json_quote(std::string(to_string(mode))), gds.library_loaded, gds.driver_opened,
+          gds.handle_registered, gds.io_ok, gds.usable, json_quote(gds.step), gds.error_code, json_quote(gds.reason),
           cuda_device_count());
     } else {
       fmt::print("path {}\n", p);
@@ -368,11 +355,11 @@ int run_iobench(const IobenchArgs& a) {
 
   if (a.json) {
     std::string out = fmt::format(
-        "{{\"format\":\"teraio.iobench\",\"version\":1,\"config\":{{\"tier\":{},\"paths\":[", json_str(a.tier));
-    for (size_t i = 0; i < a.paths.size(); ++i) out += (i ? "," : "") + json_str(a.paths[i]);
+        "{{\"format\":\"teraio.iobench\",\"version\":1,\"config\":{{\"tier\":{},\"paths\":[", json_quote(a.tier));
+    for (size_t i = 0; i < a.paths.size(); ++i) out += (i ? "," : "") + json_quote(a.paths[i]);
     out += fmt::format("],\"size_bytes\":{},\"repeat\":{},\"device\":{},\"engine\":{},\"gds\":{},\"stripe_bytes\":{},"
                        "\"direct_io\":{},\"checksums\":{},\"verify\":{}}},\"cuda_devices\":{},",
-                       total, a.repeat, json_str(a.device), json_str(a.engine), json_str(a.gds), stripe, !a.no_direct,
+                       total, a.repeat, json_quote(a.device), json_quote(a.engine), json_quote(a.gds), stripe, !a.no_direct,
                        a.checksums, a.verify, cuda_device_count());
     if (have_link) {
       out += fmt::format("\"host_link\":{{\"h2d_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},"
@@ -380,7 +367,7 @@ int run_iobench(const IobenchArgs& a) {
                          link_h2d.median, link_h2d.min, link_h2d.max, link_d2h.median, link_d2h.min, link_d2h.max);
     }
     out += "\"notes\":[";
-    for (size_t i = 0; i < notes.size(); ++i) out += (i ? "," : "") + json_str(notes[i]);
+    for (size_t i = 0; i < notes.size(); ++i) out += (i ? "," : "") + json_quote(notes[i]);
     out += "],\"results\":[";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -388,9 +375,9 @@ int run_iobench(const IobenchArgs& a) {
           "{}{{\"tier\":{},\"engine\":{},\"direction\":{},\"buffer\":{},\"paths\":{},\"request_bytes\":{},"
           "\"queue_depth\":{},\"gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},"
           "\"raw_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"raw\":{},\"verified\":{}}}",
-          i ? "," : "", json_str(r.tier), json_str(r.engine), json_str(r.direction), json_str(r.buffer), r.paths,
+          i ? "," : "", json_quote(r.tier), json_quote(r.engine), json_quote(r.direction), json_quote(r.buffer), r.paths,
           r.request_bytes, r.queue_depth, r.gbps.median, r.gbps.min, r.gbps.max, r.raw_gbps.median, r.raw_gbps.min,
-          r.raw_gbps.max, json_str(r.raw_what), r.verified);
+          r.raw_gbps.max, json_quote(r.raw_what), r.verified);
     }
     fmt::print("{}]}}\n", out);
     return 0;

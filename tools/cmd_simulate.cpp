@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "teraio/json_text.h"
 #include "teraio/error.h"
 #include "teraio/simulator.h"
 #include "teraio/sweep.h"
@@ -30,20 +31,6 @@ struct SimulateArgs {
   std::string min_tensor = "1MiB";
 };
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 // Applies NAME:READ_GBPS:WRITE_GBPS overrides to a copy of the plan's tiers.
 std::vector<TierSpec> apply_bandwidths(std::vector<TierSpec> tiers,
@@ -81,7 +68,7 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
       tiers_json += fmt::format(
           "{}{{\"name\": {}, \"offload_bytes\": {}, \"prefetch_bytes\": {}, \"write_busy_us\": {}, "
           "\"read_busy_us\": {}}}",
-          i ? ", " : "", json_string(tiers[i].name), t.offload_bytes, t.prefetch_bytes,
+          i ? ", " : "", json_quote(tiers[i].name), t.offload_bytes, t.prefetch_bytes,
           t.write_busy_us, t.read_busy_us);
     }
     fmt::print(

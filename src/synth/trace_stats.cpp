@@ -1,6 +1,7 @@
 // Trace statistics for `teraio analyze` and reports (docs/analyze.md): one pass over the memory
 // curve, the active bytes and the inactive periods, all from analysis.h.
 #include "teraio/trace_stats.h"
+#include "teraio/json_text.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,20 +27,6 @@ double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 // JSON number: finite doubles printed shortest round-trip, integers exactly.
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "0"; }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 template <size_t N>
 std::string bucket_object(const std::array<uint64_t, N>& values, const char* const* labels) {
@@ -166,7 +153,7 @@ std::string trace_stats_to_json(const TraceStats& s) {
   for (size_t i = 0; i < s.top_kernels.size(); ++i) {
     const auto& g = s.top_kernels[i];
     top += fmt::format("{}{{\"name\": {}, \"count\": {}, \"time_us\": {}}}", i ? ", " : "",
-                       json_string(g.name), g.count, num(g.time_us));
+                       json_quote(g.name), g.count, num(g.time_us));
   }
   top += "]";
 
@@ -176,7 +163,7 @@ std::string trace_stats_to_json(const TraceStats& s) {
   };
   std::string meta = "{";
   for (size_t i = 0; i < s.meta.size(); ++i) {
-    meta += fmt::format("{}{}: {}", i ? ", " : "", json_string(s.meta[i].first), s.meta[i].second);
+    meta += fmt::format("{}{}: {}", i ? ", " : "", json_quote(s.meta[i].first), s.meta[i].second);
   }
   field("meta", meta + "}");
   field("num_kernels", fmt::format("{}", s.num_kernels));

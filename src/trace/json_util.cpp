@@ -1,6 +1,8 @@
 // Typed access to simdjson's DOM with precise error messages; file loading and atomic writes.
 #include "json_util.h"
 
+#include "teraio/json_text.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -154,25 +156,7 @@ void write_file(const std::string& path, std::string_view text) {
   }
 }
 
-void append_escaped(std::string& out, std::string_view s) {
-  out += '"';
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
+void append_escaped(std::string& out, std::string_view s) { append_json_quoted(out, s); }
 
 void append_double(std::string& out, double v) {
   if (v == std::floor(v) && std::fabs(v) < 1e15) {
