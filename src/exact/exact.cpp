@@ -52,6 +52,16 @@ struct GlpDeleter {
 };
 using GlpProb = std::unique_ptr<glp_prob, GlpDeleter>;
 
+// GLPK prints some messages (e.g. from its basis construction) whatever msg_lev says; the library
+// never prints, so terminal output is off while a solver object is alive.
+struct GlpQuiet {
+  GlpQuiet() : previous(glp_term_out(GLP_OFF)) {}
+  ~GlpQuiet() { glp_term_out(previous); }
+  GlpQuiet(const GlpQuiet&) = delete;
+  GlpQuiet& operator=(const GlpQuiet&) = delete;
+  int previous;
+};
+
 class Model {
  public:
   Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& tiers);
@@ -72,6 +82,7 @@ class Model {
   uint64_t budget_;
   std::vector<TierSpec> tiers_;
   uint32_t n_;
+  GlpQuiet quiet_;  // before prob_: output stays off for the model's whole life
   GlpProb prob_;
   std::vector<Gap> gaps_;
   std::vector<Cand> cands_;
@@ -342,6 +353,7 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
     const uint32_t q = shift + pr.prefetch_begin - 1;
     window[{it->second, pr.tier}] = {p, q};
   }
+  GlpQuiet quiet;
   GlpProb lp(glp_create_prob());
   glp_copy_prob(lp.get(), prob_.get(), GLP_OFF);
   for (const Cand& c : cands_) {
