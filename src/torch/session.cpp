@@ -89,7 +89,15 @@ class StorageMemory final : public runtime::Memory {
   bool alive() const override { return !weak_.expired(); }
   storage::CudaStream stream() const override {
 #ifdef TERAIO_TORCH_CUDA
-    if (device_.is_cuda()) return c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    if (device_.is_cuda()) {
+      // PyTorch's default stream is the legacy default stream, whose cudaStream_t is nullptr. For
+      // the storage engine a null ready_stream means "no stream: the bytes are final at submit",
+      // so an offload's device-to-host copy (on the tier's non-blocking stream) would not wait
+      // for the kernels still queued that produce or update the tensor, and a prefetch would not
+      // make the compute stream wait on the GPU. Name the legacy stream explicitly instead.
+      cudaStream_t s = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+      return s != nullptr ? s : cudaStreamLegacy;
+    }
 #endif
     return nullptr;
   }
