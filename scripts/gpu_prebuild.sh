@@ -14,7 +14,7 @@ for f in "$B"/bin/*; do
   [[ -x "$f" && -f "$f" ]] && strip -o "build-gpu/bin/$(basename "$f")" "$f"
 done
 for lib in libfmt.so.9 libsimdjson.so.14 liburing.so.2 libglpk.so.40 libbenchmark.so.1debian \
-           libamd.so.2 libcolamd.so.2 libsuitesparseconfig.so.5 libgmp.so.10 libltdl.so.7 libz.so.1 \
+           libamd.so.2 libcolamd.so.2 libsuitesparseconfig.so.5 libgmp.so.10 libltdl.so.7 \
            libcudart.so.13; do
   p=$(ldd "build-gpu/bin/teraio" "build-gpu/bin/storage_gpu_test" 2>/dev/null | awk -v l="$lib" '$1 == l {print $3}' | head -n1 || true)
   if [[ -n "$p" ]]; then cp -L "$p" build-gpu/lib/; fi
