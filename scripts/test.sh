@@ -32,12 +32,12 @@ cmake --preset asan >/dev/null
 cmake --build build-asan -j"$JOBS"
 ctest --test-dir build-asan -L cpu --output-on-failure -j"$JOBS"
 
-if [[ -d tests/storage ]]; then
-  echo "== ThreadSanitizer (storage engine)"
-  cmake --preset tsan >/dev/null
-  cmake --build build-tsan -j"$JOBS" --target storage_tests
-  TSAN_OPTIONS="halt_on_error=1" ctest --test-dir build-tsan -L cpu -R '^Storage|^storage' --output-on-failure -j"$JOBS"
-fi
+echo "== ThreadSanitizer (the threaded storage engine and migration engine)"
+cmake --preset tsan >/dev/null
+cmake --build build-tsan -j"$JOBS" --target storage_conformance_test storage_unit_test runtime_tests
+for t in storage_conformance_test storage_unit_test runtime_tests; do
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/$t --gtest_brief=1
+done
 
 if [[ -d fuzz ]]; then
   echo "== fuzzing the trace and plan readers (bounded)"
