@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "planning_args.h"
 #include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/exact.h"
@@ -20,20 +21,15 @@
 namespace teraio::cli {
 namespace {
 
-struct ExactArgs {
-  std::string trace_path;
-  std::string budget;
-  std::vector<std::string> tiers;
-  std::string out_path;
+struct ExactArgs : PlanningArgs {
   double time_limit_s = 60;
   bool no_warm_start = false;
-  bool json = false;
 };
 
 int run_exact(const ExactArgs& args) {
   ExactOptions opts;
-  opts.budget_bytes = parse_size(args.budget, "--budget");
-  for (const std::string& spec : args.tiers) opts.tiers.push_back(parse_tier_spec(spec));
+  opts.budget_bytes = args.budget_bytes();
+  opts.tiers = args.tier_specs();
   opts.time_limit_s = args.time_limit_s;
   opts.warm_start_greedy = !args.no_warm_start;
   const Trace trace = read_trace(args.trace_path);
@@ -93,17 +89,11 @@ const Registration kExact{{
     25,
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<ExactArgs>();
-      sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
-      sub.add_option("--budget", args->budget, "GPU memory for tensors, e.g. 40GiB")->required();
-      sub.add_option("--tier", args->tiers,
-                     "NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat, most preferred first")
-          ->required();
-      sub.add_option("-o,--output", args->out_path, "plan file to write (teraio.plan v1 JSON)")->required();
+      add_planning_options(sub, *args);
       sub.add_option("--time-limit", args->time_limit_s, "seconds for the solver; the best plan so far is kept")
           ->capture_default_str()
           ->check(CLI::PositiveNumber);
       sub.add_flag("--no-warm-start", args->no_warm_start, "do not seed the solver with the greedy plan");
-      sub.add_flag("--json", args->json, "print the summary as one JSON object");
       return [args] { return run_exact(*args); };
     },
 }};

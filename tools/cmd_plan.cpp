@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "planning_args.h"
 #include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/plan_check.h"
@@ -20,21 +21,16 @@
 namespace teraio::cli {
 namespace {
 
-struct PlanArgs {
-  std::string trace_path;
-  std::string budget;
-  std::vector<std::string> tiers;
-  std::string out_path;
+struct PlanArgs : PlanningArgs {
   std::string min_tensor = "1MiB";
-  bool json = false;
 };
 
 int run_plan(const PlanArgs& args) {
   const auto t0 = std::chrono::steady_clock::now();
   PlannerOptions opts;
-  opts.budget_bytes = parse_size(args.budget, "--budget");
+  opts.budget_bytes = args.budget_bytes();
   opts.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
-  for (const std::string& spec : args.tiers) opts.tiers.push_back(parse_tier_spec(spec));
+  opts.tiers = args.tier_specs();
   const Trace trace = read_trace(args.trace_path);
   const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -104,16 +100,10 @@ const Registration kPlan{{
     20,
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<PlanArgs>();
-      sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
-      sub.add_option("--budget", args->budget, "GPU memory for tensors, e.g. 40GiB")->required();
-      sub.add_option("--tier", args->tiers,
-                     "NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat, most preferred first")
-          ->required();
-      sub.add_option("-o,--output", args->out_path, "plan file to write (teraio.plan v1 JSON)")->required();
+      add_planning_options(sub, *args);
       sub.add_option("--min-tensor", args->min_tensor,
                      "tensors smaller than this move only when nothing else fits the budget")
           ->capture_default_str();
-      sub.add_flag("--json", args->json, "print the summary as one JSON object");
       return [args] { return run_plan(*args); };
     },
 }};

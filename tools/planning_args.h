@@ -1,0 +1,41 @@
+// The arguments `teraio plan` and `teraio exact` share — the trace, the budget, the tiers, the plan
+// to write and --json — defined once so the two commands cannot drift apart.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "teraio/plan.h"
+#include "teraio/units.h"
+
+namespace teraio::cli {
+
+struct PlanningArgs {
+  std::string trace_path;
+  std::string budget;
+  std::vector<std::string> tiers;
+  std::string out_path;
+  bool json = false;
+
+  uint64_t budget_bytes() const { return parse_size(budget, "--budget"); }
+  std::vector<TierSpec> tier_specs() const {
+    std::vector<TierSpec> out;
+    for (const std::string& spec : tiers) out.push_back(parse_tier_spec(spec));
+    return out;
+  }
+};
+
+inline void add_planning_options(CLI::App& sub, PlanningArgs& a) {
+  sub.add_option("trace", a.trace_path, "trace file (teraio.trace v1 JSON)")->required();
+  sub.add_option("--budget", a.budget, "GPU memory for tensors, e.g. 40GiB")->required();
+  sub.add_option("--tier", a.tiers,
+                 "NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat, most preferred first")
+      ->required();
+  sub.add_option("-o,--output", a.out_path, "plan file to write (teraio.plan v1 JSON)")->required();
+  sub.add_flag("--json", a.json, "print the summary as one JSON object");
+}
+
+}  // namespace teraio::cli
