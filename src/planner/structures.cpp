@@ -106,27 +106,23 @@ LinkSlots::LinkSlots(const std::vector<double>& time_us, double gbps)
   }
 }
 
-uint32_t LinkSlots::find_next(uint32_t k) {
+namespace {
+// Union-find root of k in `parent`, compressing the path on the way back.
+uint32_t find_root(std::vector<uint32_t>& parent, uint32_t k) {
   uint32_t root = k;
-  while (next_[root] != root) root = next_[root];
-  while (next_[k] != root) {
-    const uint32_t up = next_[k];
-    next_[k] = root;
+  while (parent[root] != root) root = parent[root];
+  while (parent[k] != root) {
+    const uint32_t up = parent[k];
+    parent[k] = root;
     k = up;
   }
   return root;
 }
+}  // namespace
 
-uint32_t LinkSlots::find_prev(uint32_t k) {
-  uint32_t root = k;
-  while (prev_[root] != root) root = prev_[root];
-  while (prev_[k] != root) {
-    const uint32_t up = prev_[k];
-    prev_[k] = root;
-    k = up;
-  }
-  return root;
-}
+uint32_t LinkSlots::find_next(uint32_t k) { return find_root(next_, k); }
+
+uint32_t LinkSlots::find_prev(uint32_t k) { return find_root(prev_, k); }
 
 int64_t LinkSlots::take(uint32_t k, int64_t want) {
   const int64_t got = std::min(want, free_[k]);
