@@ -154,6 +154,17 @@ class Builder {
     p.grad_written = true;
   }
 
+  // Backward of a projection y = x·Wᵀ with x of `in` and y of `out` features: the input gradient
+  // dx = dy·W goes to a new temporary `name` of `bytes`, then dW = dyᵀ·x.
+  TensorId linear_backward(const std::string& name, uint64_t bytes, TensorId grad_out, TensorId input,
+                           double in, double out, Param& w) {
+    const double t = static_cast<double>(tokens_);
+    TensorId grad_in = tmp(name, bytes);
+    mm(t, out, in, {grad_out, w.param, grad_in});
+    grad_op("aten::mm", OpClass::matmul, 2 * t * in * out, {grad_out, input}, w);
+    return grad_in;
+  }
+
   // ---- model ------------------------------------------------------------------------------------
   void param(const std::string& name, uint64_t elements) {
     Param p;
@@ -343,27 +354,21 @@ class Builder {
 
   // g: gradient of the layer's output. Returns the gradient of its input.
   TensorId layer_backward(uint32_t l, TensorId g, LayerParams& p, const LayerSaved& s) {
-    const double t = static_cast<double>(tokens_), d = shape_.d_model, f = shape_.ffn;
+    const double d = shape_.d_model, f = shape_.ffn;
     const double kvd = static_cast<double>(kv_dim_);
     const uint64_t bd = tokens_ * shape_.d_model * elt_, bkv = tokens_ * kv_dim_ * elt_,
                    bf = tokens_ * shape_.ffn * elt_;
     const std::string L = fmt::format("layers.{}.", l);
     // MLP
-    TensorId g_prod = tmp(L + "mlp.grad_prod", bf);
-    mm(t, d, f, {g, p.w_down->param, g_prod});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * f, {g, s.prod}, *p.w_down);
+    TensorId g_prod = linear_backward(L + "mlp.grad_prod", bf, g, s.prod, f, d, *p.w_down);
     TensorId g_act = tmp(L + "mlp.grad_silu", bf);
     ew("aten::mul", {g_prod, s.up, g_act});
     TensorId g_up = tmp(L + "mlp.grad_up", bf);
     ew("aten::mul", {g_prod, s.act, g_up});
     TensorId g_gate = tmp(L + "mlp.grad_gate", bf);
     ew("aten::silu_backward", {g_act, s.gate, g_gate});
-    TensorId g_n2a = tmp(L + "mlp.grad_norm_out_up", bd);
-    mm(t, f, d, {g_up, p.w_up->param, g_n2a});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * f, {g_up, s.n2}, *p.w_up);
-    TensorId g_n2b = tmp(L + "mlp.grad_norm_out_gate", bd);
-    mm(t, f, d, {g_gate, p.w_gate->param, g_n2b});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * f, {g_gate, s.n2}, *p.w_gate);
+    TensorId g_n2a = linear_backward(L + "mlp.grad_norm_out_up", bd, g_up, s.n2, d, f, *p.w_up);
+    TensorId g_n2b = linear_backward(L + "mlp.grad_norm_out_gate", bd, g_gate, s.n2, d, f, *p.w_gate);
     TensorId g_n2 = tmp(L + "mlp_norm.grad_out", bd);
     ew("aten::add", {g_n2a, g_n2b, g_n2});
     TensorId g_mid_n =
@@ -371,9 +376,7 @@ class Builder {
     TensorId g_mid = tmp(L + "grad_residual_mid", bd);
     ew("aten::add", {g, g_mid_n, g_mid});
     // Attention
-    TensorId g_attn = tmp(L + "attn.grad_sdpa_out", bd);
-    mm(t, d, d, {g_mid, p.wo->param, g_attn});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * d, {g_mid, s.attn_t}, *p.wo);
+    TensorId g_attn = linear_backward(L + "attn.grad_sdpa_out", bd, g_mid, s.attn_t, d, d, *p.wo);
     TensorId g_q = tmp(L + "attn.grad_q_rope", bd);
     TensorId g_krep = tmp(L + "attn.grad_k_repeated", bd);
     TensorId g_vrep = tmp(L + "attn.grad_v_repeated", bd);
@@ -385,15 +388,9 @@ class Builder {
     ew("aten::sum", {g_vrep, g_v});
     TensorId g_qp = rope_backward(L + "attn.q", g_q, bd);
     TensorId g_kp = rope_backward(L + "attn.k", g_k, bkv);
-    TensorId g_n1v = tmp(L + "attn.grad_norm_out_v", bd);
-    mm(t, kvd, d, {g_v, p.wv->param, g_n1v});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * kvd, {g_v, s.n1}, *p.wv);
-    TensorId g_n1k = tmp(L + "attn.grad_norm_out_k", bd);
-    mm(t, kvd, d, {g_kp, p.wk->param, g_n1k});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * kvd, {g_kp, s.n1}, *p.wk);
-    TensorId g_n1q = tmp(L + "attn.grad_norm_out_q", bd);
-    mm(t, d, d, {g_qp, p.wq->param, g_n1q});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * d, {g_qp, s.n1}, *p.wq);
+    TensorId g_n1v = linear_backward(L + "attn.grad_norm_out_v", bd, g_v, s.n1, d, kvd, *p.wv);
+    TensorId g_n1k = linear_backward(L + "attn.grad_norm_out_k", bd, g_kp, s.n1, d, kvd, *p.wk);
+    TensorId g_n1q = linear_backward(L + "attn.grad_norm_out_q", bd, g_qp, s.n1, d, d, *p.wq);
     TensorId g_n1a = tmp(L + "attn_norm.grad_out_vk", bd);
     ew("aten::add", {g_n1v, g_n1k, g_n1a});
     TensorId g_n1 = tmp(L + "attn_norm.grad_out", bd);
