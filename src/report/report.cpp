@@ -263,12 +263,7 @@ void memory_chart(std::string& out, const Context& c) {
         fmt::format("kernels {}\u2013{}\nrequired without offloading (max): {}\nactive (max): {}",
                     k0, k1 - 1, bytes_text(r), bytes_text(a));
     if (c.plan) tip += fmt::format("\nresident under the plan (max): {}", bytes_text(s));
-    const double x0 = plot.px(static_cast<double>(k0)), x1 = plot.px(static_cast<double>(k1));
-    out += fmt::format(
-        "<rect class=\"hover\" x=\"{}\" y=\"{}\" width=\"{}\" "
-        "height=\"{}\"><title>{}</title></rect>\n",
-        coord(x0), coord(plot.y_top()), coord(x1 - x0), coord(plot.y_bottom() - plot.y_top()),
-        escape(tip));
+    plot.hover_band(out, static_cast<double>(k0), static_cast<double>(k1), tip);
   }
   out += "</g>\n";
   std::vector<Plot::LegendItem> legend = {{kRequiredColour, "required without offloading"}};
@@ -469,13 +464,7 @@ void bandwidth_chart(std::string& out, const Context& c) {
       tip += fmt::format("\n{} {}: {:.2f} GB/s (mean)", plan.tiers[s / 2].name,
                          s % 2 == 0 ? "offload" : "prefetch", sum / static_cast<double>(b1 - b0));
     }
-    const double x0 = plot.px(static_cast<double>(b0) * w),
-                 x1 = plot.px(static_cast<double>(b1) * w);
-    out += fmt::format(
-        "<rect class=\"hover\" x=\"{}\" y=\"{}\" width=\"{}\" "
-        "height=\"{}\"><title>{}</title></rect>\n",
-        coord(x0), coord(plot.y_top()), coord(x1 - x0), coord(plot.y_bottom() - plot.y_top()),
-        escape(tip));
+    plot.hover_band(out, static_cast<double>(b0) * w, static_cast<double>(b1) * w, tip);
   }
   out += "</g>\n";
   for (auto& p : phase_legend()) legend.push_back(p);

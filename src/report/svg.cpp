@@ -158,6 +158,14 @@ void Plot::axes(std::string& out, const std::vector<double>& x_ticks,
   out += "</g>\n";
 }
 
+void Plot::hover_band(std::string& out, double x0, double x1, std::string_view tip) const {
+  const double p0 = px(x0), p1 = px(x1);
+  out += fmt::format(
+      "<rect class=\"hover\" x=\"{}\" y=\"{}\" width=\"{}\" "
+      "height=\"{}\"><title>{}</title></rect>\n",
+      coord(p0), coord(y_top()), coord(p1 - p0), coord(y_bottom() - y_top()), escape(tip));
+}
+
 void Plot::legend(std::string& out, const std::vector<LegendItem>& items) const {
   out += "<g class=\"legend\">";
   double x = x_left();

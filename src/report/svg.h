@@ -59,6 +59,8 @@ class Plot {
     bool box = false;  // a filled square instead of a line
   };
   void legend(std::string& out, const std::vector<LegendItem>& items) const;
+  // A transparent full-height band over data x from x0 to x1 whose tooltip is `tip`.
+  void hover_band(std::string& out, double x0, double x1, std::string_view tip) const;
 
  private:
   double x_lo_, x_hi_, y_lo_, y_hi_;
