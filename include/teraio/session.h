@@ -20,24 +20,24 @@ namespace teraio {
 struct SessionTier {
   enum class Kind { kHost, kFile };
   Kind kind = Kind::kHost;
-  uint64_t capacity_bytes = 0;      // required
-  std::vector<std::string> paths;   // kFile: one directory per SSD, each must be writable
-  double read_gbps = 0;             // for the planner; 0 picks 20 (host) or 1.5 (file)
+  uint64_t capacity_bytes = 0;     // required
+  std::vector<std::string> paths;  // kFile: one directory per SSD, each must be writable
+  double read_gbps = 0;            // for the planner; 0 picks 20 (host) or 1.5 (file)
   double write_gbps = 0;
 };
 
 struct SessionOptions {
-  uint64_t budget_bytes = 0;                // resident bytes of tracked tensors allowed; required
-  std::vector<SessionTier> tiers;           // at least one, in order of preference for evictions
-  int profiling_iterations = 2;             // profiled (reactive) steps before planning; the last is traced
-  uint64_t min_tensor_bytes = 4096;         // smaller storages are not tracked
-  bool planning = true;                     // false: stay in reactive mode
-  std::string trace_path;                   // when set, each profiled trace is written there
-  std::string plan_path;                    // when set, each plan made is written there
+  uint64_t budget_bytes = 0;       // resident bytes of tracked tensors allowed; required
+  std::vector<SessionTier> tiers;  // at least one, in order of preference for evictions
+  int profiling_iterations = 2;    // profiled (reactive) steps before planning; the last is traced
+  uint64_t min_tensor_bytes = 4096;  // smaller storages are not tracked
+  bool planning = true;              // false: stay in reactive mode
+  std::string trace_path;            // when set, each profiled trace is written there
+  std::string plan_path;             // when set, each plan made is written there
 };
 
 struct SessionStats {
-  std::string mode;  // "profiling", "planned" or "reactive"
+  std::string mode;        // "profiling", "planned" or "reactive"
   uint64_t iteration = 0;  // completed steps
   uint64_t budget_bytes = 0;
   uint64_t peak_resident_bytes = 0;
@@ -50,11 +50,11 @@ struct SessionStats {
   uint64_t drift_events = 0;
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;
-  uint64_t operators = 0;           // operators of the last step
-  uint64_t tracked_tensors = 0;     // logical tensors known
+  uint64_t operators = 0;        // operators of the last step
+  uint64_t tracked_tensors = 0;  // logical tensors known
   uint64_t plans_cached = 0;
-  uint64_t budget_violations = 0;   // operators whose own tensors exceeded the budget
-  std::string last_error;           // the last error caught inside a callback ("" if none)
+  uint64_t budget_violations = 0;  // operators whose own tensors exceeded the budget
+  std::string last_error;          // the last error caught inside a callback ("" if none)
 };
 
 class Session {
@@ -74,6 +74,7 @@ class Session {
     ~StepGuard() noexcept(false) {
       if (s_) s_->end_step();
     }
+
    private:
     Session* s_;
   };

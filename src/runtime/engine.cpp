@@ -13,7 +13,8 @@ namespace teraio::runtime {
 
 namespace {
 double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 bool counts_as_resident(Location l) {
@@ -23,11 +24,16 @@ bool counts_as_resident(Location l) {
 
 std::string_view to_string(Location location) {
   switch (location) {
-    case Location::kUnbound: return "unbound";
-    case Location::kResident: return "resident";
-    case Location::kOffloading: return "offloading";
-    case Location::kOffloaded: return "offloaded";
-    case Location::kPrefetching: return "prefetching";
+    case Location::kUnbound:
+      return "unbound";
+    case Location::kResident:
+      return "resident";
+    case Location::kOffloading:
+      return "offloading";
+    case Location::kOffloaded:
+      return "offloaded";
+    case Location::kPrefetching:
+      return "prefetching";
   }
   return "?";
 }
@@ -141,8 +147,8 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
     e.loc = Location::kResident;
-    throw Error(fmt::format("offload of tensor {} to tier '{}' failed: {}", e.id, tiers_[e.tier].name,
-                            r.error));
+    throw Error(fmt::format("offload of tensor {} to tier '{}' failed: {}", e.id,
+                            tiers_[e.tier].name, r.error));
   }
   e.memory->drop();
   e.loc = Location::kOffloaded;
@@ -193,8 +199,8 @@ void Engine::make_usable_locked(Entry& e) {
 }
 
 bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
-  if (e.loc != Location::kResident || !e.memory->alive()) return e.loc == Location::kOffloading ||
-                                                                   e.loc == Location::kOffloaded;
+  if (e.loc != Location::kResident || !e.memory->alive())
+    return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
   if (e.has_extent) {  // space of the previous read, free once that read is done
     e.pending.wait();
@@ -319,7 +325,8 @@ void Engine::sweep_dead_locked(size_t max_entries) {
 bool Engine::enforce_budget(uint64_t reserve_bytes) {
   std::lock_guard lock(mutex_);
   if (options_.budget_bytes == 0) return true;
-  uint64_t target = options_.budget_bytes > reserve_bytes ? options_.budget_bytes - reserve_bytes : 0;
+  uint64_t target =
+      options_.budget_bytes > reserve_bytes ? options_.budget_bytes - reserve_bytes : 0;
   if (stats_.resident_bytes <= target) return true;
   sweep_dead_locked(0);  // tensors that died still count until forgotten
   if (stats_.resident_bytes <= target) return true;
@@ -329,7 +336,8 @@ bool Engine::enforce_budget(uint64_t reserve_bytes) {
   if (stats_.resident_bytes <= target) return true;
   std::vector<Entry*> victims;
   for (auto& p : entries_)
-    if (p && p->loc == Location::kResident && p->pins == 0 && p->memory->alive()) victims.push_back(p.get());
+    if (p && p->loc == Location::kResident && p->pins == 0 && p->memory->alive())
+      victims.push_back(p.get());
   std::sort(victims.begin(), victims.end(),
             [](const Entry* a, const Entry* b) { return a->last_use < b->last_use; });
   uint64_t outgoing = 0;
@@ -371,8 +379,9 @@ void Engine::set_plan(const Plan& plan, size_t num_kernels) {
     TERAIO_CHECK(m.start < num_kernels && m.deadline < num_kernels,
                  "plan move of tensor {} names kernel {} but the iteration has {}", m.tensor,
                  std::max(m.start, m.deadline), num_kernels);
-    TERAIO_CHECK(m.tier < tiers_.size(), "plan move of tensor {} names tier {} but the engine has {}",
-                 m.tensor, m.tier, tiers_.size());
+    TERAIO_CHECK(m.tier < tiers_.size(),
+                 "plan move of tensor {} names tier {} but the engine has {}", m.tensor, m.tier,
+                 tiers_.size());
     if (m.op == MoveOp::offload) {
       schedule_[m.start].offload_at.push_back(m);
       schedule_[m.deadline].offload_due.push_back(m.tensor);

@@ -32,7 +32,8 @@ class Memory {
   virtual void attach() = 0;
   // Frees the held bytes (after they were written to a tier).
   virtual void drop() = 0;
-  // Allocates bytes to hold the tensor's contents, not yet visible to the tensor; attach() installs them.
+  // Allocates bytes to hold the tensor's contents, not yet visible to the tensor; attach() installs
+  // them.
   virtual storage::BufferView allocate() = 0;
   // False once the tensor is gone (its memory no longer needs to come back).
   virtual bool alive() const = 0;
@@ -44,9 +45,9 @@ enum class Location : uint8_t { kUnbound, kResident, kOffloading, kOffloaded, kP
 std::string_view to_string(Location location);
 
 struct EngineTier {
-  std::string name;                 // as named in the plan ("host", "file", ...)
-  storage::Tier* tier = nullptr;    // not owned; outlives the engine
-  uint64_t capacity_bytes = 0;      // bytes of the tier the engine may use
+  std::string name;               // as named in the plan ("host", "file", ...)
+  storage::Tier* tier = nullptr;  // not owned; outlives the engine
+  uint64_t capacity_bytes = 0;    // bytes of the tier the engine may use
 };
 
 struct EngineOptions {
@@ -60,12 +61,12 @@ struct EngineStats {
   uint64_t bytes_prefetched = 0;  // read back (completed)
   uint64_t offloads = 0;
   uint64_t prefetches = 0;
-  uint64_t urgent_fetches = 0;    // inputs that were neither resident nor arriving
-  uint64_t evictions = 0;         // offloads chosen by the budget (reactive mode / safety net)
+  uint64_t urgent_fetches = 0;      // inputs that were neither resident nor arriving
+  uint64_t evictions = 0;           // offloads chosen by the budget (reactive mode / safety net)
   uint64_t cancelled_offloads = 0;  // offloads undone because the tensor was used again
-  uint64_t plan_moves = 0;        // planned moves issued
-  uint64_t skipped_moves = 0;     // planned moves whose tensor was not bound or not in the right place
-  double stall_us = 0;            // time spent waiting for data (urgent fetches, late prefetches, evictions)
+  uint64_t plan_moves = 0;          // planned moves issued
+  uint64_t skipped_moves = 0;  // planned moves whose tensor was not bound or not in the right place
+  double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
 };
 
 // The location table plus the plan schedule. Thread-safe: every public method takes one mutex.
@@ -137,7 +138,7 @@ class Engine {
   const Entry* find(LogicalId id) const;
   bool offload_locked(Entry& e, uint32_t tier, bool urgent);
   bool prefetch_locked(Entry& e, bool urgent);
-  void make_usable_locked(Entry& e);   // any state -> resident and attached
+  void make_usable_locked(Entry& e);  // any state -> resident and attached
   void complete_offload_locked(Entry& e, bool wait);
   void complete_prefetch_locked(Entry& e);
   void forget_locked(Entry& e);

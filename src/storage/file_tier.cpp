@@ -1,7 +1,8 @@
 // The file tier: a byte space striped over one file per path (one path per SSD, no RAID), reserved
 // with fallocate in a private per-job directory. Each path has its own priority queue and engine:
 // io_uring with registered pinned bounce buffers, or a pool of pread/pwrite threads; device buffers
-// pass through the bounce ring (or cuFile when GDS is usable). The synchronous engine is the oracle.
+// pass through the bounce ring (or cuFile when GDS is usable). The synchronous engine is the
+// oracle.
 #include <fcntl.h>
 #ifdef TERAIO_HAVE_LIBURING
 #include <liburing.h>
@@ -31,8 +32,12 @@ constexpr uint64_t kBlock = 4096;
 constexpr int kMaxRetries = 16;
 std::atomic<uint64_t> g_dir_counter{0};
 
-uint64_t round_down(uint64_t x) { return x / kBlock * kBlock; }
-uint64_t round_up(uint64_t x) { return (x + kBlock - 1) / kBlock * kBlock; }
+uint64_t round_down(uint64_t x) {
+  return x / kBlock * kBlock;
+}
+uint64_t round_up(uint64_t x) {
+  return (x + kBlock - 1) / kBlock * kBlock;
+}
 
 // A piece of a request that lies within one stripe (so within one file and one bounce buffer).
 struct Piece {
@@ -86,14 +91,16 @@ struct ChunkPlan {
 // O_DIRECT; the unaligned head and tail go through the buffered descriptor (the kernel keeps the
 // page cache coherent with direct I/O for non-overlapping requests). Host buffers whose body is
 // already aligned skip the bounce entirely.
-ChunkPlan plan_chunk(const PathFiles& pf, const Piece& p, const BufferView& buf, std::byte* bounce) {
+ChunkPlan plan_chunk(const PathFiles& pf, const Piece& p, const BufferView& buf,
+                     std::byte* bounce) {
   ChunkPlan c;
   std::byte* user = buf.bytes() + p.buf_offset;
   uint64_t end = p.file_offset + p.size;
   uint64_t body_start = round_up(p.file_offset), body_end = round_down(end);
   bool has_body = pf.direct && body_start < body_end;
-  c.use_bounce = buf.is_device() ||
-                 (has_body && reinterpret_cast<uintptr_t>(user + (body_start - p.file_offset)) % kBlock != 0);
+  c.use_bounce =
+      buf.is_device() ||
+      (has_body && reinterpret_cast<uintptr_t>(user + (body_start - p.file_offset)) % kBlock != 0);
   c.stage = c.use_bounce ? bounce + p.file_offset % kBlock : user;
   auto add = [&](int fd, uint64_t from, uint64_t to) {
     if (from < to) c.seg[c.n++] = Segment{fd, c.stage + (from - p.file_offset), to - from, from};
@@ -168,8 +175,8 @@ class FileTier final : public Tier {
     TERAIO_CHECK(o.capacity_bytes > 0, "file tier: capacity_bytes must be > 0");
     TERAIO_CHECK(o.stripe_bytes >= kBlock && o.stripe_bytes % kBlock == 0,
                  "file tier: stripe_bytes {} must be a positive multiple of 4096", o.stripe_bytes);
-    TERAIO_CHECK(o.queue_depth >= 1 && o.queue_depth <= 1024, "file tier: queue_depth {} must be in [1, 1024]",
-                 o.queue_depth);
+    TERAIO_CHECK(o.queue_depth >= 1 && o.queue_depth <= 1024,
+                 "file tier: queue_depth {} must be in [1, 1024]", o.queue_depth);
     int np = static_cast<int>(o.paths.size());
     uint64_t row = o.stripe_bytes * static_cast<uint64_t>(np);
     per_path_bytes_ = (o.capacity_bytes + row - 1) / row * o.stripe_bytes;
@@ -186,7 +193,8 @@ class FileTier final : public Tier {
             ps->bounce.push_back(static_cast<std::byte*>(cuda::host_alloc(o.stripe_bytes)));
             ps->bounce_pinned = true;
           } else {
-            ps->bounce.push_back(static_cast<std::byte*>(aligned_host_alloc(o.stripe_bytes, "file tier bounce buffer")));
+            ps->bounce.push_back(static_cast<std::byte*>(
+                aligned_host_alloc(o.stripe_bytes, "file tier bounce buffer")));
           }
         }
       }
@@ -247,8 +255,9 @@ class FileTier final : public Tier {
       if (mode == ShutdownMode::kCancel) {
         for (auto& c : ps->queue.take_all()) {
           chunk_done(c.ctx,
-                     failure(ECANCELED, fmt::format("file tier: {} at tier offset {} cancelled by shutdown",
-                                                    to_string(c.ctx->req.direction), c.ctx->req.offset_bytes)),
+                     failure(ECANCELED,
+                             fmt::format("file tier: {} at tier offset {} cancelled by shutdown",
+                                         to_string(c.ctx->req.direction), c.ctx->req.offset_bytes)),
                      c.piece);
         }
       }
@@ -263,9 +272,14 @@ class FileTier final : public Tier {
   }
 
   TierInfo info() const override {
-    const char* e = engine_ == Engine::kSync ? "sync" : engine_ == Engine::kIoUring ? "io_uring" : "threads";
-    TierInfo i{engine_ == Engine::kSync ? "file-sync" : "file", gds_ ? std::string(e) + "+cufile" : e, notes_,
-               o_.capacity_bytes, {}};
+    const char* e = engine_ == Engine::kSync      ? "sync"
+                    : engine_ == Engine::kIoUring ? "io_uring"
+                                                  : "threads";
+    TierInfo i{engine_ == Engine::kSync ? "file-sync" : "file",
+               gds_ ? std::string(e) + "+cufile" : e,
+               notes_,
+               o_.capacity_bytes,
+               {}};
     for (const auto& ps : paths_) i.files.push_back(ps->files.file);
     return i;
   }
@@ -273,29 +287,34 @@ class FileTier final : public Tier {
  private:
   void open_path(PathState& ps, const std::string& root, bool sync) {
     struct stat st;
-    TERAIO_CHECK(::stat(root.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "file tier: path {} is not a directory ({})",
-                 root, std::strerror(errno));
+    TERAIO_CHECK(::stat(root.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
+                 "file tier: path {} is not a directory ({})", root, std::strerror(errno));
     PathFiles& f = ps.files;
     f.dir = fmt::format("{}/{}-{}-{}", root, o_.job_name, getpid(), g_dir_counter.fetch_add(1));
-    TERAIO_CHECK(::mkdir(f.dir.c_str(), 0700) == 0, "file tier: cannot create {}: {}", f.dir, std::strerror(errno));
+    TERAIO_CHECK(::mkdir(f.dir.c_str(), 0700) == 0, "file tier: cannot create {}: {}", f.dir,
+                 std::strerror(errno));
     cleanup_register(f.dir);
     f.file = f.dir + "/stripe.dat";
     f.fd_buffered = ::open(f.file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    TERAIO_CHECK(f.fd_buffered >= 0, "file tier: cannot create {}: {}", f.file, std::strerror(errno));
+    TERAIO_CHECK(f.fd_buffered >= 0, "file tier: cannot create {}: {}", f.file,
+                 std::strerror(errno));
     cleanup_register(f.file);
     (void)::fchmod(f.fd_buffered, 0600);  // independent of the umask
     int rc = ::fallocate(f.fd_buffered, 0, 0, static_cast<off_t>(per_path_bytes_));
     if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) {
-      notes_.push_back(fmt::format("{}: fallocate unsupported; space not reserved in advance", root));
+      notes_.push_back(
+          fmt::format("{}: fallocate unsupported; space not reserved in advance", root));
       rc = ::ftruncate(f.fd_buffered, static_cast<off_t>(per_path_bytes_));
     }
     if (rc != 0) {
       int e = errno;
       struct statvfs vfs;
-      uint64_t avail = ::statvfs(root.c_str(), &vfs) == 0 ? uint64_t(vfs.f_bavail) * vfs.f_frsize : 0;
-      throw teraio::Error(fmt::format("file tier: cannot reserve {} ({} bytes) in {}: {} ({} available)",
-                                      format_bytes(static_cast<double>(per_path_bytes_)), per_path_bytes_, root,
-                                      std::strerror(e), format_bytes(static_cast<double>(avail))));
+      uint64_t avail =
+          ::statvfs(root.c_str(), &vfs) == 0 ? uint64_t(vfs.f_bavail) * vfs.f_frsize : 0;
+      throw teraio::Error(
+          fmt::format("file tier: cannot reserve {} ({} bytes) in {}: {} ({} available)",
+                      format_bytes(static_cast<double>(per_path_bytes_)), per_path_bytes_, root,
+                      std::strerror(e), format_bytes(static_cast<double>(avail))));
     }
     if (o_.direct_io && !sync) {
       f.fd_direct = ::open(f.file.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
@@ -307,7 +326,8 @@ class FileTier final : public Tier {
           notes_.push_back(root + ": " + probe.reason);
         }
       } else {
-        notes_.push_back(fmt::format("{}: O_DIRECT refused ({}); buffered I/O used", root, std::strerror(errno)));
+        notes_.push_back(fmt::format("{}: O_DIRECT refused ({}); buffered I/O used", root,
+                                     std::strerror(errno)));
       }
       f.direct = f.fd_direct >= 0;
     }
@@ -322,8 +342,9 @@ class FileTier final : public Tier {
       for (auto& ps : paths_) {
         auto p = probe_gds(ps->files.dir);
         if (!p.usable) {
-          TERAIO_CHECK(o_.gds != GdsMode::kOn, "file tier: GDS mode on, but cuFile is unusable on {}: {}",
-                       ps->files.dir, p.reason);
+          TERAIO_CHECK(o_.gds != GdsMode::kOn,
+                       "file tier: GDS mode on, but cuFile is unusable on {}: {}", ps->files.dir,
+                       p.reason);
           notes_.push_back("GDS: " + p.reason);
           gds_ = false;
           break;
@@ -332,21 +353,26 @@ class FileTier final : public Tier {
       }
       if (gds_) {
         for (auto& ps : paths_) {
-          TERAIO_CHECK(ps->files.fd_direct >= 0, "file tier: GDS needs O_DIRECT on {}", ps->files.dir);
+          TERAIO_CHECK(ps->files.fd_direct >= 0, "file tier: GDS needs O_DIRECT on {}",
+                       ps->files.dir);
           cufile::Descr d{};
           d.type = cufile::kHandleTypeOpaqueFd;
           d.handle.fd = ps->files.fd_direct;
           auto e = cufile::api().handle_register(&ps->gds_handle, &d);
           if (e.err != 0) {
-            TERAIO_CHECK(o_.gds != GdsMode::kOn, "file tier: cuFileHandleRegister on {} failed with cuFile error {}",
+            TERAIO_CHECK(o_.gds != GdsMode::kOn,
+                         "file tier: cuFileHandleRegister on {} failed with cuFile error {}",
                          ps->files.file, e.err);
-            notes_.push_back(fmt::format("GDS: cuFileHandleRegister on {} failed with cuFile error {}; POSIX path used",
-                                         ps->files.file, e.err));
+            notes_.push_back(fmt::format(
+                "GDS: cuFileHandleRegister on {} failed with cuFile error {}; POSIX path used",
+                ps->files.file, e.err));
             ps->gds_handle = nullptr;
             gds_ = false;
           }
         }
-        if (gds_) notes_.push_back("GDS: device buffers use cuFile (thread engine: cuFile calls are synchronous)");
+        if (gds_)
+          notes_.push_back(
+              "GDS: device buffers use cuFile (thread engine: cuFile calls are synchronous)");
       }
     }
     if (gds_ || o_.engine == FileEngine::kThreads) {
@@ -358,7 +384,8 @@ class FileTier final : public Tier {
       engine_ = Engine::kIoUring;
       return;
     }
-    TERAIO_CHECK(o_.engine != FileEngine::kIoUring, "file tier: io_uring requested but unavailable: {}", probe.reason);
+    TERAIO_CHECK(o_.engine != FileEngine::kIoUring,
+                 "file tier: io_uring requested but unavailable: {}", probe.reason);
     notes_.push_back("io_uring unavailable (" + probe.reason + "); thread-pool pread/pwrite used");
     engine_ = Engine::kThreads;
   }
@@ -367,7 +394,8 @@ class FileTier final : public Tier {
     if (engine_ == Engine::kSync) return;
     if (engine_ == Engine::kThreads) {
       for (int i = 0; i < o_.queue_depth; ++i) {
-        ps.threads.emplace_back([this, &ps, i] { thread_loop(ps, ps.bounce[static_cast<size_t>(i)]); });
+        ps.threads.emplace_back(
+            [this, &ps, i] { thread_loop(ps, ps.bounce[static_cast<size_t>(i)]); });
       }
     } else {
       ps.threads.emplace_back([this, &ps] { uring_loop(ps); });
@@ -415,7 +443,8 @@ class FileTier final : public Tier {
 
   std::string describe(const Chunk& c, const PathState& ps, uint64_t file_off, uint64_t len) const {
     return fmt::format("file tier: {} of {} bytes at offset {} of {} (tier offset {})",
-                       to_string(c.ctx->req.direction), len, file_off, ps.files.file, c.piece.tier_offset);
+                       to_string(c.ctx->req.direction), len, file_off, ps.files.file,
+                       c.piece.tier_offset);
   }
 
   // Called once per piece; the last one completes the request (Note [Completion states]).
@@ -443,8 +472,9 @@ class FileTier final : public Tier {
           ctx->state->publish_event();
           cuda::event_sync(ctx->state->event);
         } catch (const std::exception& e) {
-          final = failure(EIO, fmt::format("file tier: read of {} bytes at tier offset {}: {}",
-                                           ctx->req.buffer.size_bytes(), ctx->req.offset_bytes, e.what()));
+          final = failure(
+              EIO, fmt::format("file tier: read of {} bytes at tier offset {}: {}",
+                               ctx->req.buffer.size_bytes(), ctx->req.offset_bytes, e.what()));
         }
       }
     }
@@ -464,17 +494,20 @@ class FileTier final : public Tier {
     } else if (plan.use_bounce) {
       std::memcpy(plan.stage, user, c.piece.size);
     }
-    if (o_.checksums) crcs_.record(c.piece.tier_offset, c.piece.size, crc32c(plan.stage, c.piece.size));
+    if (o_.checksums)
+      crcs_.record(c.piece.tier_offset, c.piece.size, crc32c(plan.stage, c.piece.size));
   }
 
   // After the file read: verify, then deliver to the user's buffer. Returns an error or ok.
   IoResult finish_read(const Chunk& c, const ChunkPlan& plan, void*& h2d_event) {
     const BufferView& buf = c.ctx->req.buffer;
     std::byte* user = buf.bytes() + c.piece.buf_offset;
-    if (o_.checksums && !crcs_.check(c.piece.tier_offset, c.piece.size, crc32c(plan.stage, c.piece.size))) {
-      return failure(EIO, fmt::format("file tier: checksum mismatch reading {} bytes at tier offset {} of {}",
-                                      c.piece.size, c.piece.tier_offset,
-                                      paths_[static_cast<size_t>(c.piece.path)]->files.file));
+    if (o_.checksums &&
+        !crcs_.check(c.piece.tier_offset, c.piece.size, crc32c(plan.stage, c.piece.size))) {
+      return failure(
+          EIO, fmt::format("file tier: checksum mismatch reading {} bytes at tier offset {} of {}",
+                           c.piece.size, c.piece.tier_offset,
+                           paths_[static_cast<size_t>(c.piece.path)]->files.file));
     }
     if (buf.is_device()) {
       cuda::set_device(buf.device());
@@ -497,15 +530,17 @@ class FileTier final : public Tier {
     if (write && c.ctx->ready_event != nullptr) cuda::event_sync(c.ctx->ready_event);
     uint64_t done = 0;
     while (done < c.piece.size) {
-      ssize_t n = write ? a.write(ps.gds_handle, user, c.piece.size - done, static_cast<off_t>(c.piece.file_offset + done),
-                                  static_cast<off_t>(done))
-                        : a.read(ps.gds_handle, user, c.piece.size - done, static_cast<off_t>(c.piece.file_offset + done),
-                                 static_cast<off_t>(done));
+      ssize_t n =
+          write ? a.write(ps.gds_handle, user, c.piece.size - done,
+                          static_cast<off_t>(c.piece.file_offset + done), static_cast<off_t>(done))
+                : a.read(ps.gds_handle, user, c.piece.size - done,
+                         static_cast<off_t>(c.piece.file_offset + done), static_cast<off_t>(done));
       if (n <= 0) {
         int code = n == -1 ? errno : static_cast<int>(-n);
-        return failure(n == -1 ? errno : EIO, fmt::format("{} failed through cuFile: {} {}",
-                                                          describe(c, ps, c.piece.file_offset + done, c.piece.size - done),
-                                                          n == -1 ? "errno" : "cuFile error", code));
+        return failure(n == -1 ? errno : EIO,
+                       fmt::format("{} failed through cuFile: {} {}",
+                                   describe(c, ps, c.piece.file_offset + done, c.piece.size - done),
+                                   n == -1 ? "errno" : "cuFile error", code));
       }
       done += static_cast<uint64_t>(n);
     }
@@ -515,7 +550,8 @@ class FileTier final : public Tier {
   }
 
   // The whole piece in the calling thread (sync and thread engines).
-  void run_chunk_blocking(PathState& ps, const Chunk& c, std::byte* bounce, void*& d2h_stream, void*& h2d_event) {
+  void run_chunk_blocking(PathState& ps, const Chunk& c, std::byte* bounce, void*& d2h_stream,
+                          void*& h2d_event) {
     IoResult r;
     bool write = c.ctx->req.direction == Direction::kWrite;
     try {
@@ -528,15 +564,17 @@ class FileTier final : public Tier {
           bool eof = false;
           int e = full_io(plan.seg[i], write, &eof);
           if (e != 0) {
-            r = failure(e, fmt::format("{} failed: {}", describe(c, ps, plan.seg[i].off, plan.seg[i].len),
-                                       eof ? "unexpected end of file" : std::strerror(e)));
+            r = failure(
+                e, fmt::format("{} failed: {}", describe(c, ps, plan.seg[i].off, plan.seg[i].len),
+                               eof ? "unexpected end of file" : std::strerror(e)));
           }
         }
         if (r.ok && !write) r = finish_read(c, plan, h2d_event);
         if (r.ok && write) r.bytes = c.piece.size;
       }
     } catch (const std::exception& e) {
-      r = failure(EIO, fmt::format("{}: {}", describe(c, ps, c.piece.file_offset, c.piece.size), e.what()));
+      r = failure(
+          EIO, fmt::format("{}: {}", describe(c, ps, c.piece.file_offset, c.piece.size), e.what()));
     }
     chunk_done(c.ctx, std::move(r), c.piece);
     if (h2d_event != nullptr && !write && c.ctx->req.buffer.is_device()) {
@@ -579,14 +617,17 @@ class FileTier final : public Tier {
     int rc = io_uring_queue_init(entries, &ring, 0);
     if (rc < 0) {  // probed before, so rare: fail every chunk rather than hang
       while (auto c = ps.queue.pop_wait()) {
-        chunk_done(c->ctx, failure(-rc, fmt::format("file tier: io_uring_queue_init failed: {}", std::strerror(-rc))),
+        chunk_done(c->ctx,
+                   failure(-rc, fmt::format("file tier: io_uring_queue_init failed: {}",
+                                            std::strerror(-rc))),
                    c->piece);
       }
       return;
     }
     std::vector<iovec> iov;
     for (auto* b : ps.bounce) iov.push_back(iovec{b, o_.stripe_bytes});
-    bool fixed = io_uring_register_buffers(&ring, iov.data(), static_cast<unsigned>(iov.size())) == 0;
+    bool fixed =
+        io_uring_register_buffers(&ring, iov.data(), static_cast<unsigned>(iov.size())) == 0;
     std::vector<Slot> slots(static_cast<size_t>(o_.queue_depth));
     void* d2h = nullptr;
     int active = 0;
@@ -630,8 +671,10 @@ class FileTier final : public Tier {
             r = finish_read(s.chunk, s.plan, s.h2d_event);
           }
         } catch (const std::exception& e) {
-          r = failure(EIO, fmt::format("{}: {}", describe(s.chunk, ps, s.chunk.piece.file_offset, s.chunk.piece.size),
-                                       e.what()));
+          r = failure(
+              EIO, fmt::format("{}: {}",
+                               describe(s.chunk, ps, s.chunk.piece.file_offset, s.chunk.piece.size),
+                               e.what()));
         }
       }
       bool device_read = !write && s.chunk.ctx->req.buffer.is_device() && r.ok;
@@ -663,8 +706,10 @@ class FileTier final : public Tier {
           s.plan = plan_chunk(ps.files, s.chunk.piece, s.chunk.ctx->req.buffer, ps.bounce[si]);
           if (s.chunk.ctx->req.direction == Direction::kWrite) prepare_write(s.chunk, s.plan, d2h);
         } catch (const std::exception& e) {
-          s.result = failure(EIO, fmt::format("{}: {}", describe(s.chunk, ps, s.chunk.piece.file_offset,
-                                                                 s.chunk.piece.size), e.what()));
+          s.result = failure(
+              EIO, fmt::format("{}: {}",
+                               describe(s.chunk, ps, s.chunk.piece.file_offset, s.chunk.piece.size),
+                               e.what()));
           finish_slot(si);
           continue;
         }
@@ -681,7 +726,8 @@ class FileTier final : public Tier {
         // The ring itself failed: fail what is in flight and fall back to blocking I/O per chunk.
         for (size_t si = 0; si < slots.size(); ++si) {
           if (slots[si].busy) {
-            slots[si].result = failure(-w, fmt::format("file tier: io_uring_submit failed: {}", std::strerror(-w)));
+            slots[si].result = failure(
+                -w, fmt::format("file tier: io_uring_submit failed: {}", std::strerror(-w)));
             finish_slot(si);
           }
         }
@@ -707,10 +753,12 @@ class FileTier final : public Tier {
         }
         if (res <= 0) {
           if (s.result.ok) {
-            s.result = failure(res == 0 ? EIO : -res,
-                               fmt::format("{} failed: {}", describe(s.chunk, ps, g.off + s.seg_done[k], g.len - s.seg_done[k]),
-                                           res == 0 ? (write ? "no progress" : "unexpected end of file")
-                                                    : std::strerror(-res)));
+            s.result = failure(
+                res == 0 ? EIO : -res,
+                fmt::format("{} failed: {}",
+                            describe(s.chunk, ps, g.off + s.seg_done[k], g.len - s.seg_done[k]),
+                            res == 0 ? (write ? "no progress" : "unexpected end of file")
+                                     : std::strerror(-res)));
           }
         } else {
           s.seg_done[k] += static_cast<uint64_t>(res);

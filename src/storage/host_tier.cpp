@@ -25,14 +25,16 @@ class HostTier final : public Tier {
  public:
   explicit HostTier(const HostTierOptions& o) : options_(o) {
     TERAIO_CHECK(o.capacity_bytes > 0, "host tier: capacity_bytes must be > 0");
-    TERAIO_CHECK(o.worker_threads > 0, "host tier: worker_threads must be > 0, got {}", o.worker_threads);
+    TERAIO_CHECK(o.worker_threads > 0, "host tier: worker_threads must be > 0, got {}",
+                 o.worker_threads);
     if (o.pin && cuda::device_count() > 0) {
       arena_ = static_cast<std::byte*>(cuda::host_alloc(o.capacity_bytes));
       pinned_ = true;
       notes_.push_back("arena pinned with cudaHostAlloc");
     } else {
       arena_ = static_cast<std::byte*>(aligned_host_alloc(o.capacity_bytes, "host tier arena"));
-      notes_.push_back(o.pin ? "arena not pinned: " + cuda::unavailable_reason() : "arena not pinned (pin=false)");
+      notes_.push_back(o.pin ? "arena not pinned: " + cuda::unavailable_reason()
+                             : "arena not pinned (pin=false)");
     }
     for (int i = 0; i < o.worker_threads; ++i) workers_.emplace_back([this] { work(); });
   }
@@ -47,10 +49,12 @@ class HostTier final : public Tier {
 
   Completion submit(const IoRequest& r) override {
     uint64_t size = r.buffer.size_bytes();
-    TERAIO_CHECK(r.offset_bytes <= options_.capacity_bytes && size <= options_.capacity_bytes - r.offset_bytes,
-                 "host tier: {} of {} bytes at offset {} exceeds the host memory cap of {} ({} bytes)",
-                 to_string(r.direction), size, r.offset_bytes, format_bytes(static_cast<double>(options_.capacity_bytes)),
-                 options_.capacity_bytes);
+    TERAIO_CHECK(
+        r.offset_bytes <= options_.capacity_bytes &&
+            size <= options_.capacity_bytes - r.offset_bytes,
+        "host tier: {} of {} bytes at offset {} exceeds the host memory cap of {} ({} bytes)",
+        to_string(r.direction), size, r.offset_bytes,
+        format_bytes(static_cast<double>(options_.capacity_bytes)), options_.capacity_bytes);
     if (r.buffer.is_device()) cuda::require_device(r.buffer.device(), "host tier");
     auto state = std::make_shared<detail::CompletionState>();
     HostJob job{r, state, nullptr};
@@ -73,8 +77,9 @@ class HostTier final : public Tier {
     if (mode == ShutdownMode::kCancel) {
       for (auto& job : queue_.take_all()) {
         cuda::event_destroy(job.ready_event);
-        job.state->finish(failure(ECANCELED, fmt::format("host tier: {} at offset {} cancelled by shutdown",
-                                                         to_string(job.request.direction), job.request.offset_bytes)));
+        job.state->finish(failure(
+            ECANCELED, fmt::format("host tier: {} at offset {} cancelled by shutdown",
+                                   to_string(job.request.direction), job.request.offset_bytes)));
       }
     }
     queue_.close();
@@ -83,7 +88,9 @@ class HostTier final : public Tier {
     }
   }
 
-  TierInfo info() const override { return TierInfo{"host", "memcpy", notes_, options_.capacity_bytes, {}}; }
+  TierInfo info() const override {
+    return TierInfo{"host", "memcpy", notes_, options_.capacity_bytes, {}};
+  }
 
  private:
   void work() {
@@ -93,8 +100,10 @@ class HostTier final : public Tier {
       try {
         r = run(*job, streams);
       } catch (const std::exception& e) {
-        r = failure(EIO, fmt::format("host tier: {} of {} bytes at offset {}: {}", to_string(job->request.direction),
-                                     job->request.buffer.size_bytes(), job->request.offset_bytes, e.what()));
+        r = failure(EIO,
+                    fmt::format("host tier: {} of {} bytes at offset {}: {}",
+                                to_string(job->request.direction), job->request.buffer.size_bytes(),
+                                job->request.offset_bytes, e.what()));
       }
       cuda::event_destroy(job->ready_event);
       job->state->finish(std::move(r));
@@ -108,7 +117,8 @@ class HostTier final : public Tier {
     std::byte* slot = arena_ + q.offset_bytes;
     bool write = q.direction == Direction::kWrite;
     if (!write && options_.checksums && !verify(q.offset_bytes, size)) {
-      return failure(EIO, fmt::format("host tier: checksum mismatch reading {} bytes at offset {}", size, q.offset_bytes));
+      return failure(EIO, fmt::format("host tier: checksum mismatch reading {} bytes at offset {}",
+                                      size, q.offset_bytes));
     }
     if (size > 0) {
       if (q.buffer.is_device()) {
@@ -137,7 +147,9 @@ class HostTier final : public Tier {
     return ok;
   }
 
-  void record(uint64_t offset, uint64_t size) { crcs_.record(offset, size, crc32c(arena_ + offset, size)); }
+  void record(uint64_t offset, uint64_t size) {
+    crcs_.record(offset, size, crc32c(arena_ + offset, size));
+  }
   bool verify(uint64_t offset, uint64_t size) {
     if (!crcs_.has(offset, size)) return true;
     return crcs_.check(offset, size, crc32c(arena_ + offset, size));

@@ -68,8 +68,9 @@ std::vector<at::Tensor> cpp_adamw_train(int steps, uint64_t budget_bytes, const 
     session = std::make_unique<teraio::Session>(std::move(o));
   }
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Linear(128, 128),
-                              torch::nn::ReLU(), torch::nn::Linear(128, 10));
+  torch::nn::Sequential model(torch::nn::Linear(64, 128), torch::nn::ReLU(),
+                              torch::nn::Linear(128, 128), torch::nn::ReLU(),
+                              torch::nn::Linear(128, 10));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   std::vector<at::Tensor> out;
@@ -108,10 +109,13 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("_cpp_adamw_train", &cpp_adamw_train, py::call_guard<py::gil_scoped_release>());
-  m.def("parse_size", [](const std::string& text, const std::string& what) { return teraio::parse_size(text, what); });
+  m.def("parse_size", [](const std::string& text, const std::string& what) {
+    return teraio::parse_size(text, what);
+  });
   py::class_<teraio::Session>(m, "Session")
       .def(py::init([](uint64_t budget_bytes, const py::list& tiers, int profiling_iterations,
-                       uint64_t min_tensor_bytes, bool planning, std::string trace_path, std::string plan_path) {
+                       uint64_t min_tensor_bytes, bool planning, std::string trace_path,
+                       std::string plan_path) {
              teraio::SessionOptions o;
              o.budget_bytes = budget_bytes;
              for (const auto& t : tiers) o.tiers.push_back(tier_from_dict(py::cast<py::dict>(t)));
@@ -123,8 +127,8 @@ PYBIND11_MODULE(_C, m) {
              return std::make_unique<teraio::Session>(std::move(o));
            }),
            py::arg("budget_bytes"), py::arg("tiers"), py::arg("profiling_iterations") = 2,
-           py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true, py::arg("trace_path") = "",
-           py::arg("plan_path") = "")
+           py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true,
+           py::arg("trace_path") = "", py::arg("plan_path") = "")
       .def("begin_step", &teraio::Session::begin_step, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &teraio::Session::end_step, py::call_guard<py::gil_scoped_release>())
       .def("fetch_all", &teraio::Session::fetch_all, py::call_guard<py::gil_scoped_release>())

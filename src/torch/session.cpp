@@ -40,7 +40,8 @@ namespace {
 using runtime::LogicalId;
 
 double now_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -86,7 +87,9 @@ class StorageMemory final : public runtime::Memory {
 #endif
     return view(held_.get());
   }
-  bool alive() const override { return !weak_.expired(); }
+  bool alive() const override {
+    return !weak_.expired();
+  }
   storage::CudaStream stream() const override {
 #ifdef TERAIO_TORCH_CUDA
     if (device_.is_cuda()) {
@@ -104,7 +107,8 @@ class StorageMemory final : public runtime::Memory {
 
  private:
   storage::BufferView view(void* p) const {
-    if (device_.is_cuda()) return storage::BufferView(p, bytes_, storage::MemoryKind::kDevice, device_.index());
+    if (device_.is_cuda())
+      return storage::BufferView(p, bytes_, storage::MemoryKind::kDevice, device_.index());
     return storage::BufferView::host(p, bytes_);
   }
   c10::weak_intrusive_ptr<c10::StorageImpl> weak_;
@@ -117,9 +121,12 @@ class StorageMemory final : public runtime::Memory {
 enum class Mode { kProfiling, kPlanned, kReactive };
 const char* mode_name(Mode m) {
   switch (m) {
-    case Mode::kProfiling: return "profiling";
-    case Mode::kPlanned: return "planned";
-    case Mode::kReactive: return "reactive";
+    case Mode::kProfiling:
+      return "profiling";
+    case Mode::kPlanned:
+      return "planned";
+    case Mode::kReactive:
+      return "reactive";
   }
   return "?";
 }
@@ -240,8 +247,12 @@ struct Session::Impl {
 
   // Operators are recorded while profiling and, after a drift, for the rest of the iteration (the
   // operators before the drift are the plan's own, spliced in from its profile).
-  bool recording() const { return in_step && (mode == Mode::kProfiling || iteration_reactive); }
-  bool planned_now() const { return in_step && mode == Mode::kPlanned && !iteration_reactive; }
+  bool recording() const {
+    return in_step && (mode == Mode::kProfiling || iteration_reactive);
+  }
+  bool planned_now() const {
+    return in_step && mode == Mode::kPlanned && !iteration_reactive;
+  }
 
   // The iteration left the plan at operator k: finish it safely in reactive mode, recording from
   // here on; the operators before k are the plan's own (same signatures), spliced in from its
@@ -281,14 +292,17 @@ struct Session::Impl {
   }
 
   // The logical id of a storage, binding it when new (only inside a step).
-  std::optional<LogicalId> lookup_or_bind(const at::Tensor& t, c10::StorageImpl* si, uint64_t key, bool bind) {
+  std::optional<LogicalId> lookup_or_bind(const at::Tensor& t, c10::StorageImpl* si, uint64_t key,
+                                          bool bind) {
     auto it = storages.find(si);
     if (it != storages.end()) return it->second.id;
-    if (!bind || si->allocator() == nullptr || si->nbytes() < options.min_tensor_bytes) return std::nullopt;
+    if (!bind || si->allocator() == nullptr || si->nbytes() < options.min_tensor_bytes)
+      return std::nullopt;
     LogicalId id;
     auto kit = key_ids.find(key);
-    if (kit != key_ids.end() && (id_storage[kit->second] == nullptr || !storages.count(id_storage[kit->second]) ||
-                                 storages.at(id_storage[kit->second]).weak.expired())) {
+    if (kit != key_ids.end() &&
+        (id_storage[kit->second] == nullptr || !storages.count(id_storage[kit->second]) ||
+         storages.at(id_storage[kit->second]).weak.expired())) {
       id = kit->second;
       if (c10::StorageImpl* old = id_storage[id]) storages.erase(old);
     } else {
@@ -340,8 +354,10 @@ struct Session::Impl {
         }
         if (recording()) {
           TensorMeta& m = metas[*id];
-          if (tl_backward > 0) m.used_in_backward = true;
-          else if (m.produced_in_backward) m.used_after_backward = true;
+          if (tl_backward > 0)
+            m.used_in_backward = true;
+          else if (m.produced_in_backward)
+            m.used_after_backward = true;
         }
       });
     }
@@ -402,8 +418,10 @@ struct Session::Impl {
         outs.push_back(*id);
         if (rec && fresh) {
           TensorMeta& m = metas[*id];
-          if (tl_backward > 0) m.produced_in_backward = true;
-          else if (at::GradMode::is_enabled()) m.produced_in_forward = true;
+          if (tl_backward > 0)
+            m.produced_in_backward = true;
+          else if (at::GradMode::is_enabled())
+            m.produced_in_forward = true;
         }
       });
     }
@@ -427,7 +445,8 @@ struct Session::Impl {
     engine->touch(outs);
     if (planned_now()) engine->after_operator(k);
     if (!engine->enforce_budget() && !planned_now()) {
-      // Everything unpinned is out: the running operator alone exceeds the budget (reported at start).
+      // Everything unpinned is out: the running operator alone exceeds the budget (reported at
+      // start).
     }
   }
 
@@ -455,7 +474,8 @@ struct Session::Impl {
           } else if (m.is_param) {
             info.kind = TensorKind::parameter;
           } else if (m.produced_in_backward) {
-            info.kind = (alive || m.used_after_backward) ? TensorKind::gradient : TensorKind::temporary;
+            info.kind =
+                (alive || m.used_after_backward) ? TensorKind::gradient : TensorKind::temporary;
           } else if (info.persistent) {
             info.kind = TensorKind::optimizer_state;
           } else if (m.produced_in_forward && m.used_in_backward) {
@@ -467,7 +487,8 @@ struct Session::Impl {
           }
           info.name = !m.name.empty()
                           ? m.name
-                          : fmt::format("op{}.{}{}", m.key >> 32, (m.key & 1) ? "out" : "in", (m.key >> 1) & 0x7fffffff);
+                          : fmt::format("op{}.{}{}", m.key >> 32, (m.key & 1) ? "out" : "in",
+                                        (m.key >> 1) & 0x7fffffff);
           trace.add_tensor(std::move(info));
         }
         ids.push_back(it->second);
@@ -490,7 +511,8 @@ struct Session::Impl {
     Trace trace = build_trace(&trace_to_logical);
     if (!options.trace_path.empty()) write_trace(trace, options.trace_path);
     if (!options.planning || (!force && profiled < options.profiling_iterations)) return;
-    for (size_t k = 0; k < ops.size(); ++k) ops[k].time_us = trace.kernel_time_us(static_cast<KernelIndex>(k));
+    for (size_t k = 0; k < ops.size(); ++k)
+      ops[k].time_us = trace.kernel_time_us(static_cast<KernelIndex>(k));
     PlannerOptions po;
     po.budget_bytes = options.budget_bytes;
     po.tiers = tier_specs;
@@ -533,7 +555,8 @@ struct Session::Impl {
     op_events.clear();
 #endif
     iteration_reactive = false;
-    fast.store(mode == Mode::kPlanned && active && active->plan.moves.empty(), std::memory_order_relaxed);
+    fast.store(mode == Mode::kPlanned && active && active->plan.moves.empty(),
+               std::memory_order_relaxed);
     pending_error.clear();
     if (!fast.load(std::memory_order_relaxed)) engine->poll();
   }
@@ -546,7 +569,8 @@ struct Session::Impl {
     fast.store(false, std::memory_order_relaxed);
     uint64_t sig = iter_sig.load();
     try {
-      if (mode == Mode::kPlanned && !iteration_reactive && op_counter != active->signatures.size()) {
+      if (mode == Mode::kPlanned && !iteration_reactive &&
+          op_counter != active->signatures.size()) {
         iteration_reactive = true;  // the iteration ended early or late: drift
         drift_events++;
       }
@@ -636,16 +660,19 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   }
 }
 
-SessionTier::Kind tier_kind(const SessionTier& t) { return t.kind; }
+SessionTier::Kind tier_kind(const SessionTier& t) {
+  return t.kind;
+}
 
 }  // namespace
 
 Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   TERAIO_CHECK(options.budget_bytes > 0, "Session: budget must be a positive size");
-  TERAIO_CHECK(!options.tiers.empty(), "Session: at least one tier (HostTier or FileTier) is needed");
-  TERAIO_CHECK(options.profiling_iterations >= 1, "Session: profiling_iterations must be >= 1, got {}",
-               options.profiling_iterations);
+  TERAIO_CHECK(!options.tiers.empty(),
+               "Session: at least one tier (HostTier or FileTier) is needed");
+  TERAIO_CHECK(options.profiling_iterations >= 1,
+               "Session: profiling_iterations must be >= 1, got {}", options.profiling_iterations);
   std::vector<runtime::EngineTier> engine_tiers;
   int host_count = 0, file_count = 0;
   for (const SessionTier& t : options.tiers) {
@@ -661,15 +688,18 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
       spec.read_gbps = t.read_gbps > 0 ? t.read_gbps : 20.0;
       spec.write_gbps = t.write_gbps > 0 ? t.write_gbps : 20.0;
     } else {
-      TERAIO_CHECK(file_count++ == 0, "Session: only one FileTier is supported (give it several paths)");
+      TERAIO_CHECK(file_count++ == 0,
+                   "Session: only one FileTier is supported (give it several paths)");
       TERAIO_CHECK(!t.paths.empty(), "Session: FileTier needs at least one directory");
       for (const std::string& p : t.paths) {
         std::error_code ec;
-        TERAIO_CHECK(std::filesystem::is_directory(p, ec), "Session: FileTier path '{}' is not a directory", p);
+        TERAIO_CHECK(std::filesystem::is_directory(p, ec),
+                     "Session: FileTier path '{}' is not a directory", p);
         std::string probe = p + "/.teraio-write-test-" + std::to_string(::getpid());
         {
           std::ofstream f(probe);
-          TERAIO_CHECK(f.good() && (f << "x") && f.flush(), "Session: FileTier path '{}' is not writable", p);
+          TERAIO_CHECK(f.good() && (f << "x") && f.flush(),
+                       "Session: FileTier path '{}' is not writable", p);
         }
         std::filesystem::remove(probe, ec);
       }
@@ -691,10 +721,11 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   Impl* expected = nullptr;
   TERAIO_CHECK(g_session.compare_exchange_strong(expected, &s),
                "Session: another teraio.Session is active in this process; close it first");
-  s.handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start_cb, &on_end_cb)
-                                       .needsInputs(true)
-                                       .needsOutputs(true)
-                                       .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  s.handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&on_start_cb, &on_end_cb)
+          .needsInputs(true)
+          .needsOutputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
 }
 
 Session::~Session() {
@@ -710,8 +741,12 @@ Session::~Session() {
   for (auto& t : impl_->tiers) t->shutdown(storage::ShutdownMode::kDrain);
 }
 
-void Session::begin_step() { impl_->begin_step(); }
-void Session::end_step() { impl_->end_step(); }
+void Session::begin_step() {
+  impl_->begin_step();
+}
+void Session::end_step() {
+  impl_->end_step();
+}
 
 void Session::fetch_all() {
   std::lock_guard lock(impl_->mu);
@@ -756,6 +791,8 @@ SessionStats Session::stats() const {
   return r;
 }
 
-const SessionOptions& Session::options() const { return impl_->options; }
+const SessionOptions& Session::options() const {
+  return impl_->options;
+}
 
 }  // namespace teraio

@@ -29,8 +29,14 @@ class FakeMemory : public Memory {
     t_->data.clear();
     return storage::BufferView::host(held_.data(), held_.size());
   }
-  void attach() override { t_->data = std::move(held_); held_.clear(); }
-  void drop() override { held_.clear(); held_.shrink_to_fit(); }
+  void attach() override {
+    t_->data = std::move(held_);
+    held_.clear();
+  }
+  void drop() override {
+    held_.clear();
+    held_.shrink_to_fit();
+  }
   storage::BufferView allocate() override {
     held_.assign(t_->size, std::byte{0});
     return storage::BufferView::host(held_.data(), held_.size());
@@ -79,9 +85,9 @@ class EngineTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
   std::unique_ptr<Engine> make(uint64_t budget) {
-    return std::make_unique<Engine>(EngineOptions{budget},
-                                    std::vector<EngineTier>{{"host", host_.get(), 1 << 20},
-                                                            {"file", file_.get(), 4 << 20}});
+    return std::make_unique<Engine>(
+        EngineOptions{budget},
+        std::vector<EngineTier>{{"host", host_.get(), 1 << 20}, {"file", file_.get(), 4 << 20}});
   }
   std::filesystem::path dir_;
   std::unique_ptr<storage::Tier> host_, file_;

@@ -23,10 +23,20 @@ class Gpu : public ::testing::TestWithParam<int> {
     o.stripe_bytes = 1 << 20;
     o.checksums = true;
     switch (GetParam()) {
-      case 0: tier_ = make_sync_file_tier(o); break;
-      case 1: tier_ = make_file_tier(o); break;
-      case 2: o.engine = FileEngine::kThreads; tier_ = make_file_tier(o); break;
-      case 3: o.gds = GdsMode::kAuto; tier_ = make_file_tier(o); break;
+      case 0:
+        tier_ = make_sync_file_tier(o);
+        break;
+      case 1:
+        tier_ = make_file_tier(o);
+        break;
+      case 2:
+        o.engine = FileEngine::kThreads;
+        tier_ = make_file_tier(o);
+        break;
+      case 3:
+        o.gds = GdsMode::kAuto;
+        tier_ = make_file_tier(o);
+        break;
       default: {
         HostTierOptions h;
         h.capacity_bytes = 64 << 20;
