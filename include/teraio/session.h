@@ -40,13 +40,17 @@ struct SessionStats {
   std::string mode;        // "profiling", "planned" or "reactive"
   uint64_t iteration = 0;  // completed steps
   uint64_t budget_bytes = 0;
-  uint64_t peak_resident_bytes = 0;
+  uint64_t peak_resident_bytes = 0;  // tracked bytes resident, the most since the Session began
+  uint64_t step_peak_resident_bytes = 0;  // the same during the last step
   uint64_t resident_bytes = 0;
+  uint64_t untracked_bytes = 0;    // CUDA: device memory used besides tracked tensors (measured)
+  uint64_t plan_budget_bytes = 0;  // budget given to the planner: budget - untracked - margin
   uint64_t bytes_offloaded = 0;
   uint64_t bytes_prefetched = 0;
   double stall_us = 0;
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
+  uint64_t aligned_moves = 0;  // moves made at step start to put tensors where the plan begins
   uint64_t drift_events = 0;
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;

@@ -96,9 +96,11 @@ struct IoRequest {
   BufferView buffer;                       // the whole view is moved
   uint64_t offset_bytes = 0;               // address in the tier
   Priority priority = Priority::kNormal;   // kUrgent is taken before every queued kNormal
-  // Device writes only: when set, the copy out of the buffer starts after the work queued on this
-  // stream at submit time (an event is recorded on it). When null, the caller guarantees that the
-  // buffer's contents are final at submit.
+  // Device buffers only: when set, the copy out of (write) or into (read) the buffer starts after
+  // the work queued on this stream at submit time (an event is recorded on it, nothing waits on
+  // the CPU). For a write, the buffer's contents are final then; for a read, kernels still using
+  // the memory before it was handed to the request are done. When null, the caller guarantees
+  // both at submit.
   CudaStream ready_stream = nullptr;
 };
 

@@ -76,6 +76,8 @@ const Engine::Entry* Engine::find(LogicalId id) const {
 
 void Engine::note_resident_locked() {
   stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, stats_.resident_bytes);
+  stats_.step_peak_resident_bytes =
+      std::max(stats_.step_peak_resident_bytes, stats_.resident_bytes);
 }
 
 void Engine::bind(LogicalId id, std::unique_ptr<Memory> memory) {
@@ -186,10 +188,12 @@ void Engine::make_usable_locked(Entry& e) {
       e.has_extent = false;
       e.loc = Location::kResident;
       stats_.cancelled_offloads++;
+      event("cancelled-offload", e);
       return;
     }
     case Location::kOffloaded:
       stats_.urgent_fetches++;
+      event("urgent-fetch", e);
       prefetch_locked(e, /*urgent=*/true);
       [[fallthrough]];
     case Location::kPrefetching:
@@ -208,6 +212,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     e.has_extent = false;
   }
   std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
+  if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
   if (!ext) return false;
   storage::IoRequest req;
   req.direction = storage::Direction::kWrite;
@@ -230,12 +235,38 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   return true;
 }
 
+// Tier space is released lazily: a prefetched tensor keeps its extent until the read is known to
+// be complete, a dead tensor until it is swept. When `tier` is full, release all of that now.
+bool Engine::reclaim_extents_locked(uint32_t tier) {
+  bool freed = false;
+  for (auto& p : entries_) {
+    if (!p || p->loc == Location::kUnbound || !p->has_extent || p->tier != tier) continue;
+    Entry& e = *p;
+    if (e.loc == Location::kResident) {
+      e.pending.wait();
+      e.pending = {};
+      extents_[e.tier]->free(e.extent);
+      e.has_extent = false;
+      freed = true;
+    } else if (e.pins == 0 && !e.memory->alive()) {
+      forget_locked(e);
+      freed = true;
+    }
+  }
+  return freed;
+}
+
 bool Engine::prefetch_locked(Entry& e, bool urgent) {
   if (e.loc != Location::kOffloaded) return e.loc != Location::kUnbound;
+  if (!e.memory->alive()) {  // died out there (a gradient freed by zero_grad): nothing to read
+    forget_locked(e);
+    return false;
+  }
   storage::IoRequest req;
   req.direction = storage::Direction::kRead;
   req.buffer = e.memory->allocate();
   req.offset_bytes = e.extent.offset_bytes;
+  req.ready_stream = e.memory->stream();  // the new block may still be read by queued kernels
   req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
   try {
     e.pending = tiers_[e.tier].tier->submit(req);
@@ -265,6 +296,15 @@ bool Engine::prefetch(LogicalId id, bool urgent) {
 void Engine::finish_offload(LogicalId id) {
   std::lock_guard lock(mutex_);
   if (Entry* e = find(id)) complete_offload_locked(*e, /*wait=*/true);
+}
+
+void Engine::forget_dead(std::span<const LogicalId> ids) {
+  if (ids.empty()) return;
+  std::lock_guard lock(mutex_);
+  for (LogicalId id : ids) {
+    Entry* e = find(id);
+    if (e && e->loc != Location::kUnbound && e->pins == 0 && !e->memory->alive()) forget_locked(*e);
+  }
 }
 
 void Engine::poll() {
@@ -349,6 +389,7 @@ bool Engine::enforce_budget(uint64_t reserve_bytes) {
         outgoing += e->bytes;
         started.push_back(e);
         stats_.evictions++;
+        event("eviction", *e);
         break;
       }
     }
@@ -368,6 +409,31 @@ void Engine::fetch_all() {
     make_usable_locked(*p);
   }
   note_resident_locked();
+}
+
+size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
+  std::lock_guard lock(mutex_);
+  size_t moved = 0;
+  std::vector<Entry*> started;
+  for (const Move& m : out) {
+    Entry* e = find(m.tensor);
+    if (!e || e->loc != Location::kResident || e->pins > 0 || !e->memory->alive()) continue;
+    if (offload_locked(*e, m.tier, /*urgent=*/true)) {
+      started.push_back(e);
+      event("align-offload", *e);
+    }
+  }
+  for (Entry* e : started) complete_offload_locked(*e, /*wait=*/true);
+  moved += started.size();
+  for (LogicalId id : in) {  // reads only start here; the first use waits for them
+    Entry* e = find(id);
+    if (!e || e->loc != Location::kOffloaded || !e->memory->alive()) continue;
+    event("align-fetch", *e);
+    if (prefetch_locked(*e, /*urgent=*/true)) moved++;
+  }
+  stats_.aligned += moved;
+  note_resident_locked();
+  return moved;
 }
 
 void Engine::set_plan(const Plan& plan, size_t num_kernels) {
@@ -394,12 +460,21 @@ void Engine::set_plan(const Plan& plan, size_t num_kernels) {
 void Engine::before_operator(uint32_t k) {
   std::lock_guard lock(mutex_);
   if (k >= schedule_.size()) return;
+  // Tensors that died since the last sweep still count as resident; forget them before taking
+  // memory, so that the resident bytes (and their peak) are the live ones.
+  if (!schedule_[k].prefetch_at.empty()) sweep_dead_locked(0);
   for (const Move& m : schedule_[k].prefetch_at) {
     Entry* e = find(m.tensor);
-    if (e && e->loc == Location::kOffloaded && prefetch_locked(*e, false)) {
+    if (!e || e->loc == Location::kUnbound) continue;  // died (swept): nothing to bring back
+    if (e->loc == Location::kOffloaded && !e->memory->alive()) {
+      forget_locked(*e);  // freed while out (a gradient at zero_grad): the plan expected that
+      continue;
+    }
+    if (e->loc == Location::kOffloaded && prefetch_locked(*e, false)) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;
+      event(fmt::format("skipped-prefetch({})", to_string(e->loc)), *e);
     }
   }
   note_resident_locked();
@@ -415,6 +490,10 @@ void Engine::after_operator(uint32_t k) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;
+      if (e && e->loc != Location::kUnbound)
+        event(fmt::format("skipped-offload({}{}{})", to_string(e->loc), e->pins ? ", in use" : "",
+                          e->memory->alive() ? "" : ", dead"),
+              *e);
     }
   }
   for (LogicalId id : schedule_[k].offload_due)
@@ -424,6 +503,20 @@ void Engine::after_operator(uint32_t k) {
 EngineStats Engine::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
+}
+
+void Engine::set_event_hook(EventHook hook) {
+  std::lock_guard lock(mutex_);
+  hook_ = std::move(hook);
+}
+
+void Engine::event(std::string_view what, const Entry& e) const {
+  if (hook_) hook_(what, e.id, e.bytes);
+}
+
+void Engine::reset_step_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.step_peak_resident_bytes = stats_.resident_bytes;
 }
 
 void Engine::reset_peak() {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -56,6 +57,7 @@ struct EngineOptions {
 
 struct EngineStats {
   uint64_t peak_resident_bytes = 0;
+  uint64_t step_peak_resident_bytes = 0;  // since reset_step_peak()
   uint64_t resident_bytes = 0;
   uint64_t bytes_offloaded = 0;   // written to tiers (completed)
   uint64_t bytes_prefetched = 0;  // read back (completed)
@@ -66,6 +68,7 @@ struct EngineStats {
   uint64_t cancelled_offloads = 0;  // offloads undone because the tensor was used again
   uint64_t plan_moves = 0;          // planned moves issued
   uint64_t skipped_moves = 0;  // planned moves whose tensor was not bound or not in the right place
+  uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
   double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
 };
 
@@ -90,6 +93,8 @@ class Engine {
   Location location(LogicalId id) const;
   // Forgets tensors that died (freeing their tier space) and finishes completed transfers.
   void poll();
+  // Forgets those of the listed tensors that died (a cheap, targeted poll).
+  void forget_dead(std::span<const LogicalId> ids);
 
   // --- operators ------------------------------------------------------------------------------
   // Makes every listed tensor resident and usable by an operator about to run: waits for arriving
@@ -112,6 +117,12 @@ class Engine {
   // Brings every bound tensor back (checkpoints, end of training).
   void fetch_all();
 
+  // Puts persistent tensors where the plan expects them when an iteration starts: `out` (with the
+  // tier each is read back from) offloaded, `in` resident. Reactive steps, evictions and drift
+  // leave tensors elsewhere; without this a plan would start from the wrong place every iteration.
+  // Offloads go first (their memory is freed before anything is read back). Returns the moves made.
+  size_t align(std::span<const Move> out, std::span<const LogicalId> in);
+
   // --- plan -----------------------------------------------------------------------------------
   // Installs a plan (tier indices of the plan must be engine tier indices; moves name logical
   // ids). An empty plan clears it.
@@ -125,6 +136,14 @@ class Engine {
 
   EngineStats stats() const;
   void reset_peak();
+  void reset_step_peak();
+
+  // Called (under the engine's lock: it must not call back into the engine) for events that cost
+  // time outside the plan or fix its starting point: "urgent-fetch", "eviction",
+  // "cancelled-offload", "skipped-prefetch(<location>)", "skipped-offload(<why>)", "align-offload",
+  // "align-fetch".
+  using EventHook = std::function<void(std::string_view what, LogicalId id, uint64_t bytes)>;
+  void set_event_hook(EventHook hook);
 
  private:
   struct Entry;
@@ -138,6 +157,7 @@ class Engine {
   const Entry* find(LogicalId id) const;
   bool offload_locked(Entry& e, uint32_t tier, bool urgent);
   bool prefetch_locked(Entry& e, bool urgent);
+  bool reclaim_extents_locked(uint32_t tier);
   void make_usable_locked(Entry& e);  // any state -> resident and attached
   void complete_offload_locked(Entry& e, bool wait);
   void complete_prefetch_locked(Entry& e);
@@ -155,6 +175,8 @@ class Engine {
   std::vector<KernelMoves> schedule_;
   uint64_t clock_ = 0;  // use counter for LRU
   EngineStats stats_;
+  EventHook hook_;
+  void event(std::string_view what, const Entry& e) const;
 };
 
 }  // namespace teraio::runtime

@@ -220,7 +220,7 @@ class FileTier final : public Tier {
     Completion completion(ctx->state);
     if (r.buffer.is_device()) {
       ctx->state->event = cuda::event_create(r.buffer.device());
-      if (r.direction == Direction::kWrite && r.ready_stream != nullptr) {
+      if (r.ready_stream != nullptr) {
         ctx->ready_event = cuda::event_create(r.buffer.device());
         cuda::event_record(ctx->ready_event, r.ready_stream);
       }
@@ -512,6 +512,8 @@ class FileTier final : public Tier {
     if (buf.is_device()) {
       cuda::set_device(buf.device());
       if (h2d_event == nullptr) h2d_event = cuda::event_create(buf.device());
+      if (c.ctx->ready_event != nullptr)
+        cuda::stream_wait_event(c.ctx->h2d_stream, c.ctx->ready_event);
       cuda::memcpy_async(user, plan.stage, c.piece.size, c.ctx->h2d_stream);
       cuda::event_record(h2d_event, c.ctx->h2d_stream);
     } else if (plan.use_bounce) {
@@ -527,7 +529,7 @@ class FileTier final : public Tier {
     const BufferView& buf = c.ctx->req.buffer;
     std::byte* user = buf.bytes() + c.piece.buf_offset;
     bool write = c.ctx->req.direction == Direction::kWrite;
-    if (write && c.ctx->ready_event != nullptr) cuda::event_sync(c.ctx->ready_event);
+    if (c.ctx->ready_event != nullptr) cuda::event_sync(c.ctx->ready_event);
     uint64_t done = 0;
     while (done < c.piece.size) {
       ssize_t n =

@@ -60,7 +60,7 @@ class HostTier final : public Tier {
     HostJob job{r, state, nullptr};
     if (r.buffer.is_device()) {
       state->event = cuda::event_create(r.buffer.device());
-      if (r.direction == Direction::kWrite && r.ready_stream != nullptr) {
+      if (r.ready_stream != nullptr) {
         job.ready_event = cuda::event_create(r.buffer.device());
         cuda::event_record(job.ready_event, r.ready_stream);
       }

@@ -35,11 +35,15 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   d["budget_bytes"] = s.budget_bytes;
   d["peak_resident_bytes"] = s.peak_resident_bytes;
   d["resident_bytes"] = s.resident_bytes;
+  d["step_peak_resident_bytes"] = s.step_peak_resident_bytes;
+  d["untracked_bytes"] = s.untracked_bytes;
+  d["plan_budget_bytes"] = s.plan_budget_bytes;
   d["bytes_offloaded"] = s.bytes_offloaded;
   d["bytes_prefetched"] = s.bytes_prefetched;
   d["stall_us"] = s.stall_us;
   d["plan_moves"] = s.plan_moves;
   d["skipped_moves"] = s.skipped_moves;
+  d["aligned_moves"] = s.aligned_moves;
   d["drift_events"] = s.drift_events;
   d["urgent_fetches"] = s.urgent_fetches;
   d["evictions"] = s.evictions;

@@ -13,12 +13,15 @@
 #include <c10/util/intrusive_ptr.h>
 #ifdef TERAIO_TORCH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -75,21 +78,13 @@ class StorageMemory final : public runtime::Memory {
   }
   void drop() override { held_ = at::DataPtr(); }
   storage::BufferView allocate() override {
+    // On CUDA the block may have been freed by kernels still queued on the compute stream; the
+    // engine passes stream() as the read's ready_stream, so the tier's copy waits for them on the
+    // GPU.
     held_ = allocator_->allocate(bytes_);
-#ifdef TERAIO_TORCH_CUDA
-    if (device_.is_cuda()) {
-      // The block may have been freed by kernels still queued on the compute stream; the tier's
-      // own stream must not write it before they finish.
-      at::cuda::CUDAEvent ev;
-      ev.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-      ev.synchronize();
-    }
-#endif
     return view(held_.get());
   }
-  bool alive() const override {
-    return !weak_.expired();
-  }
+  bool alive() const override { return !weak_.expired(); }
   storage::CudaStream stream() const override {
 #ifdef TERAIO_TORCH_CUDA
     if (device_.is_cuda()) {
@@ -154,6 +149,11 @@ struct TensorMeta {
   bool produced_in_backward = false;
   bool used_in_backward = false;
   bool used_after_backward = false;  // produced in backward, used outside it (optimizer)
+  // While recording: the last operator at which the tensor was still alive. Python keeps
+  // temporaries past their last use (a variable until it is reassigned), so memory is taken
+  // longer than the uses say; the trace extends the lifetime to here.
+  int64_t last_alive_op = -1;
+  uint64_t live_mark = 0;  // 1 + the iteration in which it joined `rec_live`
 };
 
 struct OpRecord {
@@ -163,7 +163,12 @@ struct OpRecord {
 };
 
 struct CachedPlan {
-  Plan plan;                         // moves name logical ids
+  Plan plan;                        // moves name logical ids
+  std::vector<Move> start_out;      // persistent tensors offloaded when an iteration starts
+  std::vector<LogicalId> start_in;  // persistent tensors resident when an iteration starts
+  // Per operator: transient tensors that died just before it in the profile. The engine forgets
+  // them there, so that resident bytes are the live ones without sweeping every tensor.
+  std::vector<std::vector<LogicalId>> deaths;
   std::vector<uint64_t> signatures;  // per operator: name + input shapes
   std::vector<OpRecord> ops;         // the profiled operators (times final), to splice on drift
 };
@@ -177,6 +182,17 @@ struct OpCtx final : at::ObserverContext {
   std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> events;
 #endif
 };
+
+#ifdef TERAIO_TORCH_CUDA
+// The caching allocator's bytes in use on `device`: now, and the most since the last reset.
+std::pair<uint64_t, uint64_t> device_allocated(c10::DeviceIndex device) {
+  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  const auto& a =
+      s.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return {static_cast<uint64_t>(std::max<int64_t>(a.current, 0)),
+          static_cast<uint64_t>(std::max<int64_t>(a.peak, 0))};
+}
+#endif
 
 thread_local int tl_depth = 0;     // nesting of observed operators on this thread
 thread_local int tl_backward = 0;  // inside an autograd node on this thread
@@ -231,6 +247,7 @@ struct Session::Impl {
   std::atomic<uint32_t> op_counter{0};
   std::vector<uint64_t> signatures;  // this iteration's, while recording
   std::vector<OpRecord> ops;         // this iteration, when profiling
+  std::vector<LogicalId> rec_live;   // tensors of this recording still alive (see last_alive_op)
 #ifdef TERAIO_TORCH_CUDA
   std::vector<std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>> op_events;
 #endif
@@ -239,6 +256,21 @@ struct Session::Impl {
 
   uint64_t drift_events = 0;
   uint64_t budget_violations = 0;
+  // Device memory the budget must leave to what is not tracked: operator workspaces and
+  // temporaries inside composite operators, tensors under min_tensor_bytes, library workspaces.
+  // On CUDA it is measured while recording (the allocator's peak during each operator minus the
+  // tracked resident bytes, the most over the iteration); 0 on CPU, where the budget counts
+  // tracked bytes only.
+  uint64_t untracked_bytes = 0;
+  uint64_t plan_budget_bytes = 0;  // the budget the last plan was made for
+
+  bool measuring_device() const {
+#ifdef TERAIO_TORCH_CUDA
+    return device && device->is_cuda();
+#else
+    return false;
+#endif
+  }
   uint64_t last_operators = 0;
   std::string last_error;
   std::string pending_error;
@@ -371,6 +403,7 @@ struct Session::Impl {
       if (k >= planned.size() || planned[k] != sig) {
         note_drift(k);
       } else {
+        engine->forget_dead(active->deaths[k]);
         engine->before_operator(k);
       }
     }
@@ -382,10 +415,13 @@ struct Session::Impl {
                              format_bytes(double(options.budget_bytes)), k, fn.name(),
                              format_bytes(double(op_bytes))));
     }
-    if (!planned_now()) engine->enforce_budget();
+    if (!planned_now()) engine->enforce_budget(untracked_bytes);
     if (recording()) {
 #ifdef TERAIO_TORCH_CUDA
       if (device && device->is_cuda()) {
+        // Peak of this operator alone (reset here; read at its end). This resets what
+        // torch.cuda.max_memory_allocated() reports, during recorded iterations only.
+        c10::cuda::CUDACachingAllocator::resetPeakStats(device->index());
         ctx->events = std::make_shared<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>(
             at::cuda::CUDAEvent(cudaEventDefault), at::cuda::CUDAEvent(cudaEventDefault));
         ctx->events->first.record(c10::cuda::getCurrentCUDAStream(device->index()));
@@ -432,7 +468,15 @@ struct Session::Impl {
       r.ids = ctx->ids;
       for (LogicalId id : outs)
         if (std::find(r.ids.begin(), r.ids.end(), id) == r.ids.end()) r.ids.push_back(id);
+      for (LogicalId id : r.ids) {
+        TensorMeta& m = metas[id];
+        if (m.live_mark != iteration + 1) {
+          m.live_mark = iteration + 1;
+          rec_live.push_back(id);
+        }
+      }
       ops.push_back(std::move(r));
+      note_alive(static_cast<int64_t>(ops.size()) - 1);
 #ifdef TERAIO_TORCH_CUDA
       if (ctx->events) {
         ctx->events->second.record(c10::cuda::getCurrentCUDAStream(device->index()));
@@ -441,12 +485,39 @@ struct Session::Impl {
       }
 #endif
     }
+#ifdef TERAIO_TORCH_CUDA
+    if (rec && measuring_device()) {
+      const uint64_t peak = device_allocated(device->index()).second;
+      const uint64_t tracked = engine->stats().resident_bytes;
+      if (peak > tracked) untracked_bytes = std::max(untracked_bytes, peak - tracked);
+    }
+#endif
     engine->end_use(ctx->ids);
     engine->touch(outs);
     if (planned_now()) engine->after_operator(k);
-    if (!engine->enforce_budget() && !planned_now()) {
-      // Everything unpinned is out: the running operator alone exceeds the budget (reported at
-      // start).
+    // The safety net in every mode (a plan keeps below it; see make_and_install_plan). When it
+    // cannot get there, the running operator alone exceeds the budget (reported at its start).
+    engine->enforce_budget(untracked_bytes);
+  }
+
+  bool storage_alive(LogicalId id) const {
+    c10::StorageImpl* si = id_storage[id];
+    if (si == nullptr) return false;
+    auto it = storages.find(si);
+    return it != storages.end() && !it->second.weak.expired();
+  }
+
+  // Marks the recorded tensors still alive after recorded operator k; forgets the dead ones.
+  void note_alive(int64_t k) {
+    for (size_t i = 0; i < rec_live.size();) {
+      LogicalId id = rec_live[i];
+      if (storage_alive(id)) {
+        metas[id].last_alive_op = k;
+        ++i;
+      } else {
+        rec_live[i] = rec_live.back();
+        rec_live.pop_back();
+      }
     }
   }
 
@@ -456,19 +527,38 @@ struct Session::Impl {
     trace.set_meta("source", "\"teraio.Session\"");
     trace.set_meta("device", fmt::format("\"{}\"", device ? device->str() : std::string("cpu")));
     trace.set_meta("iteration", std::to_string(iteration));
+    // A transient tensor alive past its last use is also listed at the last operator it was
+    // alive for (its memory is taken until then); one alive at the end is persistent (below).
+    std::unordered_map<LogicalId, size_t> last_use;
+    for (size_t k = 0; k < ops.size(); ++k)
+      for (LogicalId id : ops[k].ids) last_use[id] = k;
+    std::vector<std::vector<LogicalId>> held(ops.size());
+    for (const auto& [id, k] : last_use) {
+      int64_t alive_until = metas[id].last_alive_op;
+      if (alive_until > static_cast<int64_t>(k) && alive_until < static_cast<int64_t>(ops.size()) &&
+          !storage_alive(id))
+        held[static_cast<size_t>(alive_until)].push_back(id);
+    }
     std::vector<TensorId> ids;
+    std::vector<LogicalId> op_ids;
     for (size_t k = 0; k < ops.size(); ++k) {
       ids.clear();
-      for (LogicalId id : ops[k].ids) {
+      op_ids = ops[k].ids;
+      op_ids.insert(op_ids.end(), held[k].begin(), held[k].end());
+      for (LogicalId id : op_ids) {
         auto [it, inserted] = to_trace.emplace(id, static_cast<TensorId>(trace_to_logical->size()));
         if (inserted) {
           trace_to_logical->push_back(id);
           const TensorMeta& m = metas[id];
-          c10::StorageImpl* si = id_storage[id];
-          bool alive = si && storages.count(si) && !storages.at(si).weak.expired();
+          bool alive = storage_alive(id);
           TensorInfo info;
           info.bytes = m.bytes;
-          info.persistent = alive && m.first_iter < iteration;
+          // Alive when the iteration ends: its memory stays taken into the next iteration (a
+          // gradient until zero_grad, a batch the loop still holds), so the planner must count it
+          // there. Modelled as persistent (its gap wraps around); when the next iteration frees it
+          // before its first use, the runtime drops a prefetch of the dead tensor (no read).
+          info.persistent = alive;
+          const bool long_lived = alive && m.first_iter < iteration;
           if (m.named_kind) {
             info.kind = *m.named_kind;
           } else if (m.is_param) {
@@ -476,7 +566,7 @@ struct Session::Impl {
           } else if (m.produced_in_backward) {
             info.kind =
                 (alive || m.used_after_backward) ? TensorKind::gradient : TensorKind::temporary;
-          } else if (info.persistent) {
+          } else if (long_lived) {
             info.kind = TensorKind::optimizer_state;
           } else if (m.produced_in_forward && m.used_in_backward) {
             info.kind = TensorKind::activation;
@@ -514,7 +604,18 @@ struct Session::Impl {
     for (size_t k = 0; k < ops.size(); ++k)
       ops[k].time_us = trace.kernel_time_us(static_cast<KernelIndex>(k));
     PlannerOptions po;
-    po.budget_bytes = options.budget_bytes;
+    // On CUDA the plan keeps tracked tensors below the budget less what the iteration needs
+    // besides them, and a margin of 1/32 for what the measurement missed.
+    const uint64_t reserve = untracked_bytes + (measuring_device() ? options.budget_bytes / 32 : 0);
+    if (reserve >= options.budget_bytes)
+      throw Error(fmt::format(
+          "budget {} leaves nothing for tensors: {} of device memory is used outside the "
+          "tracked tensors (operator workspaces and temporaries, tensors under {}){}",
+          format_bytes(double(options.budget_bytes)), format_bytes(double(untracked_bytes)),
+          format_bytes(double(options.min_tensor_bytes)),
+          measuring_device() ? ", plus a margin of 1/32" : ""));
+    po.budget_bytes = options.budget_bytes - reserve;
+    plan_budget_bytes = po.budget_bytes;
     po.tiers = tier_specs;
     po.min_tensor_bytes = options.min_tensor_bytes;
     Plan plan = make_plan(trace, po);
@@ -522,7 +623,43 @@ struct Session::Impl {
     CachedPlan cp;
     cp.signatures = signatures;
     cp.plan = plan;
+    // A tensor made anew each iteration and alive at its end (a gradient until zero_grad) is
+    // persistent in the trace, so its memory is counted into the next iteration; the read that
+    // would bring it back for its first use there is dropped: that use creates a new tensor.
+    std::vector<int64_t> first_use(trace.num_tensors(), -1);
+    for (KernelIndex k = trace.num_kernels(); k-- > 0;)
+      for (TensorId t : trace.kernel_tensors(k)) first_use[t] = k;
+    auto recreated = [&](TensorId t) {
+      return trace.tensors[t].persistent && metas[trace_to_logical.at(t)].first_iter >= iteration;
+    };
+    std::erase_if(cp.plan.moves, [&](const Move& m) {
+      return m.op == MoveOp::prefetch && recreated(m.tensor) &&
+             static_cast<int64_t>(m.deadline) == first_use[m.tensor];
+    });
+    // Where each other persistent tensor is when an iteration starts: offloaded if its first move
+    // in the iteration is a prefetch (it went out at the end of the previous one), else resident.
+    std::vector<const Move*> first(trace.num_tensors(), nullptr);
+    for (const Move& m : cp.plan.moves)
+      if (!first[m.tensor] || m.start < first[m.tensor]->start) first[m.tensor] = &m;
+    for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+      if (!trace.tensors[t].persistent || recreated(t)) continue;
+      if (first[t] && first[t]->op == MoveOp::prefetch) {
+        Move out = *first[t];
+        out.tensor = trace_to_logical.at(t);
+        cp.start_out.push_back(out);
+      } else {
+        cp.start_in.push_back(trace_to_logical.at(t));
+      }
+    }
     for (Move& m : cp.plan.moves) m.tensor = trace_to_logical.at(m.tensor);
+    cp.deaths.resize(ops.size());
+    for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+      if (trace.tensors[t].persistent) continue;
+      const LogicalId id = trace_to_logical.at(t);
+      const int64_t died_before = metas[id].last_alive_op + 1;
+      if (died_before > 0 && died_before < static_cast<int64_t>(ops.size()))
+        cp.deaths[died_before].push_back(id);
+    }
     cp.ops = std::move(ops);
     ops.clear();
     auto& slot = plan_cache[iteration_signature];
@@ -551,6 +688,7 @@ struct Session::Impl {
     iter_sig = 0;
     signatures.clear();
     ops.clear();
+    rec_live.clear();
 #ifdef TERAIO_TORCH_CUDA
     op_events.clear();
 #endif
@@ -558,7 +696,11 @@ struct Session::Impl {
     fast.store(mode == Mode::kPlanned && active && active->plan.moves.empty(),
                std::memory_order_relaxed);
     pending_error.clear();
-    if (!fast.load(std::memory_order_relaxed)) engine->poll();
+    engine->reset_step_peak();
+    if (!fast.load(std::memory_order_relaxed)) {
+      engine->poll();
+      if (mode == Mode::kPlanned && active) engine->align(active->start_out, active->start_in);
+    }
   }
 
   void end_step() {
@@ -718,6 +860,22 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   s.options = std::move(options);
   s.engine = std::make_unique<runtime::Engine>(runtime::EngineOptions{s.options.budget_bytes},
                                                std::move(engine_tiers));
+  if (const char* log = std::getenv("TERAIO_LOG");
+      log != nullptr && *log != '\0' && std::strcmp(log, "0") != 0) {
+    // Every move outside the plan, with where it happened (docs/pytorch.md, "Diagnostics"). The
+    // engine calls this under the Session's lock (every engine call is made holding it).
+    s.engine->set_event_hook([&s](std::string_view what, runtime::LogicalId id, uint64_t bytes) {
+      const TensorMeta* m = id < s.metas.size() ? &s.metas[id] : nullptr;
+      std::string name = m && !m->name.empty() ? m->name
+                         : m ? fmt::format("op{}.{}{}", m->key >> 32, (m->key & 1) ? "out" : "in",
+                                           (m->key >> 1) & 0x7fffffff)
+                             : std::to_string(id);
+      std::fprintf(stderr, "teraio: iteration %llu op %u (%s): %.*s %s (%s)\n",
+                   static_cast<unsigned long long>(s.iteration), s.op_counter.load() - 1,
+                   mode_name(s.mode), static_cast<int>(what.size()), what.data(), name.c_str(),
+                   format_bytes(double(bytes)).c_str());
+    });
+  }
   Impl* expected = nullptr;
   TERAIO_CHECK(g_session.compare_exchange_strong(expected, &s),
                "Session: another teraio.Session is active in this process; close it first");
@@ -770,16 +928,20 @@ SessionStats Session::stats() const {
   const Impl& s = *impl_;
   runtime::EngineStats e = s.engine->stats();
   SessionStats r;
-  r.mode = mode_name(s.mode);
+  r.mode = mode_name(!s.options.planning && s.mode == Mode::kProfiling ? Mode::kReactive : s.mode);
   r.iteration = s.iteration;
   r.budget_bytes = s.options.budget_bytes;
   r.peak_resident_bytes = e.peak_resident_bytes;
+  r.step_peak_resident_bytes = e.step_peak_resident_bytes;
+  r.untracked_bytes = s.untracked_bytes;
+  r.plan_budget_bytes = s.plan_budget_bytes;
   r.resident_bytes = e.resident_bytes;
   r.bytes_offloaded = e.bytes_offloaded;
   r.bytes_prefetched = e.bytes_prefetched;
   r.stall_us = e.stall_us;
   r.plan_moves = e.plan_moves;
   r.skipped_moves = e.skipped_moves;
+  r.aligned_moves = e.aligned;
   r.drift_events = s.drift_events;
   r.urgent_fetches = e.urgent_fetches;
   r.evictions = e.evictions;

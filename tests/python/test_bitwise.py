@@ -53,11 +53,40 @@ def test_bitwise_cpu(tmp_path, model, batch, budget, planning):
         assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, st
         assert st["peak_resident_bytes"] > st["budget_bytes"] or st["evictions"] > 0
         assert st["iteration"] == steps
-        assert st["mode"] == ("planned" if planning else "profiling"), st
+        assert st["mode"] == ("planned" if planning else "reactive"), st
         if planning:
             assert st["plan_moves"] > 0, st
         with s.resident():
             assert_bitwise(ref, got)
+
+
+def test_planned_steps_follow_the_plan_within_budget(tmp_path):
+    """Once planned, a step moves only what the plan says: no urgent fetch, no eviction, no
+    skipped move, and the tracked bytes resident never exceed the budget (gradients kept alive
+    until zero_grad and Python temporaries held past their last use included)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.GELU(), torch.nn.Linear(512, 100))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    with teraio.Session(budget="3MiB", tiers=[teraio.HostTier("8MiB")], min_tensor_bytes=4096) as s:
+        s.watch(model, opt)
+        before = None
+        for step in range(7):
+            x, y = torch.randn(64, 256, generator=g), torch.randint(0, 100, (64,), generator=g)
+            with s.step():
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            st = s.stats()
+            if step == 3:
+                before = st
+            if step > 3:
+                assert st["mode"] == "planned", st
+                assert st["step_peak_resident_bytes"] <= st["budget_bytes"], st
+        for key in ("urgent_fetches", "evictions", "skipped_moves", "drift_events"):
+            assert st[key] == before[key], (key, before, st)
+        assert st["plan_moves"] > before["plan_moves"], st
 
 
 @pytest.mark.parametrize("foreach,budget", [(False, "200KiB"), (True, "310KiB")])

@@ -227,6 +227,73 @@ TEST_F(EngineTest, DeadTensorsStopCountingBeforeEvictions) {
   EXPECT_EQ(e->location(1), Location::kResident);
 }
 
+TEST_F(EngineTest, AlignPutsTensorsWhereThePlanStarts) {
+  auto e = make(0);
+  auto a = make_tensor(9000, 1), b = make_tensor(7000, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  ASSERT_TRUE(e->offload(1, 1));  // left out by an eviction, say
+  e->finish_offload(1);
+  const Move out[] = {{0, MoveOp::prefetch, 1, 3, 4}};
+  const LogicalId in[] = {1};
+  EXPECT_EQ(e->align(out, in), 2u);
+  EXPECT_EQ(e->location(0), Location::kOffloaded) << "offloads complete before align returns";
+  EXPECT_NE(e->location(1), Location::kOffloaded);
+  const LogicalId use[] = {1};
+  e->begin_use(use);
+  EXPECT_TRUE(has_pattern(*b, 2));
+  e->end_use(use);
+  EXPECT_EQ(e->stats().urgent_fetches, 0u);
+  EXPECT_EQ(e->align(out, in), 0u) << "already in place";
+  EXPECT_EQ(e->stats().aligned, 2u);
+}
+
+TEST_F(EngineTest, FullTierReclaimsSpaceOfCompletedReads) {
+  auto e = make(0);
+  auto a = make_tensor(700 << 10, 1), b = make_tensor(700 << 10, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  const LogicalId ids[] = {0};
+  e->begin_use(ids);  // back, but the read's tier space is released lazily
+  e->end_use(ids);
+  EXPECT_TRUE(e->offload(1, 0)) << "the 1 MiB host tier must reclaim the finished read's 700 KiB";
+  e->finish_offload(1);
+  EXPECT_EQ(e->location(1), Location::kOffloaded);
+}
+
+TEST_F(EngineTest, PlannedReadOfATensorThatDiedOutThereIsDropped) {
+  auto e = make(0);
+  auto a = make_tensor(4096, 5);
+  e->bind(3, std::make_unique<FakeMemory>(a));
+  Plan plan;
+  plan.tiers = {{"host", 1 << 20, 10, 10}, {"file", 4 << 20, 1, 1}};
+  plan.moves = {{3, MoveOp::offload, 0, 0, 0}, {3, MoveOp::prefetch, 0, 1, 1}};
+  e->set_plan(plan, 2);
+  e->before_operator(0);
+  e->after_operator(0);
+  EXPECT_EQ(e->location(3), Location::kOffloaded);
+  a->alive = false;  // a gradient freed by zero_grad while out
+  e->before_operator(1);
+  EXPECT_EQ(e->location(3), Location::kUnbound);
+  EXPECT_EQ(e->stats().prefetches, 0u);
+  EXPECT_EQ(e->stats().skipped_moves, 0u);
+}
+
+TEST_F(EngineTest, ForgetDeadDropsOnlyDeadUnpinnedOnes) {
+  auto e = make(0);
+  auto a = make_tensor(1000, 1), b = make_tensor(1000, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  a->alive = false;
+  const LogicalId ids[] = {0, 1};
+  e->forget_dead(ids);
+  EXPECT_EQ(e->location(0), Location::kUnbound);
+  EXPECT_EQ(e->location(1), Location::kResident);
+  EXPECT_EQ(e->stats().resident_bytes, 1000u);
+}
+
 TEST_F(EngineTest, PlanWithUnknownTierIsRejected) {
   auto e = make(0);
   Plan plan;

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "cuda_rt.h"
 #include "teraio/storage.h"
 #include "test_util.h"
 
@@ -62,6 +63,32 @@ TEST_P(Gpu, DeviceRoundTripThroughPinnedBounce) {
     EXPECT_TRUE(c.wait().ok) << c.wait().error;
     EXPECT_EQ(back, data) << "size " << size;
   }
+}
+
+// A read into a device block that queued work on another stream still writes (a kernel of the
+// tensor the block belonged to) must land after that work: ready_stream orders it on the GPU.
+TEST_P(Gpu, ReadIntoDeviceWaitsForReadyStream) {
+  const uint64_t size = 64 << 20;
+  auto data = pattern(size, 7);
+  Buffer src = Buffer::allocate(size, MemoryKind::kDevice, 0);
+  copy_buffer(src.view(), BufferView::host(data.data(), size));
+  tier_->write(src.view(), 0);
+  Buffer stale = Buffer::allocate(size, MemoryKind::kHostPinned, 0);
+  std::memset(stale.data(), 0xab, size);
+  Buffer dev = Buffer::allocate(size, MemoryKind::kDevice, 0);
+  void* busy = cuda::stream_create(0);
+  for (int i = 0; i < 8; ++i)
+    cuda::memcpy_async(dev.data(), stale.data(), size, busy);  // ~10 ms queued
+  IoRequest r{Direction::kRead, dev.view(), 0};
+  r.ready_stream = busy;
+  auto c = tier_->submit(r);
+  c.stream_wait(busy);
+  cuda::stream_sync(busy);
+  std::vector<unsigned char> back(size);
+  copy_buffer(BufferView::host(back.data(), size), dev.view());
+  cuda::stream_destroy(busy);
+  EXPECT_TRUE(c.wait().ok) << c.wait().error;
+  EXPECT_TRUE(back == data) << "the read landed before the work queued on its ready stream";
 }
 
 TEST_P(Gpu, PinnedHostBuffersRoundTrip) {
