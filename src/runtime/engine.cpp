@@ -485,15 +485,24 @@ void Engine::after_operator(uint32_t k) {
   if (k >= schedule_.size()) return;
   for (const Move& m : schedule_[k].offload_at) {
     Entry* e = find(m.tensor);
-    if (e && e->loc == Location::kResident && e->pins == 0 && e->memory->alive() &&
-        offload_locked(*e, m.tier, false)) {
+    if (!e || e->loc == Location::kUnbound) continue;  // died before its offload: nothing to do
+    const bool movable = e->loc == Location::kResident && e->pins == 0 && e->memory->alive();
+    bool done = movable && offload_locked(*e, m.tier, false);
+    // The planned tier can be full of what evictions and drift put there; the bytes then go to
+    // another tier (the read comes back from wherever they are) rather than stay over budget.
+    for (uint32_t t = 0; movable && !done && t < tiers_.size(); ++t) {
+      if (t == m.tier || !offload_locked(*e, t, false)) continue;
+      done = true;
+      stats_.spilled_moves++;
+      event("spilled-offload", *e);
+    }
+    if (done) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;
-      if (e && e->loc != Location::kUnbound)
-        event(fmt::format("skipped-offload({}{}{})", to_string(e->loc), e->pins ? ", in use" : "",
-                          e->memory->alive() ? "" : ", dead"),
-              *e);
+      event(fmt::format("skipped-offload({}{}{}{})", to_string(e->loc), e->pins ? ", in use" : "",
+                        e->memory->alive() ? "" : ", dead", movable ? ", no tier space" : ""),
+            *e);
     }
   }
   for (LogicalId id : schedule_[k].offload_due)

@@ -68,6 +68,7 @@ struct EngineStats {
   uint64_t cancelled_offloads = 0;  // offloads undone because the tensor was used again
   uint64_t plan_moves = 0;          // planned moves issued
   uint64_t skipped_moves = 0;  // planned moves whose tensor was not bound or not in the right place
+  uint64_t spilled_moves = 0;     // planned offloads sent to another tier (the planned one was full)
   uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
   double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
 };
@@ -140,7 +141,7 @@ class Engine {
 
   // Called (under the engine's lock: it must not call back into the engine) for events that cost
   // time outside the plan or fix its starting point: "urgent-fetch", "eviction",
-  // "cancelled-offload", "skipped-prefetch(<location>)", "skipped-offload(<why>)", "align-offload",
+  // "cancelled-offload", "skipped-prefetch(<location>)", "skipped-offload(<why>)", "spilled-offload", "align-offload",
   // "align-fetch".
   using EventHook = std::function<void(std::string_view what, LogicalId id, uint64_t bytes)>;
   void set_event_hook(EventHook hook);
