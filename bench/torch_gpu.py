@@ -174,7 +174,16 @@ def main(out_path):
     # Overhead with an empty plan (the budget holds everything). One model and optimizer, blocks of
     # steps alternating without and with a Session (its 2 profiling steps are not timed), so that
     # clock and allocator drift show as spread instead of as overhead.
-    big, big_batch = llama_factory(1024, 8)
+    for name, hidden, layers, seq in [("overhead", 1024, 8, 256), ("overhead_gpu_bound", 2048, 8, 1024)]:
+        res[name] = overhead(*llama_factory(hidden, layers), seq)
+        print(name, res[name], flush=True)
+    with open(out_path, "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    ok = all(v.get("equal") and v.get("planned_peak_within_budget", True) for v in res["bitwise"].values())
+    return 0 if ok else 1
+
+
+def overhead(big, big_batch, seq):
     block = int(os.environ.get("TERAIO_OVERHEAD_STEPS", "15"))
     rounds = int(os.environ.get("TERAIO_OVERHEAD_ROUNDS", "4"))
     torch.manual_seed(0)
@@ -185,7 +194,7 @@ def main(out_path):
     def timed_steps(n, s=None):
         times = []
         for _ in range(n):
-            batch = [t.to(dev) for t in big_batch(g)]
+            batch = [t.to(dev) for t in big_batch(g, seq=seq)]
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             with (s.step() if s is not None else _null()):
@@ -209,17 +218,13 @@ def main(out_path):
         s.close()
     b = statistics.median(base_med)
     w = statistics.median(ter_med)
-    res["overhead"] = {"baseline_step_s": base_med, "teraio_step_s": ter_med,
-                       "overhead_pct": 100.0 * (w - b) / b,
-                       "paired_overhead_pct": [100.0 * (y - x) / x for x, y in zip(base_med, ter_med)],
-                       "baseline_spread_pct": 100.0 * (max(base_med) - min(base_med)) / b,
-                       "operators_per_step": st["operators"], "plan_moves": st["plan_moves"],
-                       "mode": st["mode"], "steps_per_block": block, "rounds": rounds}
-    print("overhead", res["overhead"], flush=True)
-    with open(out_path, "w") as f:
-        json.dump(res, f, indent=1, default=str)
-    ok = all(v.get("equal") and v.get("planned_peak_within_budget", True) for v in res["bitwise"].values())
-    return 0 if ok else 1
+    return {"baseline_step_s": base_med, "teraio_step_s": ter_med,
+            "overhead_pct": 100.0 * (w - b) / b,
+            "paired_overhead_pct": [100.0 * (y - x) / x for x, y in zip(base_med, ter_med)],
+            "baseline_spread_pct": 100.0 * (max(base_med) - min(base_med)) / b,
+            "operators_per_step": st["operators"], "plan_moves": st["plan_moves"],
+            "per_operator_us": 1e6 * (w - b) / max(1, st["operators"]),
+            "mode": st["mode"], "steps_per_block": block, "rounds": rounds, "seq": seq}
 
 
 if __name__ == "__main__":

@@ -307,6 +307,11 @@ void Engine::forget_dead(std::span<const LogicalId> ids) {
   }
 }
 
+void Engine::forget_dead() {
+  std::lock_guard lock(mutex_);
+  sweep_dead_locked(0);
+}
+
 void Engine::poll() {
   std::lock_guard lock(mutex_);
   for (auto& p : entries_) {

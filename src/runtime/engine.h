@@ -94,8 +94,10 @@ class Engine {
   Location location(LogicalId id) const;
   // Forgets tensors that died (freeing their tier space) and finishes completed transfers.
   void poll();
-  // Forgets those of the listed tensors that died (a cheap, targeted poll).
+  // Forgets those of the listed tensors that died (a cheap, targeted poll); without a list, every
+  // dead one (one pass over all tensors).
   void forget_dead(std::span<const LogicalId> ids);
+  void forget_dead();
 
   // --- operators ------------------------------------------------------------------------------
   // Makes every listed tensor resident and usable by an operator about to run: waits for arriving

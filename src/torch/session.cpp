@@ -275,7 +275,20 @@ struct Session::Impl {
   std::string last_error;
   std::string pending_error;
 
+  // Two registrations of the same callbacks: `handle` sees inputs and outputs (profiling, plans
+  // with moves, reactive steps); `lean_handle` sees inputs only, for planned steps with an empty
+  // plan, where only the drift check runs (PyTorch then does not box every operator's outputs).
+  // Exactly one is enabled; they are switched at step start and on drift.
   at::CallbackHandle handle = 0;
+  at::CallbackHandle lean_handle = 0;
+  bool lean_active = false;
+  void select_callbacks(bool lean) {
+    if (lean == lean_active) return;
+    // The new one first: an operator may see both (nesting makes the second a no-op), none never.
+    at::reenableCallback(lean ? lean_handle : handle);
+    at::disableCallback(lean ? handle : lean_handle);
+    lean_active = lean;
+  }
 
   // Operators are recorded while profiling and, after a drift, for the rest of the iteration (the
   // operators before the drift are the plan's own, spliced in from its profile).
@@ -292,6 +305,7 @@ struct Session::Impl {
   void note_drift(uint32_t k) {
     iteration_reactive = true;
     fast.store(false, std::memory_order_relaxed);
+    select_callbacks(false);
     drift_events++;
     size_t n = std::min<size_t>(k, active->ops.size());
     ops.assign(active->ops.begin(), active->ops.begin() + n);
@@ -488,6 +502,7 @@ struct Session::Impl {
 #ifdef TERAIO_TORCH_CUDA
     if (rec && measuring_device()) {
       const uint64_t peak = device_allocated(device->index()).second;
+      engine->forget_dead();  // what died is no longer allocated: it must not count as tracked
       const uint64_t tracked = engine->stats().resident_bytes;
       if (peak > tracked) untracked_bytes = std::max(untracked_bytes, peak - tracked);
     }
@@ -618,7 +633,16 @@ struct Session::Impl {
     plan_budget_bytes = po.budget_bytes;
     po.tiers = tier_specs;
     po.min_tensor_bytes = options.min_tensor_bytes;
-    Plan plan = make_plan(trace, po);
+    Plan plan;
+    try {
+      plan = make_plan(trace, po);
+    } catch (const Error& e) {
+      if (reserve == 0) throw;
+      throw Error(fmt::format("{} (the planner's budget is the Session's {} less {} of device memory used "
+                              "outside tracked tensors and a margin of 1/32)",
+                              e.what(), format_bytes(double(options.budget_bytes)),
+                              format_bytes(double(untracked_bytes))));
+    }
     if (!options.plan_path.empty()) write_plan(plan, options.plan_path);
     CachedPlan cp;
     cp.signatures = signatures;
@@ -693,8 +717,12 @@ struct Session::Impl {
     op_events.clear();
 #endif
     iteration_reactive = false;
+    // Measured afresh in each profiled iteration: in the first, tensors not yet seen (parameters
+    // before their first operator) are allocated but not tracked, which would count them twice.
+    if (mode == Mode::kProfiling) untracked_bytes = 0;
     fast.store(mode == Mode::kPlanned && active && active->plan.moves.empty(),
                std::memory_order_relaxed);
+    select_callbacks(fast.load(std::memory_order_relaxed));
     pending_error.clear();
     engine->reset_step_peak();
     if (!fast.load(std::memory_order_relaxed)) {
@@ -884,11 +912,17 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
           .needsInputs(true)
           .needsOutputs(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  s.lean_handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&on_start_cb, &on_end_cb)
+          .needsInputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  at::disableCallback(s.lean_handle);
 }
 
 Session::~Session() {
   if (!impl_) return;
   at::removeCallback(impl_->handle);
+  at::removeCallback(impl_->lean_handle);
   g_session.store(nullptr, std::memory_order_release);
   std::lock_guard lock(impl_->mu);
   try {

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The H200 runs of docs/benchmarks.md, in phases that each fit one device call (< 10 min):
+#   checks   storage GPU tests, bench/torch_gpu.py (bitwise, planned peak vs budget, hook overhead),
+#            teraio-train llama-1b under a Session
+#   1b       HF llama-1b: Ideal, teraio (host tier) at 1/2 and 1/4 of the footprint
+#   3b       HF llama-3b: the same
+#   peers1b  FSDP2 with CPU offload and DeepSpeed ZeRO-Offload on llama-1b
+#   disk     teraio host+disk and disk-only, DeepSpeed ZeRO-Infinity (NVMe) on llama-1b
+#   peers3b  FSDP2 and ZeRO-Offload on llama-3b
+# "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
+# Usage (repo root on the GPU machine, build-gpu/, build-train-gpu/, build-gpudeps/ and .whl/ carried):
+#   OUT=... bash bench/h200_run.sh PHASE [name-filter]
+# Results: $OUT/h200_<phase>.tgz (one JSON per run, traces and plans; rewritten after every run, so
+# a call cut short still returns what finished) and $OUT/log_<phase>.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk or peers3b}
+FILTER=${2:-}
+OUT=${OUT:-$PWD/h200-out}
+R=$OUT/res_$PHASE
+mkdir -p "$R"
+exec > >(tee -a "$OUT/log_$PHASE.txt") 2>&1
+source bench/h200_env.sh
+DISK=${DISK_DIR:-/tmp}
+STEPS=${STEPS:-3}
+step() { echo; echo "== $(date -u +%T) $*"; }
+finish() { tar czf "$OUT/h200_$PHASE.tgz" -C "$R" .; }
+trap finish EXIT
+
+# bench NAME TIMEOUT ARGS...: one llm_bench.py configuration (skipped when NAME misses the filter)
+bench() {
+  local name=$1 limit=$2
+  shift 2
+  [[ -n $FILTER && $name != *$FILTER* ]] && return 0
+  step "bench $name: $*"
+  timeout --signal=INT --kill-after=20 "$limit" $PY bench/llm_bench.py --steps "$STEPS" --out "$R/$name.json" "$@"
+  echo "rc=$? for $name"
+  finish
+}
+# footprint MODEL: the Ideal run's peak allocated bytes for MODEL (from this or an earlier phase)
+footprint() {
+  $PY - "$1" "$OUT" <<'EOF'
+import glob, json, sys
+for f in sorted(glob.glob(f"{sys.argv[2]}/res_*/ideal-{sys.argv[1]}.json")):
+    r = json.load(open(f))
+    if r.get("ok"):
+        print(r["memory"]["cuda_max_allocated_bytes"]); break
+else:
+    print(0)
+EOF
+}
+fraction() { echo $(( $1 / $2 ))B; }  # bytes / n, as a size teraio parses
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+nproc; free -g | head -2; df -h "$DISK" | tail -1
+step "install"
+ensure_teraio || { echo "teraio install failed"; exit 1; }
+
+case $PHASE in
+checks)
+  step "storage GPU tests"
+  LD_LIBRARY_PATH="$PWD/build-gpu/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH" timeout 120 \
+    build-gpu/bin/storage_gpu_test --gtest_brief=1 2>&1 | tail -15
+  step "torch_gpu.py"
+  timeout 240 $PY bench/torch_gpu.py "$R/torch_gpu.json"
+  echo "rc=$?"
+  finish
+  step "teraio-train llama-1b fp32, 12 GiB budget, host tier"
+  LD_LIBRARY_PATH="$TORCH_LIB:$PWD/build-train-gpu/lib:$LD_LIBRARY_PATH" timeout 150 \
+    build-train-gpu/bin/teraio-train --device cuda --model llama-1b --steps 8 --budget 12GiB \
+    --tier host:64GiB --report "$R/train-llama-1b-12GiB.json"
+  echo "rc=$?"
+  ;;
+1b | 3b)
+  m=llama-$PHASE
+  bench ideal-$m 200 --system ideal --model $m
+  fp=$(footprint $m)
+  echo "$m footprint (Ideal peak allocated): $fp bytes"
+  if (( fp > 0 )); then
+    bench teraio-host-half-$m 240 --system teraio --model $m --tiers host --budget "$(fraction "$fp" 2)" \
+      --trace-out "$R/trace-$m-half.json" --plan-out "$R/plan-$m-half.json"
+    bench teraio-host-quarter-$m 240 --system teraio --model $m --tiers host --budget "$(fraction "$fp" 4)" \
+      --trace-out "$R/trace-$m-quarter.json" --plan-out "$R/plan-$m-quarter.json"
+  fi
+  ;;
+peers1b | peers3b)
+  m=llama-${PHASE#peers}
+  ensure_peers
+  bench fsdp2-offload-$m 240 --system fsdp2-offload --model $m
+  bench ds-offload-$m 300 --system ds-offload --model $m --disk-dir "$DISK"
+  ;;
+disk)
+  fp=$(footprint llama-1b)
+  if (( fp > 0 )); then
+    bench teraio-hostdisk-quarter-llama-1b 240 --system teraio --model llama-1b --tiers host+disk --host-gib 8 \
+      --budget "$(fraction "$fp" 4)" --disk-dir "$DISK"
+    bench teraio-disk-half-llama-1b 300 --system teraio --model llama-1b --tiers disk --budget "$(fraction "$fp" 2)" \
+      --disk-dir "$DISK"
+  fi
+  ensure_peers
+  bench ds-infinity-llama-1b 300 --system ds-infinity --model llama-1b --disk-dir "$DISK"
+  ;;
+*)
+  echo "unknown phase $PHASE"; exit 2 ;;
+esac
