@@ -39,6 +39,8 @@ bench() {
 }
 # footprint MODEL: the Ideal run's peak allocated bytes for MODEL (from this or an earlier phase)
 footprint() {
+  local var="FOOTPRINT_${1//-/_}"  # e.g. FOOTPRINT_llama_1b=37541007360 from an earlier call
+  if [[ -n ${!var:-} ]]; then echo "${!var}"; return; fi
   $PY - "$1" "$OUT" <<'EOF'
 import glob, json, sys
 for f in sorted(glob.glob(f"{sys.argv[2]}/res_*/ideal-{sys.argv[1]}.json")):
@@ -74,7 +76,11 @@ checks)
   ;;
 1b | 3b)
   m=llama-$PHASE
-  bench ideal-$m 200 --system ideal --model $m
+  var="FOOTPRINT_${m//-/_}"
+  if [[ -z ${!var:-} ]]; then
+    bench ideal-$m 200 --system ideal --model $m --adamw fused
+    bench ideal-loop-$m 200 --system ideal --model $m --adamw loop
+  fi
   fp=$(footprint $m)
   echo "$m footprint (Ideal peak allocated): $fp bytes"
   if (( fp > 0 )); then

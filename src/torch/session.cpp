@@ -176,6 +176,11 @@ struct CachedPlan {
 struct OpCtx final : at::ObserverContext {
   uint32_t k = 0;
   bool in_step = false;
+  // Outputs of operators nested in this one (a composite's internals): tensors autograd saves
+  // from inside, such as the attention probabilities of SDPA's math path, exist from here on but
+  // no top-level operator names them before the backward pass. They are tracked from their birth.
+  uint32_t nested = 0;
+  std::vector<LogicalId> nested_outs;
   std::vector<LogicalId> ids;  // pinned inputs
   double t0_us = 0;
 #ifdef TERAIO_TORCH_CUDA
@@ -195,6 +200,7 @@ std::pair<uint64_t, uint64_t> device_allocated(c10::DeviceIndex device) {
 #endif
 
 thread_local int tl_depth = 0;     // nesting of observed operators on this thread
+thread_local OpCtx* tl_top = nullptr;  // the running top-level step operator on this thread
 thread_local int tl_backward = 0;  // inside an autograd node on this thread
 // The thread that began the step. Operators of the step are those of this thread and of autograd
 // nodes (backward on autograd's device threads); other threads (a DataLoader's pin-memory thread)
@@ -455,7 +461,7 @@ struct Session::Impl {
     }
     const uint32_t k = ctx->k;
     const bool rec = recording();
-    std::vector<LogicalId> outs;
+    std::vector<LogicalId> outs = std::move(ctx->nested_outs);
     uint32_t slot = 0;
     for (const c10::IValue& v : fn.outputs()) {
       visit_tensors(v, [&](const at::Tensor& t) {
@@ -533,6 +539,30 @@ struct Session::Impl {
         rec_live[i] = rec_live.back();
         rec_live.pop_back();
       }
+    }
+  }
+
+  // The end of an operator nested in the top-level one `top`: binds its new outputs.
+  void on_nested_end(const at::RecordFunction& fn, OpCtx* top) {
+    std::lock_guard lock(mu);
+    if (!in_step || !device) return;
+    const bool rec = recording();
+    for (const c10::IValue& v : fn.outputs()) {
+      visit_tensors(v, [&](const at::Tensor& t) {
+        if (!t.defined() || !t.has_storage() || t.device() != *device) return;
+        c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+        if (storages.count(si)) return;  // a view, or an input: already known
+        std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(top->k, 0x4000 + top->nested++, true), true);
+        if (!id) return;
+        top->nested_outs.push_back(*id);
+        if (rec) {
+          TensorMeta& m = metas[*id];
+          if (tl_backward > 0)
+            m.produced_in_backward = true;
+          else if (at::GradMode::is_enabled())
+            m.produced_in_forward = true;
+        }
+      });
     }
   }
 
@@ -805,7 +835,10 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
     if (s->fast.load(std::memory_order_relaxed) && s->in_step.load(std::memory_order_relaxed) &&
         (tl_step_thread || tl_backward > 0) && s->fast_path(fn))
       return nullptr;
-    return s->on_start(fn);
+    std::unique_ptr<at::ObserverContext> ctx = s->on_start(fn);
+    auto* op = static_cast<OpCtx*>(ctx.get());
+    tl_top = op != nullptr && op->in_step ? op : nullptr;
+    return ctx;
   } catch (const std::exception& e) {
     std::lock_guard lock(s->mu);
     s->note_error(e.what());
@@ -821,8 +854,13 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (std::strncmp(fn.name(), "autograd::", 10) == 0) return;
   if (tl_depth > 0) tl_depth--;
   Session::Impl* s = g_session.load(std::memory_order_acquire);
-  if (!s || !ctx) return;
+  if (!s) return;
   try {
+    if (ctx == nullptr) {
+      if (tl_depth > 0 && tl_top != nullptr) s->on_nested_end(fn, tl_top);
+      return;
+    }
+    if (ctx == tl_top) tl_top = nullptr;
     s->on_end(fn, static_cast<OpCtx*>(ctx));
   } catch (const std::exception& e) {
     std::lock_guard lock(s->mu);

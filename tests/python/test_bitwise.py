@@ -141,3 +141,31 @@ def test_libtorch_cpp_adamw_with_cpp_session(tmp_path):
     assert len(ref) == len(got) == 5 + 6
     for a, b in zip(ref, got):
         assert torch.equal(a, b)
+
+
+def test_tensors_saved_inside_composite_operators_are_tracked(tmp_path):
+    """cross_entropy is one top-level operator; the log_softmax it computes inside is saved for the
+    backward pass. That tensor takes memory from the forward pass on, so the trace must have it
+    from there (an activation born inside the composite), not only from its use in backward."""
+    trace = tmp_path / "trace.json"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 2000)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    with teraio.Session(budget="64MiB", tiers=[teraio.HostTier("64MiB")], min_tensor_bytes=4096,
+                        trace_path=str(trace), profiling_iterations=1) as s:
+        for _ in range(2):
+            x, y = torch.randn(128, 64, generator=g), torch.randint(0, 2000, (128,), generator=g)
+            with s.step():
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    import json
+    t = json.loads(trace.read_text())
+    names = [k["name"] for k in t["kernels"]]
+    ce = names.index("aten::cross_entropy_loss")
+    saved = [i for i in t["kernels"][ce]["tensors"]
+             if t["tensors"][i]["bytes"] == 128 * 2000 * 4 and t["tensors"][i]["kind"] == "activation"]
+    assert saved, [t["tensors"][i] for i in t["kernels"][ce]["tensors"]]
+    later = [k for k, kern in enumerate(t["kernels"]) if saved[0] in kern["tensors"]]
+    assert max(later) > ce, "used again in the backward pass"
