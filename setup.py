@@ -13,7 +13,7 @@ import torch
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-MODULES = ["core", "trace", "planner", "storage", "runtime"]
+MODULES = ["core", "trace", "planner", "sim", "storage", "runtime"]
 
 
 def rel(paths):

@@ -16,6 +16,7 @@
 #include "teraio/plan_check.h"
 #include "teraio/planner.h"
 #include "teraio/simulator.h"
+#include "teraio/sweep.h"
 #include "teraio/units.h"
 
 namespace teraio::cli {
@@ -23,6 +24,7 @@ namespace {
 
 struct PlanArgs : PlanningArgs {
   std::string min_tensor = "1MiB";
+  bool search = false;
 };
 
 int run_plan(const PlanArgs& args) {
@@ -32,15 +34,26 @@ int run_plan(const PlanArgs& args) {
   opts.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
   opts.tiers = args.tier_specs();
   const Trace trace = read_trace(args.trace_path);
-  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double read_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   PlannerStats stats;
   Plan plan = make_plan(trace, opts, &stats);
+  std::string search_line;
+  if (args.search) {  // keep the fastest variant in the simulator (make_plan's stats stay)
+    BestPlan best = plan_best(trace, opts);
+    search_line = fmt::format(
+        "search               {} variants simulated, kept \"{}\": {} (make_plan's own plan: {})\n",
+        best.variants, best.variant, format_us(best.iteration_us),
+        format_us(best.default_iteration_us));
+    plan = std::move(best.plan);
+  }
 
   const Lifetimes lifetimes(trace);
   const PlanCheck check = check_plan(trace, lifetimes, plan);
-  TERAIO_INTERNAL_ASSERT(check.valid, "the planner made an invalid plan for {}: {} problem(s), first: {}",
-                         args.trace_path, check.error_count, check.errors.empty() ? "" : check.errors.front());
+  TERAIO_INTERNAL_ASSERT(
+      check.valid, "the planner made an invalid plan for {}: {} problem(s), first: {}",
+      args.trace_path, check.error_count, check.errors.empty() ? "" : check.errors.front());
 
   const SimResult sim = simulate(trace, plan);
   plan.predicted.iteration_us = sim.iteration_us;
@@ -57,26 +70,30 @@ int run_plan(const PlanArgs& args) {
     tiers_json += fmt::format("{}\"{}\": {}", i ? ", " : "", plan.tiers[i].name, tier_bytes[i]);
   }
   const std::string stats_json = fmt::format(
-      "{{\"candidates\": {}, \"chosen\": {}, \"forced\": {}, \"peak_before_bytes\": {}, \"peak_after_bytes\": {}, "
+      "{{\"candidates\": {}, \"chosen\": {}, \"forced\": {}, \"peak_before_bytes\": {}, "
+      "\"peak_after_bytes\": {}, "
       "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}}}",
       stats.candidates, stats.chosen, stats.forced, stats.peak_before_bytes, stats.peak_after_bytes,
       stats.plan_seconds, tiers_json);
   plan.extra.emplace_back("planner", stats_json);
   write_plan(plan, args.out_path);
-  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (args.json) {
     fmt::print(
-        "{{\"plan\": \"{}\", \"moves\": {}, \"budget_bytes\": {}, \"planned_peak_bytes\": {}, \"iteration_us\": {}, "
-        "\"ideal_us\": {}, \"stall_us\": {}, \"read_seconds\": {:.6f}, \"total_seconds\": {:.6f}, \"planner\": {}}}\n",
-        args.out_path, plan.moves.size(), plan.budget_bytes, check.peak_bytes, sim.iteration_us, sim.ideal_us,
-        sim.stall_us, read_s, total_s, stats_json);
+        "{{\"plan\": \"{}\", \"moves\": {}, \"budget_bytes\": {}, \"planned_peak_bytes\": {}, "
+        "\"iteration_us\": {}, "
+        "\"ideal_us\": {}, \"stall_us\": {}, \"read_seconds\": {:.6f}, \"total_seconds\": {:.6f}, "
+        "\"planner\": {}}}\n",
+        args.out_path, plan.moves.size(), plan.budget_bytes, check.peak_bytes, sim.iteration_us,
+        sim.ideal_us, sim.stall_us, read_s, total_s, stats_json);
     return 0;
   }
-  fmt::print("plan                 {} ({} kernels, {} tensors)\n", args.out_path, trace.num_kernels(),
-             trace.num_tensors());
-  fmt::print("moves                {} pairs: {} hidden by bandwidth, {} forced (stall)\n", plan.moves.size() / 2,
-             stats.chosen, stats.forced);
+  fmt::print("plan                 {} ({} kernels, {} tensors)\n", args.out_path,
+             trace.num_kernels(), trace.num_tensors());
+  fmt::print("moves                {} pairs: {} hidden by bandwidth, {} forced (stall)\n",
+             plan.moves.size() / 2, stats.chosen, stats.forced);
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     fmt::print("  to {:<16} {} offloaded per iteration (peak held {})\n", plan.tiers[i].name,
                format_bytes(static_cast<double>(tier_bytes[i])),
@@ -86,11 +103,13 @@ int run_plan(const PlanArgs& args) {
              format_bytes(static_cast<double>(check.peak_bytes)),
              format_bytes(static_cast<double>(plan.budget_bytes)),
              format_bytes(static_cast<double>(stats.peak_before_bytes)));
-  fmt::print("predicted            iteration {}, ideal {}, stall {} ({:.2f}%)\n", format_us(sim.iteration_us),
-             format_us(sim.ideal_us), format_us(sim.stall_us),
+  fmt::print("predicted            iteration {}, ideal {}, stall {} ({:.2f}%)\n",
+             format_us(sim.iteration_us), format_us(sim.ideal_us), format_us(sim.stall_us),
              sim.ideal_us > 0 ? 100.0 * sim.stall_us / sim.ideal_us : 0.0);
-  fmt::print("time                 planner {}, total {} (read {})\n", format_us(stats.plan_seconds * 1e6),
-             format_us(total_s * 1e6), format_us(read_s * 1e6));
+  fmt::print("{}", search_line);
+  fmt::print("time                 planner {}, total {} (read {})\n",
+             format_us(stats.plan_seconds * 1e6), format_us(total_s * 1e6),
+             format_us(read_s * 1e6));
   return 0;
 }
 
@@ -104,6 +123,10 @@ const Registration kPlan{{
       sub.add_option("--min-tensor", args->min_tensor,
                      "tensors smaller than this move only when nothing else fits the budget")
           ->capture_default_str();
+      sub.add_flag("--search", args->search,
+                   "plan with several settings of the heuristics, simulate each, keep the fastest "
+                   "(about 10x "
+                   "the planning time)");
       return [args] { return run_plan(*args); };
     },
 }};

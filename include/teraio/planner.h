@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "teraio/plan.h"
@@ -33,5 +34,15 @@ struct PlannerStats {
 // options (no tiers, zero bandwidth). The returned plan is valid (see plan_check.h); its
 // `predicted` field is left for the simulator to fill.
 Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* stats = nullptr);
+
+// Candidate plans for a search (plan_best in teraio/sweep.h): make_plan's plan first, then plans
+// made with other settings of the planner's heuristics (the greedy loop's slack, prefetch hoisting,
+// planning for 80% of each tier's bandwidth so that transfers get slack). Each is valid for `opts`;
+// which one runs fastest depends on the trace, and planning is cheap next to training.
+struct PlanVariant {
+  std::string name;  // e.g. "default", "slack 0.25, no hoisting", "bandwidth x0.8"
+  Plan plan;
+};
+std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts);
 
 }  // namespace teraio

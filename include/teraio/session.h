@@ -34,6 +34,9 @@ struct SessionOptions {
   bool planning = true;              // false: stay in reactive mode
   std::string trace_path;            // when set, each profiled trace is written there
   std::string plan_path;             // when set, each plan made is written there
+  // Plan with several settings of the planner's heuristics, simulate each and keep the fastest
+  // (plan_best, include/teraio/sweep.h); false: make_plan's plan alone.
+  bool plan_search = true;
 };
 
 struct SessionStats {
@@ -45,6 +48,8 @@ struct SessionStats {
   uint64_t resident_bytes = 0;
   uint64_t untracked_bytes = 0;    // CUDA: device memory used besides tracked tensors (measured)
   uint64_t plan_budget_bytes = 0;  // budget given to the planner: budget - untracked - margin
+  std::string plan_variant;        // the planner variant the search kept ("default", ...)
+  double predicted_iteration_us = 0;  // the simulator's replay of the last plan (0 before one)
   uint64_t bytes_offloaded = 0;
   uint64_t bytes_prefetched = 0;
   double stall_us = 0;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "teraio/plan.h"
@@ -41,5 +42,17 @@ struct SweepPoint {
 // exceed the budget).
 std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions& base,
                                         const SweepOptions& opts = {});
+
+// The fastest of make_plan_variants(trace, opts), each simulated (`iterations` iterations) at the
+// tiers' bandwidths; ties go to the earlier variant, so the result is never slower than make_plan's
+// own plan in the simulator. Its `predicted` field is filled from that simulation.
+struct BestPlan {
+  Plan plan;
+  std::string variant;            // the winner's name
+  size_t variants = 0;            // how many were simulated
+  double iteration_us = 0;        // the winner, simulated
+  double default_iteration_us = 0;  // make_plan's plan, simulated
+};
+BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iterations = 2);
 
 }  // namespace teraio

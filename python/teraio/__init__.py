@@ -95,12 +95,14 @@ class Session:
     min_tensor_bytes: smaller storages are not tracked.
     planning: False keeps the reactive mode (no plan).
     trace_path / plan_path: write the profiled trace / the plan there (formats teraio.trace/plan v1).
+    plan_search: plan with several settings of the planner's heuristics, simulate each and keep the
+        fastest (default); False uses the planner's default plan alone.
     """
 
     def __init__(self, budget: Size, tiers: Iterable[Union[HostTier, FileTier]],
                  profiling_iterations: int = 2, min_tensor_bytes: int = 4096,
                  planning: bool = True, trace_path: Optional[str] = None,
-                 plan_path: Optional[str] = None):
+                 plan_path: Optional[str] = None, plan_search: bool = True):
         budget_bytes = parse_size(budget, "budget")
         tiers = list(tiers)
         if not tiers:
@@ -117,7 +119,7 @@ class Session:
                     raise Error(f"Session: cannot write '{p}' (directory not writable)")
         self._impl = _C.Session(budget_bytes, [t._spec() for t in tiers], profiling_iterations,
                                 int(min_tensor_bytes), bool(planning), trace_path or "",
-                                plan_path or "")
+                                plan_path or "", bool(plan_search))
         self._watched = []
 
     @contextlib.contextmanager

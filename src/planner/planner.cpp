@@ -598,4 +598,48 @@ Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* sta
   return planner_detail::make_plan_tuned(trace, opts, planner_detail::PlannerTuning{}, stats, nullptr);
 }
 
+std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts) {
+  using planner_detail::PlannerTuning;
+  std::vector<PlanVariant> out;
+  auto add = [&](std::string name, const PlannerOptions& o, const PlannerTuning& t) {
+    Plan p = planner_detail::make_plan_tuned(trace, o, t, nullptr, nullptr);
+    p.tiers = opts.tiers;  // the true bandwidths, whatever the variant planned with
+    out.push_back({std::move(name), std::move(p)});
+  };
+  const PlannerTuning base;
+  add("default", opts, base);
+  for (double slack : {0.0, 0.03, 0.25, 0.5, 0.75, 1.0}) {
+    PlannerTuning t = base;
+    t.lazy_slack = slack;
+    add(fmt::format("slack {}", slack), opts, t);
+  }
+  for (double slack : {0.1, 0.25}) {
+    PlannerTuning t = base;
+    t.lazy_slack = slack;
+    t.hoist_prefetch = false;
+    add(fmt::format("slack {}, no hoisting", slack), opts, t);
+  }
+  for (uint64_t floor : {uint64_t{1} << 20, uint64_t{16} << 20}) {  // small tensors: forced pass only
+    if (floor <= opts.min_tensor_bytes) continue;
+    PlannerOptions o = opts;
+    o.min_tensor_bytes = floor;
+    for (double slack : {0.1, 0.5}) {
+      PlannerTuning t = base;
+      t.lazy_slack = slack;
+      add(fmt::format("min tensor {}, slack {}", format_bytes(double(floor)), slack), o, t);
+    }
+  }
+  PlannerOptions slow = opts;
+  for (TierSpec& tier : slow.tiers) {
+    tier.read_gbps *= 0.8;
+    tier.write_gbps *= 0.8;
+  }
+  for (double slack : {0.1, 0.25}) {
+    PlannerTuning t = base;
+    t.lazy_slack = slack;
+    add(fmt::format("bandwidth x0.8, slack {}", slack), slow, t);
+  }
+  return out;
+}
+
 }  // namespace teraio

@@ -62,4 +62,26 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
   return points;
 }
 
+BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iterations) {
+  std::vector<PlanVariant> variants = make_plan_variants(trace, opts);
+  SimOptions so;
+  so.iterations = iterations;
+  BestPlan best;
+  best.variants = variants.size();
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const SimResult r = simulate(trace, variants[i].plan, so);
+    if (i == 0) best.default_iteration_us = r.iteration_us;
+    if (i == 0 || r.iteration_us < best.iteration_us) {
+      best.iteration_us = r.iteration_us;
+      best.variant = variants[i].name;
+      best.plan = std::move(variants[i].plan);
+      best.plan.predicted.iteration_us = r.iteration_us;
+      best.plan.predicted.ideal_us = r.ideal_us;
+      best.plan.predicted.stall_us = r.stall_us;
+      best.plan.predicted.peak_bytes = static_cast<double>(r.peak_bytes);
+    }
+  }
+  return best;
+}
+
 }  // namespace teraio

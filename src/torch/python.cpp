@@ -38,6 +38,8 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   d["step_peak_resident_bytes"] = s.step_peak_resident_bytes;
   d["untracked_bytes"] = s.untracked_bytes;
   d["plan_budget_bytes"] = s.plan_budget_bytes;
+  d["plan_variant"] = s.plan_variant;
+  d["predicted_iteration_us"] = s.predicted_iteration_us;
   d["bytes_offloaded"] = s.bytes_offloaded;
   d["bytes_prefetched"] = s.bytes_prefetched;
   d["stall_us"] = s.stall_us;
@@ -119,7 +121,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<teraio::Session>(m, "Session")
       .def(py::init([](uint64_t budget_bytes, const py::list& tiers, int profiling_iterations,
                        uint64_t min_tensor_bytes, bool planning, std::string trace_path,
-                       std::string plan_path) {
+                       std::string plan_path, bool plan_search) {
              teraio::SessionOptions o;
              o.budget_bytes = budget_bytes;
              for (const auto& t : tiers) o.tiers.push_back(tier_from_dict(py::cast<py::dict>(t)));
@@ -128,11 +130,12 @@ PYBIND11_MODULE(_C, m) {
              o.planning = planning;
              o.trace_path = std::move(trace_path);
              o.plan_path = std::move(plan_path);
+             o.plan_search = plan_search;
              return std::make_unique<teraio::Session>(std::move(o));
            }),
            py::arg("budget_bytes"), py::arg("tiers"), py::arg("profiling_iterations") = 2,
            py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true,
-           py::arg("trace_path") = "", py::arg("plan_path") = "")
+           py::arg("trace_path") = "", py::arg("plan_path") = "", py::arg("plan_search") = true)
       .def("begin_step", &teraio::Session::begin_step, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &teraio::Session::end_step, py::call_guard<py::gil_scoped_release>())
       .def("fetch_all", &teraio::Session::fetch_all, py::call_guard<py::gil_scoped_release>())

@@ -33,6 +33,7 @@
 #include "teraio/error.h"
 #include "teraio/planner.h"
 #include "teraio/storage.h"
+#include "teraio/sweep.h"
 #include "teraio/trace.h"
 #include "teraio/units.h"
 
@@ -269,6 +270,8 @@ struct Session::Impl {
   // tracked bytes only.
   uint64_t untracked_bytes = 0;
   uint64_t plan_budget_bytes = 0;  // the budget the last plan was made for
+  std::string plan_variant;        // which of the planner's variants the last plan is
+  double predicted_iteration_us = 0;  // the simulator's replay of the last plan (with search)
 
   bool measuring_device() const {
 #ifdef TERAIO_TORCH_CUDA
@@ -665,7 +668,14 @@ struct Session::Impl {
     po.min_tensor_bytes = options.min_tensor_bytes;
     Plan plan;
     try {
-      plan = make_plan(trace, po);
+      if (options.plan_search) {
+        BestPlan best = plan_best(trace, po);
+        plan = std::move(best.plan);
+        plan_variant = best.variant;
+      } else {
+        plan = make_plan(trace, po);
+        plan_variant = "default";
+      }
     } catch (const Error& e) {
       if (reserve == 0) throw;
       throw Error(fmt::format("{} (the planner's budget is the Session's {} less {} of device memory used "
@@ -673,6 +683,7 @@ struct Session::Impl {
                               e.what(), format_bytes(double(options.budget_bytes)),
                               format_bytes(double(untracked_bytes))));
     }
+    predicted_iteration_us = plan.predicted.iteration_us;
     if (!options.plan_path.empty()) write_plan(plan, options.plan_path);
     CachedPlan cp;
     cp.signatures = signatures;
@@ -1007,6 +1018,8 @@ SessionStats Session::stats() const {
   r.step_peak_resident_bytes = e.step_peak_resident_bytes;
   r.untracked_bytes = s.untracked_bytes;
   r.plan_budget_bytes = s.plan_budget_bytes;
+  r.plan_variant = s.plan_variant;
+  r.predicted_iteration_us = s.predicted_iteration_us;
   r.resident_bytes = e.resident_bytes;
   r.bytes_offloaded = e.bytes_offloaded;
   r.bytes_prefetched = e.bytes_prefetched;

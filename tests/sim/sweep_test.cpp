@@ -7,6 +7,8 @@
 
 #include "sim_test_util.h"
 #include "teraio/error.h"
+#include "teraio/plan_check.h"
+#include "teraio/simulator.h"
 #include "teraio/sweep.h"
 
 namespace teraio {
@@ -50,6 +52,36 @@ TEST(Sweep, CurveIsMonotoneAndHonest) {
     ++swept;
   }
   EXPECT_EQ(swept, 40);
+}
+
+// plan_best keeps the fastest variant: never slower than make_plan's plan in the simulator, valid,
+// and its prediction is its own simulation.
+TEST(PlanBest, NeverSlowerThanTheDefaultPlanAndValid) {
+  std::mt19937_64 rng(977);
+  int better = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    const Trace tr = test::random_trace(rng, trial % 2 == 0);
+    const Lifetimes lt(tr);
+    const std::vector<uint64_t> m = memory_curve(tr, lt);
+    const std::vector<uint64_t> active = active_bytes(tr);
+    PlannerOptions o;
+    o.budget_bytes = std::max(*std::max_element(active.begin(), active.end()),
+                              *std::max_element(m.begin(), m.end()) / 2);
+    o.min_tensor_bytes = 0;
+    o.tiers = {test::tier("host", 2.0, 2.0)};
+    const BestPlan best = plan_best(tr, o);
+    ASSERT_GE(best.variants, 2u);
+    const double default_us = simulate(tr, make_plan(tr, o)).iteration_us;
+    EXPECT_DOUBLE_EQ(best.default_iteration_us, default_us) << "trial " << trial;
+    EXPECT_LE(best.iteration_us, default_us) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(simulate(tr, best.plan).iteration_us, best.iteration_us) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(best.plan.predicted.iteration_us, best.iteration_us);
+    EXPECT_DOUBLE_EQ(best.plan.tiers[0].read_gbps, 2.0) << "the plan carries the true bandwidth";
+    const PlanCheck check = check_plan(tr, lt, best.plan);
+    EXPECT_TRUE(check.valid) << "trial " << trial << ": " << (check.errors.empty() ? "" : check.errors[0]);
+    if (best.iteration_us < default_us) ++better;
+  }
+  EXPECT_GT(better, 0) << "some random trace should have a better variant than the default";
 }
 
 TEST(Sweep, RejectsBadOptions) {
