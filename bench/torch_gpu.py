@@ -148,8 +148,9 @@ def main(out_path):
                 ref = to_cpu(run(mf, bf, 6))
                 fp, largest = footprint(mf)
                 # below the footprint, above what one AdamW operator needs (addcdiv_: 3 tensors),
-                # plus room for what is not a tracked tensor (cuBLAS workspace, the batch)
-                budget = max(fp // 2, 4 * largest) + (48 << 20)
+                # plus room for what is not a tracked tensor (cuBLAS/cuDNN workspaces, the batch:
+                # 70-90 MiB measured on the H200)
+                budget = max(fp // 2, 4 * largest) + (128 << 20)
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
                 s = teraio.Session(budget=budget, tiers=[teraio.HostTier(fp // 2), teraio.FileTier([tmp], 4 * fp)],
