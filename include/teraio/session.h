@@ -46,6 +46,7 @@ struct SessionStats {
   uint64_t peak_resident_bytes = 0;  // tracked bytes resident, the most since the Session began
   uint64_t step_peak_resident_bytes = 0;  // the same during the last step
   uint64_t resident_bytes = 0;
+  uint64_t pinned_bytes = 0;  // tracked bytes never offloaded: given to a collective (DDP buckets)
   uint64_t untracked_bytes = 0;    // CUDA: device memory used besides tracked tensors (measured)
   uint64_t plan_budget_bytes = 0;  // budget given to the planner: budget - untracked - margin
   std::string plan_variant;        // the planner variant the search kept ("default", ...)

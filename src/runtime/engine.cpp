@@ -48,6 +48,7 @@ struct Engine::Entry {
   storage::Extent extent;
   storage::Completion pending;  // the write (offloading) or read (prefetching / just prefetched)
   int pins = 0;
+  bool permanent = false;  // pin_permanently(): never offloaded again
   uint64_t last_use = 0;
 };
 
@@ -94,6 +95,7 @@ void Engine::bind(LogicalId id, std::unique_ptr<Memory> memory) {
   e.bytes = e.memory->bytes();
   e.loc = Location::kResident;
   e.pins = 0;
+  e.permanent = false;  // a new tensor: the pin was the previous one's
   e.last_use = ++clock_;
   stats_.resident_bytes += e.bytes;
   note_resident_locked();
@@ -116,6 +118,8 @@ void Engine::forget_locked(Entry& e) {
     e.has_extent = false;
   }
   if (counts_as_resident(e.loc)) stats_.resident_bytes -= e.bytes;
+  if (e.permanent) stats_.pinned_bytes -= e.bytes;
+  e.permanent = false;
   e.loc = Location::kUnbound;
   e.memory.reset();
 }
@@ -205,6 +209,7 @@ void Engine::make_usable_locked(Entry& e) {
 bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   if (e.loc != Location::kResident || !e.memory->alive())
     return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
+  if (e.permanent) return false;  // every offload path ends here: a pinned tensor never leaves
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
   if (e.has_extent) {  // space of the previous read, free once that read is done
     e.pending.wait();
@@ -347,6 +352,22 @@ void Engine::end_use(std::span<const LogicalId> ids) {
   }
 }
 
+void Engine::pin_permanently(LogicalId id) {
+  std::lock_guard lock(mutex_);
+  Entry* e = find(id);
+  if (!e || e->loc == Location::kUnbound || e->permanent) return;
+  make_usable_locked(*e);
+  e->permanent = true;
+  stats_.pinned_bytes += e->bytes;
+  note_resident_locked();
+}
+
+bool Engine::pinned_permanently(LogicalId id) const {
+  std::lock_guard lock(mutex_);
+  const Entry* e = find(id);
+  return e && e->permanent;
+}
+
 void Engine::touch(std::span<const LogicalId> ids) {
   std::lock_guard lock(mutex_);
   for (LogicalId id : ids)
@@ -381,7 +402,7 @@ bool Engine::enforce_budget(uint64_t reserve_bytes) {
   if (stats_.resident_bytes <= target) return true;
   std::vector<Entry*> victims;
   for (auto& p : entries_)
-    if (p && p->loc == Location::kResident && p->pins == 0 && p->memory->alive())
+    if (p && p->loc == Location::kResident && p->pins == 0 && !p->permanent && p->memory->alive())
       victims.push_back(p.get());
   std::sort(victims.begin(), victims.end(),
             [](const Entry* a, const Entry* b) { return a->last_use < b->last_use; });
@@ -422,7 +443,8 @@ size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
   std::vector<Entry*> started;
   for (const Move& m : out) {
     Entry* e = find(m.tensor);
-    if (!e || e->loc != Location::kResident || e->pins > 0 || !e->memory->alive()) continue;
+    if (!e || e->loc != Location::kResident || e->pins > 0 || e->permanent || !e->memory->alive())
+      continue;
     if (offload_locked(*e, m.tier, /*urgent=*/true)) {
       started.push_back(e);
       event("align-offload", *e);
@@ -491,7 +513,8 @@ void Engine::after_operator(uint32_t k) {
   for (const Move& m : schedule_[k].offload_at) {
     Entry* e = find(m.tensor);
     if (!e || e->loc == Location::kUnbound) continue;  // died before its offload: nothing to do
-    const bool movable = e->loc == Location::kResident && e->pins == 0 && e->memory->alive();
+    const bool movable =
+        e->loc == Location::kResident && e->pins == 0 && !e->permanent && e->memory->alive();
     bool done = movable && offload_locked(*e, m.tier, false);
     // The planned tier can be full of what evictions and drift put there; the bytes then go to
     // another tier (the read comes back from wherever they are) rather than stay over budget.
@@ -505,8 +528,9 @@ void Engine::after_operator(uint32_t k) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;
-      event(fmt::format("skipped-offload({}{}{}{})", to_string(e->loc), e->pins ? ", in use" : "",
-                        e->memory->alive() ? "" : ", dead", movable ? ", no tier space" : ""),
+      event(fmt::format("skipped-offload({}{}{}{}{})", to_string(e->loc), e->pins ? ", in use" : "",
+                        e->permanent ? ", pinned" : "", e->memory->alive() ? "" : ", dead",
+                        movable ? ", no tier space" : ""),
             *e);
     }
   }

@@ -59,6 +59,7 @@ struct EngineStats {
   uint64_t peak_resident_bytes = 0;
   uint64_t step_peak_resident_bytes = 0;  // since reset_step_peak()
   uint64_t resident_bytes = 0;
+  uint64_t pinned_bytes = 0;      // bytes of live tensors pinned permanently (pin_permanently)
   uint64_t bytes_offloaded = 0;   // written to tiers (completed)
   uint64_t bytes_prefetched = 0;  // read back (completed)
   uint64_t offloads = 0;
@@ -105,6 +106,13 @@ class Engine {
   // offloads in flight. Pins them until end_use(). Throws teraio::Error when a transfer failed.
   void begin_use(std::span<const LogicalId> ids);
   void end_use(std::span<const LogicalId> ids);
+  // Makes the tensor resident (like begin_use) and keeps it there until it dies or its id is bound
+  // to another tensor: it is never offloaded again (no eviction, planned offload, align or explicit
+  // offload() moves it). For memory that something outside the engine may read or write at any
+  // time, asynchronously: buffers handed to a collective (NCCL, gloo), whose transfer outlives the
+  // operator that started it. Idempotent. Its bytes keep counting as resident (pinned_bytes).
+  void pin_permanently(LogicalId id);
+  bool pinned_permanently(LogicalId id) const;
   // Offloads unpinned tensors, least recently used first, until resident bytes <= budget - reserve;
   // waits until their memory is really freed. Returns false when it could not get there.
   bool enforce_budget(uint64_t reserve_bytes = 0);

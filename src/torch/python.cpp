@@ -35,6 +35,7 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   d["budget_bytes"] = s.budget_bytes;
   d["peak_resident_bytes"] = s.peak_resident_bytes;
   d["resident_bytes"] = s.resident_bytes;
+  d["pinned_bytes"] = s.pinned_bytes;
   d["step_peak_resident_bytes"] = s.step_peak_resident_bytes;
   d["untracked_bytes"] = s.untracked_bytes;
   d["plan_budget_bytes"] = s.plan_budget_bytes;

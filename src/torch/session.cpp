@@ -18,6 +18,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -213,6 +215,39 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h;
 }
 
+// Collective communication operators (torch.distributed through the dispatcher: c10d::allreduce_,
+// c10d::broadcast_, c10d::_allgather_base_, ..., and the functional collectives). They are
+// asynchronous: the operator returns while gloo's worker thread or NCCL's stream still reads and
+// writes the tensors, until the Work completes (DDP waits for it at the end of backward), so the
+// tensors they are given are pinned for the rest of the Session (see `pin_collective`).
+bool is_collective(const char* name) {
+  return std::strncmp(name, "c10d::", 6) == 0 ||
+         std::strncmp(name, "_c10d_functional::", 18) == 0 ||
+         std::strncmp(name, "c10d_functional::", 17) == 0;
+}
+
+// A RecordFunction of scope FUNCTION that is not a dispatcher operator is a labelled range around
+// operators: autograd's "autograd::engine::evaluate_function: ...", DDP's
+// "torch::distributed::reducer::mul_out" and "torch.distributed.ddp.reducer::copy_bucket_to_grad".
+// Its input list is informative, not complete (DDP's mul_out lists the bucket view but not the
+// gradient that its aten::mul reads; copy_bucket_to_grad lists the parameter, neither the bucket
+// nor the gradient its aten::copy_ reads and writes), so a range is transparent: the operators in
+// it are the top-level ones, each with all its inputs made resident.
+bool is_range(const at::RecordFunction& fn) {
+  const char* n = fn.name();
+  if (std::strncmp(n, "aten::", 6) == 0) return false;  // the common case, without a lookup
+  if (std::strncmp(n, "autograd::", 10) == 0) return true;
+  return !fn.operator_name().has_value();
+}
+
+// autograd runs a node's hooks (AccumulateGrad's post hooks: DDP copies the gradient into its
+// bucket and launches the allreduce there) and reduces gradients to their input's shape inside
+// this range but outside the node's own BACKWARD_FUNCTION range; on CUDA that is on autograd's
+// device thread, so it must count as backward for those operators to belong to the step.
+bool is_backward_range(const char* name) {
+  return std::strncmp(name, "autograd::engine::evaluate_function", 35) == 0;
+}
+
 template <class F>
 void visit_tensors(const c10::IValue& v, F&& f) {
   if (v.isTensor()) {
@@ -346,6 +381,28 @@ struct Session::Impl {
     if (pending_error.empty()) pending_error = what;
   }
 
+  // Tensors given to a collective stay resident for the rest of the Session: the engine never
+  // offloads them again (Engine::pin_permanently; the storage keeps its DataPtr, so the address
+  // gloo or NCCL was given stays valid until the Work completes, whenever that is). The trace lists
+  // them at every operator where they are pinned (build_trace), so plans neither move them nor
+  // count on their memory there. Untracked tensors (too small, another device, or seen outside a
+  // step before ever being tracked) are never moved anyway. Pinning for the rest of the Session
+  // rather than until the Work completes keeps this simple and safe whatever waits for the Work;
+  // the cost is that those tensors (DDP's gradient buckets) are never offloaded.
+  void pin_collective(std::span<const LogicalId> ids) {
+    for (LogicalId id : ids) engine->pin_permanently(id);
+  }
+  // The same for an operator whose tensors were not bound by on_start/on_end (fast path, nested).
+  template <class Values>
+  void pin_collective_values(const Values& values) {
+    for (const c10::IValue& v : values)
+      visit_tensors(v, [&](const at::Tensor& t) {
+        if (!t.defined() || !t.has_storage()) return;
+        auto it = storages.find(t.storage().unsafeGetStorageImpl());
+        if (it != storages.end()) engine->pin_permanently(it->second.id);
+      });
+  }
+
   // The logical id of a storage, binding it when new (only inside a step).
   std::optional<LogicalId> lookup_or_bind(const at::Tensor& t, c10::StorageImpl* si, uint64_t key,
                                           bool bind) {
@@ -416,8 +473,10 @@ struct Session::Impl {
         }
       });
     }
+    const bool collective = is_collective(fn.name());
     if (!step_op) {
       engine->begin_use(ctx->ids);
+      if (collective) pin_collective(ctx->ids);
       return ctx;
     }
     iter_sig.store(mix(iter_sig.load(std::memory_order_relaxed), sig), std::memory_order_relaxed);
@@ -432,6 +491,7 @@ struct Session::Impl {
     }
     if (recording()) signatures.push_back(sig);
     engine->begin_use(ctx->ids);
+    if (collective) pin_collective(ctx->ids);
     if (options.budget_bytes && op_bytes > options.budget_bytes) {
       budget_violations++;
       note_error(fmt::format("budget {} is smaller than the tensors of operator {} ({}): {}",
@@ -518,6 +578,7 @@ struct Session::Impl {
 #endif
     engine->end_use(ctx->ids);
     engine->touch(outs);
+    if (is_collective(fn.name())) pin_collective(outs);  // a functional collective's result
     if (planned_now()) engine->after_operator(k);
     // The safety net in every mode (a plan keeps below it; see make_and_install_plan). When it
     // cannot get there, the running operator alone exceeds the budget (reported at its start).
@@ -550,6 +611,11 @@ struct Session::Impl {
     std::lock_guard lock(mu);
     if (!in_step || !device) return;
     const bool rec = recording();
+    const bool collective = is_collective(fn.name());
+    if (collective) {
+      pin_collective_values(fn.inputs());
+      pin_collective_values(fn.outputs());
+    }
     for (const c10::IValue& v : fn.outputs()) {
       visit_tensors(v, [&](const at::Tensor& t) {
         if (!t.defined() || !t.has_storage() || t.device() != *device) return;
@@ -558,6 +624,7 @@ struct Session::Impl {
         std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(top->k, 0x4000 + top->nested++, true), true);
         if (!id) return;
         top->nested_outs.push_back(*id);
+        if (collective) engine->pin_permanently(*id);
         if (rec) {
           TensorMeta& m = metas[*id];
           if (tl_backward > 0)
@@ -587,12 +654,42 @@ struct Session::Impl {
           !storage_alive(id))
         held[static_cast<size_t>(alive_until)].push_back(id);
     }
+    // Tensors pinned by a collective (pin_collective) are listed at every operator where they are
+    // pinned, so that the planner sees no inactive period there (no move) and counts their bytes:
+    // a persistent one (DDP's gradient buckets) at every operator, since it is pinned when the
+    // next iterations start; a transient one from its first collective until it dies.
+    std::vector<std::vector<LogicalId>> pinned_at(ops.size());
+    if (!ops.empty()) {
+      std::unordered_map<LogicalId, size_t> first_collective;
+      for (size_t k = 0; k < ops.size(); ++k)
+        if (is_collective(ops[k].name.c_str()))
+          for (LogicalId id : ops[k].ids) first_collective.emplace(id, k);
+      std::vector<std::pair<LogicalId, size_t>> sorted(last_use.begin(), last_use.end());
+      std::sort(sorted.begin(), sorted.end());  // a deterministic trace
+      for (const auto& [id, last] : sorted) {
+        const bool alive = storage_alive(id);
+        auto it = first_collective.find(id);
+        size_t from = 0, to = ops.size() - 1;
+        if (alive && engine->pinned_permanently(id)) {
+          // pinned from the first operator to the last
+        } else if (it != first_collective.end()) {
+          from = it->second;
+          if (!alive)
+            to = static_cast<size_t>(std::clamp<int64_t>(metas[id].last_alive_op,
+                                                         static_cast<int64_t>(last), int64_t(to)));
+        } else {
+          continue;
+        }
+        for (size_t k = from; k <= to; ++k) pinned_at[k].push_back(id);
+      }
+    }
     std::vector<TensorId> ids;
     std::vector<LogicalId> op_ids;
     for (size_t k = 0; k < ops.size(); ++k) {
       ids.clear();
       op_ids = ops[k].ids;
       op_ids.insert(op_ids.end(), held[k].begin(), held[k].end());
+      op_ids.insert(op_ids.end(), pinned_at[k].begin(), pinned_at[k].end());
       for (LogicalId id : op_ids) {
         auto [it, inserted] = to_trace.emplace(id, static_cast<TensorId>(trace_to_logical->size()));
         if (inserted) {
@@ -840,12 +937,20 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
     tl_backward++;
     return nullptr;
   }
-  if (std::strncmp(fn.name(), "autograd::", 10) == 0) return nullptr;
+  if (is_range(fn)) {  // transparent (see is_range); the same test at its end
+    if (is_backward_range(fn.name())) tl_backward++;
+    return nullptr;
+  }
   if (tl_depth++ > 0) return nullptr;
   try {
     if (s->fast.load(std::memory_order_relaxed) && s->in_step.load(std::memory_order_relaxed) &&
-        (tl_step_thread || tl_backward > 0) && s->fast_path(fn))
+        (tl_step_thread || tl_backward > 0) && s->fast_path(fn)) {
+      if (is_collective(fn.name())) {  // rare: pin what it was given, nothing else to do
+        std::lock_guard lock(s->mu);
+        s->pin_collective_values(fn.inputs());
+      }
       return nullptr;
+    }
     std::unique_ptr<at::ObserverContext> ctx = s->on_start(fn);
     auto* op = static_cast<OpCtx*>(ctx.get());
     tl_top = op != nullptr && op->in_step ? op : nullptr;
@@ -862,7 +967,10 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     if (tl_backward > 0) tl_backward--;
     return;
   }
-  if (std::strncmp(fn.name(), "autograd::", 10) == 0) return;
+  if (is_range(fn)) {
+    if (is_backward_range(fn.name()) && tl_backward > 0) tl_backward--;
+    return;
+  }
   if (tl_depth > 0) tl_depth--;
   Session::Impl* s = g_session.load(std::memory_order_acquire);
   if (!s) return;
@@ -1021,6 +1129,7 @@ SessionStats Session::stats() const {
   r.plan_variant = s.plan_variant;
   r.predicted_iteration_us = s.predicted_iteration_us;
   r.resident_bytes = e.resident_bytes;
+  r.pinned_bytes = e.pinned_bytes;
   r.bytes_offloaded = e.bytes_offloaded;
   r.bytes_prefetched = e.bytes_prefetched;
   r.stall_us = e.stall_us;

@@ -294,6 +294,60 @@ TEST_F(EngineTest, ForgetDeadDropsOnlyDeadUnpinnedOnes) {
   EXPECT_EQ(e->stats().resident_bytes, 1000u);
 }
 
+TEST_F(EngineTest, PinnedPermanentlyIsNeverOffloadedUntilItDiesOrIsRebound) {
+  // A collective's buffer: fetched back if it was out, then resident whatever the budget, the plan,
+  // align or an explicit offload ask, without any begin_use/end_use around it.
+  auto e = make(10000);
+  auto a = make_tensor(8000, 1), b = make_tensor(8000, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  ASSERT_TRUE(e->offload(0, 1));
+  e->finish_offload(0);
+  e->pin_permanently(0);
+  e->pin_permanently(0);  // idempotent
+  EXPECT_TRUE(e->pinned_permanently(0));
+  EXPECT_FALSE(e->pinned_permanently(1));
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_TRUE(has_pattern(*a, 1));
+  EXPECT_EQ(e->stats().pinned_bytes, 8000u);
+  LogicalId ids[] = {0};
+  e->begin_use(ids);
+  e->end_use(ids);  // a use ends: the permanent pin stays
+  e->touch(ids);    // 1 is now the least recently used: evicted, 0 stays
+  EXPECT_TRUE(e->enforce_budget());
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_EQ(e->location(1), Location::kOffloaded);
+  EXPECT_FALSE(e->enforce_budget(4000)) << "the pinned bytes alone exceed budget - reserve";
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_FALSE(e->offload(0, 0));
+  Move out{0, MoveOp::offload, 0, 0, 0};
+  EXPECT_EQ(e->align(std::span<const Move>(&out, 1), {}), 0u);
+  Plan plan;
+  plan.tiers = {{"host", 1 << 20, 10, 10}, {"file", 4 << 20, 1, 1}};
+  plan.moves = {{0, MoveOp::offload, 1, 0, 1}};
+  e->set_plan(plan, 2);
+  e->before_operator(0);
+  e->after_operator(0);
+  e->before_operator(1);
+  e->after_operator(1);
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_EQ(e->stats().skipped_moves, 1u);
+  EXPECT_TRUE(has_pattern(*a, 1));
+  // Another tensor bound to the id is not pinned; a dead pinned tensor stops counting.
+  auto c = make_tensor(4000, 3);
+  e->bind(0, std::make_unique<FakeMemory>(c));
+  EXPECT_FALSE(e->pinned_permanently(0));
+  EXPECT_EQ(e->stats().pinned_bytes, 0u);
+  EXPECT_TRUE(e->offload(0, 0));
+  e->fetch_all();
+  e->pin_permanently(0);
+  EXPECT_EQ(e->stats().pinned_bytes, 4000u);
+  c->alive = false;
+  e->forget_dead();
+  EXPECT_EQ(e->stats().pinned_bytes, 0u);
+  EXPECT_EQ(e->location(0), Location::kUnbound);
+}
+
 TEST_F(EngineTest, PlanWithUnknownTierIsRejected) {
   auto e = make(0);
   Plan plan;

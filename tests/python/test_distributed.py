@@ -1,0 +1,158 @@
+"""Data-parallel training under a teraio Session per rank (issue 7, CPU part): two processes with
+gloo on CPU, each with its own Session, budget below its footprint and its own FileTier directory.
+The final parameters and the losses are bitwise those of the same run without teraio, on every
+rank, and the ranks agree with each other.
+
+Each test starts 2 worker processes running this file (`python3 test_distributed.py MODE RANK
+...`); a worker trains once without a Session and once with one, in the same process group, and
+saves what it got for the test to compare. Rendezvous is through a FileStore in the test's
+temporary directory, so no TCP port is fixed (gloo itself connects over loopback on ports the
+kernel picks)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+WORLD = 2
+STEPS = 6
+WIDTH = 512
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(256, WIDTH), torch.nn.ReLU(),
+                               torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU(),
+                               torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
+                               torch.nn.Linear(WIDTH, 100))
+
+
+def _batch(rank, step):
+    # Each rank its own shard of the data.
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(32, 256, generator=g), torch.randint(0, 100, (32,), generator=g)
+
+
+def _wrap(mode, model):
+    import torch.distributed as dist
+    if mode == "ddp":
+        # A small bucket cap gives several buckets (several allreduces in flight during backward).
+        return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    if mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    raise ValueError(mode)
+
+
+def _full_params(mode, model):
+    """Every parameter, whole (FSDP2 shards them: gathered here), on every rank."""
+    out = []
+    for name, p in model.named_parameters():
+        if mode == "fsdp2":
+            p = p.full_tensor()
+        out.append((name, p.detach().clone()))
+    return out
+
+
+def _train(mode, rank, session=None):
+    torch.manual_seed(0)
+    model = _wrap(mode, _mlp())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    losses = []
+    for step in range(STEPS):
+        x, y = _batch(rank, step)
+        ctx = session.step() if session is not None else _nothing()
+        with ctx:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        losses.append(loss.detach().clone())
+    if session is not None:
+        session.fetch_all()
+    return losses, _full_params(mode, model)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _worker(mode, rank, tmp, budget):
+    import torch.distributed as dist
+
+    import teraio
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(tmp, f"store-{mode}"), WORLD)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
+    try:
+        ref = _train(mode, rank)
+        files = os.path.join(tmp, f"rank{rank}")  # one directory (one SSD) per rank
+        os.makedirs(files, exist_ok=True)
+        with teraio.Session(budget=budget, tiers=[teraio.FileTier([files], "256MiB")],
+                            min_tensor_bytes=4096) as s:
+            got = _train(mode, rank, session=s)
+            stats = s.stats()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    torch.save({"ref": ref, "got": got, "stats": stats},
+               os.path.join(tmp, f"result-{mode}-{rank}.pt"))
+
+
+def _run(tmp_path, mode, budget):
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(__file__)] + sys.path if p)
+    procs = [subprocess.Popen([sys.executable, __file__, mode, str(rank), str(tmp_path), budget],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for rank in range(WORLD)]
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            outs.append(out.decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {rank} failed ({p.returncode}):\n{out[-4000:]}"
+    return [torch.load(tmp_path / f"result-{mode}-{rank}.pt") for rank in range(WORLD)]
+
+
+def _check(results):
+    for rank, r in enumerate(results):
+        (ref_losses, ref_params), (losses, params) = r["ref"], r["got"]
+        st = r["stats"]
+        assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, (rank, st)
+        assert st["mode"] == "planned" and st["plan_moves"] > 0, (rank, st)
+        assert st["iteration"] == STEPS, (rank, st)
+        assert st["last_error"] == "", (rank, st)
+        for i, (a, b) in enumerate(zip(ref_losses, losses)):
+            assert torch.equal(a, b), (rank, i, a, b)
+        for (n, a), (_, b) in zip(ref_params, params):
+            assert torch.equal(a, b), (rank, n)
+    # The ranks trained one model: their parameters agree.
+    for (n, a), (_, b) in zip(results[0]["got"][1], results[1]["got"][1]):
+        assert torch.equal(a, b), n
+
+
+def test_ddp_gloo_bitwise(tmp_path):
+    results = _run(tmp_path, "ddp", "6MiB")
+    _check(results)
+    for r in results:
+        # DDP's gradient buckets (one gradient's worth) go through allreduce: they are pinned.
+        assert r["stats"]["pinned_bytes"] > 0, r["stats"]
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
