@@ -59,25 +59,24 @@ class StorageMemory final : public runtime::Memory {
             c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(s))),
         allocator_(s->allocator()),
         bytes_(s->nbytes()),
-        device_(device) {}
+        device_(device),
+        expected_(s->data_ptr().get()) {}
 
-  uint64_t bytes() const override {
-    auto s = weak_.lock();
-    return s ? s->nbytes() : bytes_;
-  }
+  uint64_t bytes() const override { return bytes_; }
   storage::BufferView detach() override {
     auto s = weak_.lock();
-    TERAIO_INTERNAL_ASSERT(s, "detach of a dead storage");
-    bytes_ = s->nbytes();
+    TERAIO_INTERNAL_ASSERT(s && !replaced(*s), "detach of a dead storage");
     held_ = s->set_data_ptr(at::DataPtr(nullptr, device_));
+    expected_ = nullptr;
     return view(held_.get());
   }
   void attach() override {
     auto s = weak_.lock();
-    if (s) {
+    if (s && !replaced(*s)) {
+      expected_ = held_.get();
       s->set_data_ptr_noswap(std::move(held_));
     }
-    held_ = at::DataPtr();
+    held_ = at::DataPtr();  // dead or replaced by its owner: these bytes are obsolete
   }
   void drop() override { held_ = at::DataPtr(); }
   storage::BufferView allocate() override {
@@ -87,7 +86,15 @@ class StorageMemory final : public runtime::Memory {
     held_ = allocator_->allocate(bytes_);
     return view(held_.get());
   }
-  bool alive() const override { return !weak_.expired(); }
+  // A storage whose owner resized or re-allocated it behind the dispatcher counts as dead: FSDP2
+  // frees its unsharded parameters with untyped_storage().resize_(0) after using them and
+  // re-allocates them with resize_(n) before the next all-gather. The bytes teraio holds or would
+  // read back are then obsolete and must never be installed over the owner's, and there is nothing
+  // to offload. The engine then drops the tensor (its tier space too) and leaves the storage alone.
+  bool alive() const override {
+    auto s = weak_.lock();
+    return s && !replaced(*s);
+  }
   storage::CudaStream stream() const override {
 #ifdef TERAIO_TORCH_CUDA
     if (device_.is_cuda()) {
@@ -110,9 +117,15 @@ class StorageMemory final : public runtime::Memory {
     return storage::BufferView::host(p, bytes_);
   }
   c10::weak_intrusive_ptr<c10::StorageImpl> weak_;
+  // Size or data differ from what teraio left there: resident, the data it was bound with or last
+  // attached; detached, none.
+  bool replaced(const c10::StorageImpl& s) const {
+    return s.nbytes() != bytes_ || s.data_ptr().get() != expected_;
+  }
   at::Allocator* allocator_;
   uint64_t bytes_;
   c10::Device device_;
+  const void* expected_;
   at::DataPtr held_;
 };
 
@@ -259,6 +272,24 @@ void visit_tensors(const c10::IValue& v, F&& f) {
   } else if (v.isTuple()) {
     for (const c10::IValue& e : v.toTupleRef().elements()) visit_tensors(e, f);
   }
+}
+
+// An operator on a tensor subclass that dispatches in Python (__torch_dispatch__: DTensor, so
+// FSDP2's sharded parameters, their gradients and optimizer states) holds no memory of its own:
+// its subclass implementation runs operators on the inner tensors, nested in it, and those read and
+// write the real storages. It is transparent too, so that those operators are the top-level ones
+// and their inputs are made resident. Decided at its start (the inputs are only valid then: at its
+// end they refer to a stack that now holds its outputs); its end knows it by its context.
+struct SubclassCtx final : at::ObserverContext {};
+bool on_subclass(const at::RecordFunction& fn) {
+  bool found = false;
+  for (const c10::IValue& v : fn.inputs()) {
+    visit_tensors(v, [&](const at::Tensor& t) {
+      found = found || (t.defined() && t.unsafeGetTensorImpl()->is_python_dispatch());
+    });
+    if (found) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -612,10 +643,7 @@ struct Session::Impl {
     if (!in_step || !device) return;
     const bool rec = recording();
     const bool collective = is_collective(fn.name());
-    if (collective) {
-      pin_collective_values(fn.inputs());
-      pin_collective_values(fn.outputs());
-    }
+    if (collective) pin_collective_values(fn.outputs());  // its inputs were pinned at its start
     for (const c10::IValue& v : fn.outputs()) {
       visit_tensors(v, [&](const at::Tensor& t) {
         if (!t.defined() || !t.has_storage() || t.device() != *device) return;
@@ -941,7 +969,18 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
     if (is_backward_range(fn.name())) tl_backward++;
     return nullptr;
   }
-  if (tl_depth++ > 0) return nullptr;
+  if (on_subclass(fn)) return std::make_unique<SubclassCtx>();  // transparent too
+  if (tl_depth++ > 0) {
+    if (is_collective(fn.name()) && s->in_step.load(std::memory_order_relaxed)) {
+      std::lock_guard lock(s->mu);  // a collective nested in a top-level operator (rare)
+      try {
+        s->pin_collective_values(fn.inputs());
+      } catch (const std::exception& e) {
+        s->note_error(e.what());
+      }
+    }
+    return nullptr;
+  }
   try {
     if (s->fast.load(std::memory_order_relaxed) && s->in_step.load(std::memory_order_relaxed) &&
         (tl_step_thread || tl_backward > 0) && s->fast_path(fn)) {
@@ -971,6 +1010,7 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     if (is_backward_range(fn.name()) && tl_backward > 0) tl_backward--;
     return;
   }
+  if (ctx != nullptr && dynamic_cast<SubclassCtx*>(ctx) != nullptr) return;
   if (tl_depth > 0) tl_depth--;
   Session::Impl* s = g_session.load(std::memory_order_acquire);
   if (!s) return;

@@ -1,7 +1,9 @@
 """Data-parallel training under a teraio Session per rank (issue 7, CPU part): two processes with
-gloo on CPU, each with its own Session, budget below its footprint and its own FileTier directory.
-The final parameters and the losses are bitwise those of the same run without teraio, on every
-rank, and the ranks agree with each other.
+gloo on CPU, each with its own Session, budget below its footprint and its own FileTier directory,
+for DDP (with and without gradient_as_bucket_view) and FSDP2 (fully_shard). The final parameters
+and the losses are bitwise those of the same run without teraio, on every rank, the ranks agree
+with each other, the Sessions offloaded and ended in planned mode, and the tensors that went
+through collectives were pinned (docs/pytorch.md, "Distributed training").
 
 Each test starts 2 worker processes running this file (`python3 test_distributed.py MODE RANK
 ...`); a worker trains once without a Session and once with one, in the same process group, and
@@ -35,9 +37,11 @@ def _batch(rank, step):
 
 def _wrap(mode, model):
     import torch.distributed as dist
-    if mode == "ddp":
+    if mode in ("ddp", "ddp-bucket-view"):
         # A small bucket cap gives several buckets (several allreduces in flight during backward).
-        return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+        # gradient_as_bucket_view: the gradients are views of the buckets (pinned with them).
+        return torch.nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=1, gradient_as_bucket_view=mode == "ddp-bucket-view")
     if mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -146,11 +150,20 @@ def _check(results):
         assert torch.equal(a, b), n
 
 
-def test_ddp_gloo_bitwise(tmp_path):
-    results = _run(tmp_path, "ddp", "6MiB")
+@pytest.mark.parametrize("mode", ["ddp", "ddp-bucket-view"])
+def test_ddp_gloo_bitwise(tmp_path, mode):
+    results = _run(tmp_path, mode, "6MiB")
     _check(results)
     for r in results:
         # DDP's gradient buckets (one gradient's worth) go through allreduce: they are pinned.
+        assert r["stats"]["pinned_bytes"] > 0, r["stats"]
+
+
+def test_fsdp2_gloo_bitwise(tmp_path):
+    results = _run(tmp_path, "fsdp2", "6MiB")
+    _check(results)
+    for r in results:
+        # The sharded gradients come out of reduce-scatter: pinned until zero_grad frees them.
         assert r["stats"]["pinned_bytes"] > 0, r["stats"]
 
 
