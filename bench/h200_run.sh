@@ -65,8 +65,10 @@ checks)
   LD_LIBRARY_PATH="$PWD/build-gpu/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH" timeout 120 \
     build-gpu/bin/storage_gpu_test --gtest_brief=1 2>&1 | tail -15
   step "torch_gpu.py"
-  timeout 240 $PY bench/torch_gpu.py "$R/torch_gpu.json"
+  # stderr (TERAIO_LOG=1: every move outside the plan, docs/pytorch.md "Diagnostics") to a file
+  TERAIO_LOG=${TERAIO_LOG:-1} timeout 240 $PY bench/torch_gpu.py "$R/torch_gpu.json" 2>"$R/teraio_log.txt"
   echo "rc=$?"
+  tail -5 "$R/teraio_log.txt"
   finish
   step "teraio-train llama-1b fp32, 12 GiB budget, host tier"
   LD_LIBRARY_PATH="$TORCH_LIB:$PWD/build-train-gpu/lib:$LD_LIBRARY_PATH" timeout 150 \

@@ -83,7 +83,7 @@ def run(make_model, make_batch, steps, session=None, lr=1e-3, timing=False, peak
     if session is not None:
         session.watch(model, opt)
     g = torch.Generator().manual_seed(1)
-    losses, times = [], []
+    losses, times, per_step = [], [], []
     for i in range(steps):
         if peak_from is not None and i == peak_from:
             torch.cuda.synchronize()
@@ -101,6 +101,12 @@ def run(make_model, make_batch, steps, session=None, lr=1e-3, timing=False, peak
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(loss.detach().clone())
+        if session is not None:  # per-step counters, to see which steps leave the plan
+            st = session.stats()
+            per_step.append({k: st[k] for k in ("mode", "step_peak_resident_bytes", "urgent_fetches", "evictions",
+                                                "skipped_moves", "aligned_moves", "plan_moves")})
+    if session is not None:
+        run.per_step = per_step
     return losses, model, opt, times, torch.cuda.max_memory_allocated()
 
 
@@ -163,7 +169,8 @@ def main(out_path):
                 ok, why = equal(ref, to_cpu(got))
                 del got
                 res["bitwise"][key] = {"equal": ok, **why, "footprint_bytes": fp, "budget_bytes": budget,
-                                       "max_memory_allocated": peak, "stats": st}
+                                       "max_memory_allocated": peak, "stats": st,
+                                       "per_step": getattr(run, "per_step", [])}
                 if planning:  # steps 4-6 are planned: torch.cuda.max_memory_allocated() <= budget
                     res["bitwise"][key]["planned_peak_within_budget"] = peak <= budget
             except Exception as e:  # record and go on
