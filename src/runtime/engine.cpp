@@ -211,11 +211,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
   if (e.permanent) return false;  // every offload path ends here: a pinned tensor never leaves
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
-  if (e.has_extent) {  // space of the previous read, free once that read is done
-    e.pending.wait();
-    extents_[e.tier]->free(e.extent);
-    e.has_extent = false;
-  }
+  if (e.has_extent) release_read_extent_locked(e);  // space of the previous read
   std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
   if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
   if (!ext) return false;
@@ -240,6 +236,15 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   return true;
 }
 
+// A resident tensor keeps the tier space it was read from until the read is known to be complete;
+// this waits for that read and gives the space back.
+void Engine::release_read_extent_locked(Entry& e) {
+  e.pending.wait();
+  e.pending = {};
+  extents_[e.tier]->free(e.extent);
+  e.has_extent = false;
+}
+
 // Tier space is released lazily: a prefetched tensor keeps its extent until the read is known to
 // be complete, a dead tensor until it is swept. When `tier` is full, release all of that now.
 bool Engine::reclaim_extents_locked(uint32_t tier) {
@@ -248,10 +253,7 @@ bool Engine::reclaim_extents_locked(uint32_t tier) {
     if (!p || p->loc == Location::kUnbound || !p->has_extent || p->tier != tier) continue;
     Entry& e = *p;
     if (e.loc == Location::kResident) {
-      e.pending.wait();
-      e.pending = {};
-      extents_[e.tier]->free(e.extent);
-      e.has_extent = false;
+      release_read_extent_locked(e);
       freed = true;
     } else if (e.pins == 0 && !e.memory->alive()) {
       forget_locked(e);
@@ -323,11 +325,7 @@ void Engine::poll() {
     if (!p || p->loc == Location::kUnbound) continue;
     Entry& e = *p;
     if (e.loc == Location::kOffloading && e.pending.ready()) complete_offload_locked(e, false);
-    if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) {
-      e.pending = {};
-      extents_[e.tier]->free(e.extent);
-      e.has_extent = false;
-    }
+    if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) release_read_extent_locked(e);
     if (!e.memory->alive() && e.pins == 0) forget_locked(e);
   }
 }

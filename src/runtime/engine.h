@@ -169,6 +169,7 @@ class Engine {
   bool offload_locked(Entry& e, uint32_t tier, bool urgent);
   bool prefetch_locked(Entry& e, bool urgent);
   bool reclaim_extents_locked(uint32_t tier);
+  void release_read_extent_locked(Entry& e);
   void make_usable_locked(Entry& e);  // any state -> resident and attached
   void complete_offload_locked(Entry& e, bool wait);
   void complete_prefetch_locked(Entry& e);
