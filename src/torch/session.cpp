@@ -32,6 +32,7 @@
 #include <unordered_set>
 
 #include "engine.h"
+#include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/planner.h"
 #include "teraio/storage.h"
@@ -170,6 +171,19 @@ struct TensorMeta {
   // longer than the uses say; the trace extends the lifetime to here.
   int64_t last_alive_op = -1;
   uint64_t live_mark = 0;  // 1 + the iteration in which it joined `rec_live`
+
+  // The name given with name_tensor, else where the tensor first appeared ("op12.out0").
+  std::string display_name() const {
+    if (!name.empty()) return name;
+    return fmt::format("op{}.{}{}", key >> 32, (key & 1) ? "out" : "in", (key >> 1) & 0x7fffffff);
+  }
+  // A new output: produced by the backward pass, or by the forward pass with grad enabled.
+  void note_producer(bool in_backward) {
+    if (in_backward)
+      produced_in_backward = true;
+    else if (at::GradMode::is_enabled())
+      produced_in_forward = true;
+  }
 };
 
 struct OpRecord {
@@ -566,13 +580,7 @@ struct Session::Impl {
         std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(k, my_slot, true), true);
         if (!id) return;
         outs.push_back(*id);
-        if (rec && fresh) {
-          TensorMeta& m = metas[*id];
-          if (tl_backward > 0)
-            m.produced_in_backward = true;
-          else if (at::GradMode::is_enabled())
-            m.produced_in_forward = true;
-        }
+        if (rec && fresh) metas[*id].note_producer(tl_backward > 0);
       });
     }
     if (rec) {
@@ -653,13 +661,7 @@ struct Session::Impl {
         if (!id) return;
         top->nested_outs.push_back(*id);
         if (collective) engine->pin_permanently(*id);
-        if (rec) {
-          TensorMeta& m = metas[*id];
-          if (tl_backward > 0)
-            m.produced_in_backward = true;
-          else if (at::GradMode::is_enabled())
-            m.produced_in_forward = true;
-        }
+        if (rec) metas[*id].note_producer(tl_backward > 0);
       });
     }
   }
@@ -748,10 +750,7 @@ struct Session::Impl {
           } else {
             info.kind = TensorKind::other;
           }
-          info.name = !m.name.empty()
-                          ? m.name
-                          : fmt::format("op{}.{}{}", m.key >> 32, (m.key & 1) ? "out" : "in",
-                                        (m.key >> 1) & 0x7fffffff);
+          info.name = m.display_name();
           trace.add_tensor(std::move(info));
         }
         ids.push_back(it->second);
@@ -816,15 +815,13 @@ struct Session::Impl {
     // A tensor made anew each iteration and alive at its end (a gradient until zero_grad) is
     // persistent in the trace, so its memory is counted into the next iteration; the read that
     // would bring it back for its first use there is dropped: that use creates a new tensor.
-    std::vector<int64_t> first_use(trace.num_tensors(), -1);
-    for (KernelIndex k = trace.num_kernels(); k-- > 0;)
-      for (TensorId t : trace.kernel_tensors(k)) first_use[t] = k;
+    const Lifetimes lifetimes(trace);
     auto recreated = [&](TensorId t) {
       return trace.tensors[t].persistent && metas[trace_to_logical.at(t)].first_iter >= iteration;
     };
     std::erase_if(cp.plan.moves, [&](const Move& m) {
       return m.op == MoveOp::prefetch && recreated(m.tensor) &&
-             static_cast<int64_t>(m.deadline) == first_use[m.tensor];
+             lifetimes.used(m.tensor) && m.deadline == lifetimes.first_use(m.tensor);
     });
     // Where each other persistent tensor is when an iteration starts: offloaded if its first move
     // in the iteration is a prefetch (it went out at the end of the previous one), else resident.
@@ -1091,10 +1088,7 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
     // engine calls this under the Session's lock (every engine call is made holding it).
     s.engine->set_event_hook([&s](std::string_view what, runtime::LogicalId id, uint64_t bytes) {
       const TensorMeta* m = id < s.metas.size() ? &s.metas[id] : nullptr;
-      std::string name = m && !m->name.empty() ? m->name
-                         : m ? fmt::format("op{}.{}{}", m->key >> 32, (m->key & 1) ? "out" : "in",
-                                           (m->key >> 1) & 0x7fffffff)
-                             : std::to_string(id);
+      const std::string name = m ? m->display_name() : std::to_string(id);
       std::fprintf(stderr, "teraio: iteration %llu op %u (%s): %.*s %s (%s)\n",
                    static_cast<unsigned long long>(s.iteration), s.op_counter.load() - 1,
                    mode_name(s.mode), static_cast<int>(what.size()), what.data(), name.c_str(),
