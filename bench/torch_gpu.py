@@ -74,9 +74,24 @@ def llama_factory(hidden, layers, vocab=32000):
     return Llama, batch
 
 
-def run(make_model, make_batch, steps, session=None, lr=1e-3, timing=False, peak_from=None):
-    """Trains `steps` steps; with `peak_from`, the allocator's peak is reset before that step and
-    returned (the planned steps' max_memory_allocated) as the fifth element."""
+def train_step(model, opt, batch, session=None):
+    """One timed training step (CUDA-synchronised on both ends): (detached loss, seconds)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with (session.step() if session is not None else _null()):
+        opt.zero_grad()
+        out = model(*batch[:-1])
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return loss.detach(), time.perf_counter() - t0
+
+
+def run(make_model, make_batch, steps, session=None, lr=1e-3, peak_from=None):
+    """Trains `steps` steps. Returns (losses, model, optimizer, step times, peak, per-step Session
+    counters): with `peak_from`, the allocator's peak is reset before that step, so `peak` is the
+    later steps' max_memory_allocated."""
     torch.manual_seed(0)
     model = make_model().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
@@ -88,26 +103,14 @@ def run(make_model, make_batch, steps, session=None, lr=1e-3, timing=False, peak
         if peak_from is not None and i == peak_from:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        batch = [t.to(dev) for t in make_batch(g)]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ctx = session.step() if session is not None else _null()
-        with ctx:
-            opt.zero_grad()
-            out = model(*batch[:-1])
-            loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
-            loss.backward()
-            opt.step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.detach().clone())
+        loss, seconds = train_step(model, opt, [t.to(dev) for t in make_batch(g)], session)
+        times.append(seconds)
+        losses.append(loss.clone())
         if session is not None:  # per-step counters, to see which steps leave the plan
             st = session.stats()
             per_step.append({k: st[k] for k in ("mode", "step_peak_resident_bytes", "urgent_fetches", "evictions",
                                                 "skipped_moves", "aligned_moves", "plan_moves")})
-    if session is not None:
-        run.per_step = per_step
-    return losses, model, opt, times, torch.cuda.max_memory_allocated()
+    return losses, model, opt, times, torch.cuda.max_memory_allocated(), per_step
 
 
 class _null:
@@ -164,13 +167,13 @@ def main(out_path):
                 # 2 profiling steps, then planned ones: the planned steps' peak must fit the budget
                 got = run(mf, bf, 6, session=s, peak_from=3 if planning else None)
                 st = s.stats()
-                peak = got[4]
+                peak, per_step = got[4], got[5]
                 s.fetch_all()
                 ok, why = equal(ref, to_cpu(got))
                 del got
                 res["bitwise"][key] = {"equal": ok, **why, "footprint_bytes": fp, "budget_bytes": budget,
                                        "max_memory_allocated": peak, "stats": st,
-                                       "per_step": getattr(run, "per_step", [])}
+                                       "per_step": per_step}
                 if planning:  # steps 4-6 are planned: torch.cuda.max_memory_allocated() <= budget
                     res["bitwise"][key]["planned_peak_within_budget"] = peak <= budget
             except Exception as e:  # record and go on
@@ -200,20 +203,7 @@ def overhead(big, big_batch, seq):
     g = torch.Generator().manual_seed(1)
 
     def timed_steps(n, s=None):
-        times = []
-        for _ in range(n):
-            batch = [t.to(dev) for t in big_batch(g, seq=seq)]
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            with (s.step() if s is not None else _null()):
-                opt.zero_grad()
-                out = model(*batch[:-1])
-                loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
-                loss.backward()
-                opt.step()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        return times
+        return [train_step(model, opt, [t.to(dev) for t in big_batch(g, seq=seq)], s)[1] for _ in range(n)]
 
     timed_steps(5)  # warm-up
     base_med, ter_med, st = [], [], {}

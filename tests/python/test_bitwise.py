@@ -1,6 +1,8 @@
 """Training with teraio is bitwise identical to training without it (CPU; the budget is below the
 footprint so tensors really go to files and come back): an MLP, a small CNN and, when transformers
 is installed, a tiny LlamaForCausalLM built from a config. Reactive and planned modes."""
+import json
+
 import pytest
 import torch
 
@@ -160,7 +162,6 @@ def test_tensors_saved_inside_composite_operators_are_tracked(tmp_path):
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
-    import json
     t = json.loads(trace.read_text())
     names = [k["name"] for k in t["kernels"]]
     ce = names.index("aten::cross_entropy_loss")
