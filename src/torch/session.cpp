@@ -199,6 +199,10 @@ struct CachedPlan {
   // Per operator: transient tensors that died just before it in the profile. The engine forgets
   // them there, so that resident bytes are the live ones without sweeping every tensor.
   std::vector<std::vector<LogicalId>> deaths;
+  // Per operator: bytes of the transient tensors it creates in the profile. The budget is enforced
+  // at an operator's start with room for them, so that a run off the plan (a skipped move, an
+  // urgent fetch) cannot take the operator's outputs past the budget.
+  std::vector<uint64_t> created;
   std::vector<uint64_t> signatures;  // per operator: name + input shapes
   std::vector<OpRecord> ops;         // the profiled operators (times final), to splice on drift
 };
@@ -543,7 +547,11 @@ struct Session::Impl {
                              format_bytes(double(options.budget_bytes)), k, fn.name(),
                              format_bytes(double(op_bytes))));
     }
-    if (!planned_now()) engine->enforce_budget(untracked_bytes);
+    if (!planned_now()) {
+      engine->enforce_budget(untracked_bytes);
+    } else if (k < active->created.size() && active->created[k] > 0) {
+      engine->enforce_budget(untracked_bytes + active->created[k]);  // free within the plan
+    }
     if (recording()) {
 #ifdef TERAIO_TORCH_CUDA
       if (device && device->is_cuda()) {
@@ -839,6 +847,10 @@ struct Session::Impl {
       }
     }
     for (Move& m : cp.plan.moves) m.tensor = trace_to_logical.at(m.tensor);
+    cp.created.assign(ops.size(), 0);
+    for (TensorId t = 0; t < trace.num_tensors(); ++t)
+      if (!trace.tensors[t].persistent && lifetimes.used(t) && lifetimes.first_use(t) < ops.size())
+        cp.created[lifetimes.first_use(t)] += trace.tensors[t].bytes;
     cp.deaths.resize(ops.size());
     for (TensorId t = 0; t < trace.num_tensors(); ++t) {
       if (trace.tensors[t].persistent) continue;
