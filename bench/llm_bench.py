@@ -547,7 +547,7 @@ class DeepSpeedSystem:
                                   "buffer_size": int(max(1e8, math.ceil(max_numel / 1e6) * 1e6)),
                                   "max_in_cpu": int(1e9)},
                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": True, "buffer_count": 4,
-                                      "pipeline_read": True, "pipeline_write": True, "fast_init": False},
+                                      "pipeline_read": False, "pipeline_write": False, "fast_init": False},
                 "overlap_comm": True,
                 "contiguous_gradients": True,
                 "sub_group_size": int(a.ds_sub_group_size),

@@ -48,6 +48,12 @@ _peer_env() {
     export LIBRARY_PATH="${LIBRARY_PATH:+$LIBRARY_PATH:}$cuda_home/lib64/stubs"
   fi
   export DS_SKIP_CUDA_CHECK=1
+  # DeepSpeed's op builder parses TORCH_CUDA_ARCH_LIST as numbers: the H200 machine's "9.0a" (or a
+  # "+PTX" list) fails its JIT build of async_io with "invalid literal for int(): '0a'"; 9.0 builds
+  # the same kernels for sm_90 (the ops here have no arch-specific code).
+  if [[ ${TORCH_CUDA_ARCH_LIST:-} == *a* ]]; then
+    export TORCH_CUDA_ARCH_LIST=$(echo "$TORCH_CUDA_ARCH_LIST" | sed -E 's/([0-9]+\.[0-9]+)a/\1/g')
+  fi
   export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
   "$py" - <<'EOF'
 import os, sys
