@@ -139,6 +139,9 @@ def parse_args(argv=None):
     g.add_argument("--trace-out", default=None, help="teraio: write each profiled trace here (Session trace_path)")
     g.add_argument("--plan-out", default=None, help="teraio: write each plan here (Session plan_path)")
     g.add_argument("--profiling-iterations", type=int, default=2, help="teraio: profiled steps before planning")
+    g.add_argument("--stream-ordered-offloads", action="store_true",
+                   help="teraio: Session(stream_ordered_offloads=True): offloads due before an operator are "
+                        "waited for on the GPU, not the CPU (experimental)")
     # shared by teraio's FileTier and ds-infinity
     p.add_argument("--disk-dir", default="/tmp",
                    help="directory on the disk for teraio's FileTier and ds-infinity's swap files; a private "
@@ -389,7 +392,8 @@ class Teraio(Ideal):
                                          read_gbps=a.disk_gbps, write_gbps=a.disk_gbps))
         self.tiers_repr = [repr(t) for t in tiers]
         self.session = teraio.Session(budget=a.budget, tiers=tiers, profiling_iterations=a.profiling_iterations,
-                                      trace_path=a.trace_out, plan_path=a.plan_out)
+                                      trace_path=a.trace_out, plan_path=a.plan_out,
+                                      stream_ordered_offloads=a.stream_ordered_offloads)
         self.session.watch(self.model, self.opt)
 
     def step(self, ids):

@@ -1,7 +1,8 @@
 """GPU checks of the PyTorch integration (run by bench/torch_gpu.sh on the H200):
 1. bitwise: parameters and losses after several steps are equal with and without teraio on CUDA
    (deterministic algorithms), for an MLP, a small CNN and a HF Llama built from a config, with a
-   budget below the footprint (host + file tiers); stats and max_memory_allocated are recorded;
+   budget below the footprint (host + file tiers), reactive, planned and planned with
+   stream_ordered_offloads; stats and max_memory_allocated are recorded;
 2. overhead: step time of a Llama with a budget that holds everything (empty plan) vs without
    teraio, median of many steps.
 Writes one JSON file with everything to argv[1]."""
@@ -149,8 +150,9 @@ def main(out_path):
     llama, llama_batch = llama_factory(512, 4, vocab=4096)
     cases = [("mlp", mlp, mlp_batch), ("cnn", CNN, cnn_batch), ("llama", llama, llama_batch)]
     for name, mf, bf in cases:
-        for planning in (False, True):
-            key = f"{name}-{'planned' if planning else 'reactive'}"
+        # planned-sof: Session(stream_ordered_offloads=True), offloads due waited for on the GPU
+        for mode, planning, sof in (("reactive", False, False), ("planned", True, False), ("planned-sof", True, True)):
+            key = f"{name}-{mode}"
             s = None
             try:
                 torch.cuda.empty_cache()
@@ -163,7 +165,7 @@ def main(out_path):
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
                 s = teraio.Session(budget=budget, tiers=[teraio.HostTier(fp // 2), teraio.FileTier([tmp], 4 * fp)],
-                                   planning=planning, min_tensor_bytes=65536)
+                                   planning=planning, min_tensor_bytes=65536, stream_ordered_offloads=sof)
                 # 2 profiling steps, then planned ones: the planned steps' peak must fit the budget
                 got = run(mf, bf, 6, session=s, peak_from=3 if planning else None)
                 st = s.stats()

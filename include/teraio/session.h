@@ -37,6 +37,11 @@ struct SessionOptions {
   // Plan with several settings of the planner's heuristics, simulate each and keep the fastest
   // (plan_best, include/teraio/sweep.h); false: make_plan's plan alone.
   bool plan_search = true;
+  // CUDA: an offload due before the next operator is waited for on the GPU (the compute stream waits
+  // for the device-to-host copy, the memory is freed in stream order) instead of on the CPU, so the
+  // CPU keeps running ahead of the GPU. Host tier only (file-tier writes are still waited for on
+  // the CPU). Experimental: off until measured on the H200 (docs/pytorch.md).
+  bool stream_ordered_offloads = false;
 };
 
 struct SessionStats {

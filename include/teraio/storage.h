@@ -129,9 +129,12 @@ class Completion {
   bool wait_for(std::chrono::nanoseconds timeout) const;
   // wait(), then throws teraio::Error with the result's message on failure.
   void get() const;
-  // Makes `stream` wait for the data of a read into a device buffer without blocking on the GPU
-  // copy: blocks the CPU only until the final host-to-device copy has been enqueued, then
-  // cudaStreamWaitEvent. For other requests it is wait(). Throws teraio::Error on failure.
+  // Makes `stream` wait on the GPU instead of the CPU: for a read into a device buffer, for its
+  // data (the final host-to-device copy); for a write from a device buffer to the host tier, for the
+  // end of the device-to-host copy, after which the buffer may be reused (the write's result is
+  // final later: ready()/wait()). Blocks the CPU only until that copy has been enqueued, then
+  // cudaStreamWaitEvent. For other requests (and tiers that publish no event) it is wait(). Throws
+  // teraio::Error when the request has already failed.
   void stream_wait(CudaStream stream) const;
 
  private:

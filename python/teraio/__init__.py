@@ -97,12 +97,15 @@ class Session:
     trace_path / plan_path: write the profiled trace / the plan there (formats teraio.trace/plan v1).
     plan_search: plan with several settings of the planner's heuristics, simulate each and keep the
         fastest (default); False uses the planner's default plan alone.
+    stream_ordered_offloads: CUDA, experimental: wait for an offload due before the next operator
+        on the GPU (the memory is freed in stream order) instead of on the CPU; host tier only.
     """
 
     def __init__(self, budget: Size, tiers: Iterable[Union[HostTier, FileTier]],
                  profiling_iterations: int = 2, min_tensor_bytes: int = 4096,
                  planning: bool = True, trace_path: Optional[str] = None,
-                 plan_path: Optional[str] = None, plan_search: bool = True):
+                 plan_path: Optional[str] = None, plan_search: bool = True,
+                 stream_ordered_offloads: bool = False):
         budget_bytes = parse_size(budget, "budget")
         tiers = list(tiers)
         if not tiers:
@@ -119,7 +122,7 @@ class Session:
                     raise Error(f"Session: cannot write '{p}' (directory not writable)")
         self._impl = _C.Session(budget_bytes, [t._spec() for t in tiers], profiling_iterations,
                                 int(min_tensor_bytes), bool(planning), trace_path or "",
-                                plan_path or "", bool(plan_search))
+                                plan_path or "", bool(plan_search), bool(stream_ordered_offloads))
         self._watched = []
 
     @contextlib.contextmanager

@@ -49,6 +49,9 @@ struct Engine::Entry {
   storage::Completion pending;  // the write (offloading) or read (prefetching / just prefetched)
   int pins = 0;
   bool permanent = false;  // pin_permanently(): never offloaded again
+  // Offloaded, its memory freed in stream order while `pending` (the write) may still be running
+  // (EngineOptions::stream_ordered_offloads).
+  bool write_in_flight = false;
   uint64_t last_use = 0;
 };
 
@@ -113,6 +116,7 @@ void Engine::forget_locked(Entry& e) {
   }
   if (e.pending.valid()) e.pending.wait();
   e.pending = {};
+  e.write_in_flight = false;
   if (e.has_extent) {
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
@@ -144,6 +148,29 @@ Location Engine::location(LogicalId id) const {
 void Engine::complete_offload_locked(Entry& e, bool wait) {
   if (e.loc != Location::kOffloading) return;
   if (!wait && !e.pending.ready()) return;
+  if (wait && options_.stream_ordered_offloads && !e.pending.ready()) {
+    if (storage::CudaStream s = e.memory->stream()) {
+      double t0 = now_us();
+      bool enqueued = false;
+      try {
+        e.pending.stream_wait(s);  // returns once the copy is enqueued, or when the write is done
+        enqueued = true;
+      } catch (const Error&) {
+        // failed already: the bytes are still ours (the path below gives them back and throws)
+      }
+      stats_.stall_us += now_us() - t0;
+      if (enqueued && !e.pending.ready()) {
+        // The stream's later work (and the allocator's reuse of this block on it) runs after the
+        // copy; the write itself is checked when the tensor is read back or forgotten.
+        e.memory->drop();
+        e.loc = Location::kOffloaded;
+        e.write_in_flight = true;
+        stats_.resident_bytes -= e.bytes;
+        stats_.bytes_offloaded += e.bytes;
+        return;
+      }
+    }
+  }
   double t0 = wait && !e.pending.ready() ? now_us() : 0;
   const storage::IoResult r = e.pending.wait();  // a copy: resetting `pending` frees the state
   if (t0 != 0) stats_.stall_us += now_us() - t0;
@@ -236,6 +263,22 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   return true;
 }
 
+// An offload whose memory was freed in stream order: the read must not start before the write has
+// landed (the tier does not order them), and a write that failed after its memory went has lost
+// the tensor's contents: that is an error, never a silent read of stale bytes.
+void Engine::finish_write_locked(Entry& e) {
+  if (!e.write_in_flight) return;
+  double t0 = e.pending.ready() ? 0 : now_us();
+  const storage::IoResult r = e.pending.wait();
+  if (t0 != 0) stats_.stall_us += now_us() - t0;
+  e.pending = {};
+  e.write_in_flight = false;
+  if (!r.ok)
+    throw Error(fmt::format("offload of tensor {} to tier '{}' failed after its device memory was "
+                            "released, its contents are lost: {}",
+                            e.id, tiers_[e.tier].name, r.error));
+}
+
 // A resident tensor keeps the tier space it was read from until the read is known to be complete;
 // this waits for that read and gives the space back.
 void Engine::release_read_extent_locked(Entry& e) {
@@ -269,6 +312,7 @@ bool Engine::prefetch_locked(Entry& e, bool urgent) {
     forget_locked(e);
     return false;
   }
+  finish_write_locked(e);
   storage::IoRequest req;
   req.direction = storage::Direction::kRead;
   req.buffer = e.memory->allocate();
@@ -325,6 +369,10 @@ void Engine::poll() {
     if (!p || p->loc == Location::kUnbound) continue;
     Entry& e = *p;
     if (e.loc == Location::kOffloading && e.pending.ready()) complete_offload_locked(e, false);
+    if (e.write_in_flight && e.pending.ready() && e.pending.wait().ok) {
+      e.pending = {};
+      e.write_in_flight = false;
+    }
     if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) release_read_extent_locked(e);
     if (!e.memory->alive() && e.pins == 0) forget_locked(e);
   }

@@ -53,6 +53,12 @@ struct EngineTier {
 
 struct EngineOptions {
   uint64_t budget_bytes = 0;  // resident tracked bytes allowed (0: no limit)
+  // When an offload must be complete (its deadline, the budget) and the tensor has a stream: the
+  // stream waits on the GPU for the end of the device-to-host copy and the memory is freed at once,
+  // in stream order, instead of the CPU waiting for the write (tiers that publish a write's event:
+  // the host tier; others are waited for on the CPU as before). The write's result is checked
+  // before the tensor is read back or forgotten.
+  bool stream_ordered_offloads = false;
 };
 
 struct EngineStats {
@@ -173,6 +179,7 @@ class Engine {
   void make_usable_locked(Entry& e);  // any state -> resident and attached
   void complete_offload_locked(Entry& e, bool wait);
   void complete_prefetch_locked(Entry& e);
+  void finish_write_locked(Entry& e);
   void forget_locked(Entry& e);
   void note_resident_locked();
   void sweep_dead_locked(size_t max_entries);

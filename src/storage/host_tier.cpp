@@ -133,7 +133,7 @@ class HostTier final : public Tier {
           cuda::memcpy_async(q.buffer.data(), slot, size, s);
         }
         cuda::event_record(job.state->event, s);
-        if (!write) job.state->publish_event();
+        job.state->publish_event();  // a read's data is in place / a write's source free then
         cuda::event_sync(job.state->event);
       } else if (write) {
         std::memcpy(slot, q.buffer.data(), size);

@@ -21,7 +21,9 @@ namespace detail {
 // Note [Completion states]: a request is `done` once its IoResult is final. For reads into device
 // memory the state also carries a CUDA event recorded after the last host-to-device copy; it is
 // published (event_published) as soon as that copy is enqueued, before the worker waits for it, so
-// a compute stream can wait on the GPU instead of on the CPU (Completion::stream_wait).
+// a compute stream can wait on the GPU instead of on the CPU (Completion::stream_wait). The host
+// tier publishes the same for writes from device memory (the event after the device-to-host copy),
+// so that the source's memory can be reused in stream order before the CPU sees the write done.
 struct CompletionState {
   std::mutex mu;
   std::condition_variable cv;

@@ -122,7 +122,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<teraio::Session>(m, "Session")
       .def(py::init([](uint64_t budget_bytes, const py::list& tiers, int profiling_iterations,
                        uint64_t min_tensor_bytes, bool planning, std::string trace_path,
-                       std::string plan_path, bool plan_search) {
+                       std::string plan_path, bool plan_search, bool stream_ordered_offloads) {
              teraio::SessionOptions o;
              o.budget_bytes = budget_bytes;
              for (const auto& t : tiers) o.tiers.push_back(tier_from_dict(py::cast<py::dict>(t)));
@@ -132,11 +132,13 @@ PYBIND11_MODULE(_C, m) {
              o.trace_path = std::move(trace_path);
              o.plan_path = std::move(plan_path);
              o.plan_search = plan_search;
+             o.stream_ordered_offloads = stream_ordered_offloads;
              return std::make_unique<teraio::Session>(std::move(o));
            }),
            py::arg("budget_bytes"), py::arg("tiers"), py::arg("profiling_iterations") = 2,
            py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true,
-           py::arg("trace_path") = "", py::arg("plan_path") = "", py::arg("plan_search") = true)
+           py::arg("trace_path") = "", py::arg("plan_path") = "", py::arg("plan_search") = true,
+           py::arg("stream_ordered_offloads") = false)
       .def("begin_step", &teraio::Session::begin_step, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &teraio::Session::end_step, py::call_guard<py::gil_scoped_release>())
       .def("fetch_all", &teraio::Session::fetch_all, py::call_guard<py::gil_scoped_release>())

@@ -1092,7 +1092,7 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
     s.tier_specs.push_back(spec);
   }
   s.options = std::move(options);
-  s.engine = std::make_unique<runtime::Engine>(runtime::EngineOptions{s.options.budget_bytes},
+  s.engine = std::make_unique<runtime::Engine>(runtime::EngineOptions{s.options.budget_bytes, s.options.stream_ordered_offloads},
                                                std::move(engine_tiers));
   if (const char* log = std::getenv("TERAIO_LOG");
       log != nullptr && *log != '\0' && std::strcmp(log, "0") != 0) {

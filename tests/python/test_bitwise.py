@@ -43,13 +43,15 @@ def session(tmp_path, budget, planning=True, **kw):
                           planning=planning, min_tensor_bytes=1024, **kw)
 
 
-@pytest.mark.parametrize("planning", [False, True])
+# planned-sof: stream_ordered_offloads=True, which on CPU tensors (no stream) must change nothing
+@pytest.mark.parametrize("planning,sof", [(False, False), (True, False), (True, True)],
+                         ids=["reactive", "planned", "planned-sof"])
 @pytest.mark.parametrize("model,batch,budget", [(mlp, mlp_batch, "200KiB"), (SmallCNN, cnn_batch, "80KiB")],
                          ids=["mlp", "cnn"])
-def test_bitwise_cpu(tmp_path, model, batch, budget, planning):
+def test_bitwise_cpu(tmp_path, model, batch, budget, planning, sof):
     steps = 5
     ref = train(model, batch, steps)
-    with session(tmp_path, budget, planning=planning) as s:
+    with session(tmp_path, budget, planning=planning, stream_ordered_offloads=sof) as s:
         got = train(model, batch, steps, session=s)
         st = s.stats()
         assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, st

@@ -117,6 +117,36 @@ TEST_F(EngineTest, OffloadAndPrefetchRoundTripKeepsBytes) {
   e->end_use(ids);
 }
 
+// A memory that names a stream (as a CUDA tensor does) over host bytes: no tier publishes an event
+// for host buffers, so stream-ordered offloads fall back to waiting on the CPU.
+class StreamMemory : public FakeMemory {
+ public:
+  using FakeMemory::FakeMemory;
+  storage::CudaStream stream() const override { return reinterpret_cast<storage::CudaStream>(0x1); }
+};
+
+TEST_F(EngineTest, StreamOrderedOffloadsKeepBytesWhenTheTierPublishesNoEvent) {
+  Engine e(EngineOptions{0, /*stream_ordered_offloads=*/true},
+           std::vector<EngineTier>{{"host", host_.get(), 1 << 20}, {"file", file_.get(), 4 << 20}});
+  auto a = make_tensor(10000, 3), b = make_tensor(8192, 4);
+  e.bind(0, std::make_unique<StreamMemory>(a));
+  e.bind(1, std::make_unique<StreamMemory>(b));
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(e.offload(0, 0));
+    ASSERT_TRUE(e.offload(1, 1));
+    e.finish_offload(0);
+    e.finish_offload(1);
+    EXPECT_TRUE(a->data.empty());
+    EXPECT_EQ(e.stats().resident_bytes, 0u);
+    LogicalId ids[] = {0, 1};
+    e.begin_use(ids);
+    EXPECT_TRUE(has_pattern(*a, 3));
+    EXPECT_TRUE(has_pattern(*b, 4));
+    e.end_use(ids);
+  }
+  EXPECT_EQ(e.stats().bytes_offloaded, 3u * 18192u);
+}
+
 TEST_F(EngineTest, BudgetEvictsLeastRecentlyUsedAndSkipsPinned) {
   auto e = make(20000);
   std::vector<std::shared_ptr<FakeTensor>> ts;

@@ -91,6 +91,29 @@ TEST_P(Gpu, ReadIntoDeviceWaitsForReadyStream) {
   EXPECT_TRUE(back == data) << "the read landed before the work queued on its ready stream";
 }
 
+// A write from a device buffer: after stream_wait(s), work queued on `s` may reuse the buffer (the
+// engine frees an offloaded tensor's block in stream order) without changing what the tier holds.
+TEST_P(Gpu, WriteFromDeviceStreamWaitThenReuseKeepsTheWrittenBytes) {
+  const uint64_t size = 64 << 20;
+  auto data = pattern(size, 9);
+  Buffer src = Buffer::allocate(size, MemoryKind::kDevice, 0);
+  copy_buffer(src.view(), BufferView::host(data.data(), size));
+  Buffer stale = Buffer::allocate(size, MemoryKind::kHostPinned, 0);
+  std::memset(stale.data(), 0xcd, size);
+  void* s = cuda::stream_create(0);
+  auto c = tier_->submit({Direction::kWrite, src.view(), 4096});
+  c.stream_wait(s);
+  cuda::memcpy_async(src.data(), stale.data(), size, s);  // the block's next user, in stream order
+  cuda::stream_sync(s);
+  cuda::stream_destroy(s);
+  ASSERT_TRUE(c.wait().ok) << c.wait().error;
+  std::vector<unsigned char> back(size);
+  Buffer dev = Buffer::allocate(size, MemoryKind::kDevice, 0);
+  tier_->read(dev.view(), 4096);
+  copy_buffer(BufferView::host(back.data(), size), dev.view());
+  EXPECT_TRUE(back == data) << "the buffer's next user overwrote it before the write had read it";
+}
+
 TEST_P(Gpu, PinnedHostBuffersRoundTrip) {
   Buffer pinned = Buffer::allocate(3 << 20, MemoryKind::kHostPinned, 0);
   EXPECT_TRUE(pinned.pinned());
