@@ -8,6 +8,8 @@
 #   peers1b  FSDP2 with CPU offload and DeepSpeed ZeRO-Offload on llama-1b
 #   disk     teraio host+disk and disk-only, DeepSpeed ZeRO-Infinity (NVMe) on llama-1b
 #   peers3b  FSDP2 and ZeRO-Offload on llama-3b
+#   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
+#            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
 # Usage (repo root on the GPU machine, build-gpu/, build-train-gpu/, build-gpudeps/ and .whl/ carried):
 #   OUT=... bash bench/h200_run.sh PHASE [name-filter]
@@ -15,7 +17,7 @@
 # a call cut short still returns what finished) and $OUT/log_<phase>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk or peers3b}
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b or ddp}
 FILTER=${2:-}
 OUT=${OUT:-$PWD/h200-out}
 R=$OUT/res_$PHASE
@@ -123,6 +125,14 @@ disk)
   fi
   ensure_peers
   bench ds-infinity-llama-1b 300 --system ds-infinity --model llama-1b --disk-dir "$DISK"
+  ;;
+ddp)
+  ngpu=$(nvidia-smi -L | wc -l)
+  (( ngpu >= 2 )) || { echo "ddp needs 2 GPUs (kind nvidia-h200-x2); this machine has $ngpu"; exit 2; }
+  [[ -n $FILTER && ddp-llama-1b != *$FILTER* ]] && exit 0
+  step "ddp_bench llama-1b, world 1 and 2, budget 1/2 per GPU, host tier"
+  $PY bench/ddp_bench.py --world 1,2 --model llama-1b --budget 1/2 --steps 5 --timeout 270 --out "$R/ddp-1b"
+  echo "rc=$? for ddp-llama-1b"
   ;;
 *)
   echo "unknown phase $PHASE"; exit 2 ;;
