@@ -404,7 +404,8 @@ class Teraio(Ideal):
         self.per_step_stats.append({k: st.get(k) for k in (
             "mode", "iteration", "peak_resident_bytes", "step_peak_resident_bytes", "untracked_bytes",
             "plan_budget_bytes", "bytes_offloaded", "bytes_prefetched", "stall_us", "plan_moves", "skipped_moves",
-            "aligned_moves", "urgent_fetches", "evictions", "drift_events", "budget_violations")})
+            "aligned_moves", "stream_ordered_offloads", "urgent_fetches", "evictions", "drift_events",
+            "budget_violations")})
         return loss
 
     def mark_measured(self):
@@ -419,7 +420,7 @@ class Teraio(Ideal):
         if s0 is not None:  # counters are cumulative: what the measured steps alone did
             d["measured_delta"] = {k: st[k] - s0[k] for k in (
                 "bytes_offloaded", "bytes_prefetched", "stall_us", "plan_moves", "skipped_moves", "aligned_moves",
-                "drift_events", "urgent_fetches", "evictions", "budget_violations") if k in st and k in s0}
+                "stream_ordered_offloads", "drift_events", "urgent_fetches", "evictions", "budget_violations") if k in st and k in s0}
         return d
 
     def close(self):

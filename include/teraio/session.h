@@ -62,6 +62,7 @@ struct SessionStats {
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
   uint64_t aligned_moves = 0;  // moves made at step start to put tensors where the plan begins
+  uint64_t stream_ordered_offloads = 0;  // offloads completed on the GPU's side (option of that name)
   uint64_t drift_events = 0;
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;

@@ -165,6 +165,7 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
         e.memory->drop();
         e.loc = Location::kOffloaded;
         e.write_in_flight = true;
+        stats_.stream_ordered++;
         stats_.resident_bytes -= e.bytes;
         stats_.bytes_offloaded += e.bytes;
         return;

@@ -76,6 +76,7 @@ struct EngineStats {
   uint64_t plan_moves = 0;          // planned moves issued
   uint64_t skipped_moves = 0;  // planned moves whose tensor was not bound or not in the right place
   uint64_t spilled_moves = 0;     // planned offloads sent to another tier (the planned one was full)
+  uint64_t stream_ordered = 0;    // offloads whose memory was freed in stream order (not CPU-waited)
   uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
   double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
 };

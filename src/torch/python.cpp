@@ -47,6 +47,7 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   d["plan_moves"] = s.plan_moves;
   d["skipped_moves"] = s.skipped_moves;
   d["aligned_moves"] = s.aligned_moves;
+  d["stream_ordered_offloads"] = s.stream_ordered_offloads;
   d["drift_events"] = s.drift_events;
   d["urgent_fetches"] = s.urgent_fetches;
   d["evictions"] = s.evictions;

@@ -1182,6 +1182,7 @@ SessionStats Session::stats() const {
   r.plan_moves = e.plan_moves;
   r.skipped_moves = e.skipped_moves;
   r.aligned_moves = e.aligned;
+  r.stream_ordered_offloads = e.stream_ordered;
   r.drift_events = s.drift_events;
   r.urgent_fetches = e.urgent_fetches;
   r.evictions = e.evictions;

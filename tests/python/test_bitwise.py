@@ -60,6 +60,7 @@ def test_bitwise_cpu(tmp_path, model, batch, budget, planning, sof):
         assert st["mode"] == ("planned" if planning else "reactive"), st
         if planning:
             assert st["plan_moves"] > 0, st
+        assert st["stream_ordered_offloads"] == 0, st  # CPU tensors have no stream
         with s.resident():
             assert_bitwise(ref, got)
 

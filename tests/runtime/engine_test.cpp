@@ -145,6 +145,7 @@ TEST_F(EngineTest, StreamOrderedOffloadsKeepBytesWhenTheTierPublishesNoEvent) {
     e.end_use(ids);
   }
   EXPECT_EQ(e.stats().bytes_offloaded, 3u * 18192u);
+  EXPECT_EQ(e.stats().stream_ordered, 0u);  // no event published: nothing was freed before its write
 }
 
 TEST_F(EngineTest, BudgetEvictsLeastRecentlyUsedAndSkipsPinned) {
