@@ -145,38 +145,43 @@ Location Engine::location(LogicalId id) const {
   return e ? e->loc : Location::kUnbound;
 }
 
+// Waits for the entry's transfer (the wait counts as stall), forgets it, and returns its result.
+storage::IoResult Engine::take_pending_locked(Entry& e) {
+  double t0 = e.pending.ready() ? 0 : now_us();
+  storage::IoResult r = e.pending.wait();  // a copy: resetting `pending` frees the state
+  if (t0 != 0) stats_.stall_us += now_us() - t0;
+  e.pending = {};
+  return r;
+}
+
+// With stream_ordered_offloads, for a write still running from a tensor that has a stream: makes
+// the stream wait for the tier's device-to-host copy (the CPU only until it is enqueued). True when
+// the memory may now be freed in stream order, with the write still in flight; false when the write
+// has finished (or failed) meanwhile, or the tier publishes no event: wait for it as usual.
+bool Engine::release_in_stream_order_locked(Entry& e) {
+  if (!options_.stream_ordered_offloads || e.pending.ready()) return false;
+  storage::CudaStream s = e.memory->stream();
+  if (s == nullptr) return false;
+  double t0 = now_us();
+  try {
+    e.pending.stream_wait(s);  // returns once the copy is enqueued, or when the write is done
+  } catch (const Error&) {
+    // failed already (so ready: false below): the bytes are still ours, the caller gives them back
+  }
+  stats_.stall_us += now_us() - t0;
+  return !e.pending.ready();
+}
+
 void Engine::complete_offload_locked(Entry& e, bool wait) {
   if (e.loc != Location::kOffloading) return;
   if (!wait && !e.pending.ready()) return;
-  if (wait && options_.stream_ordered_offloads && !e.pending.ready()) {
-    if (storage::CudaStream s = e.memory->stream()) {
-      double t0 = now_us();
-      bool enqueued = false;
-      try {
-        e.pending.stream_wait(s);  // returns once the copy is enqueued, or when the write is done
-        enqueued = true;
-      } catch (const Error&) {
-        // failed already: the bytes are still ours (the path below gives them back and throws)
-      }
-      stats_.stall_us += now_us() - t0;
-      if (enqueued && !e.pending.ready()) {
-        // The stream's later work (and the allocator's reuse of this block on it) runs after the
-        // copy; the write itself is checked when the tensor is read back or forgotten.
-        e.memory->drop();
-        e.loc = Location::kOffloaded;
-        e.write_in_flight = true;
-        stats_.stream_ordered++;
-        stats_.resident_bytes -= e.bytes;
-        stats_.bytes_offloaded += e.bytes;
-        return;
-      }
-    }
-  }
-  double t0 = wait && !e.pending.ready() ? now_us() : 0;
-  const storage::IoResult r = e.pending.wait();  // a copy: resetting `pending` frees the state
-  if (t0 != 0) stats_.stall_us += now_us() - t0;
-  e.pending = {};
-  if (!r.ok) {  // the bytes are still ours: give them back
+  if (wait && release_in_stream_order_locked(e)) {
+    // The stream's later work (and the allocator's reuse of this block on it) runs after the copy;
+    // the write itself is checked when the tensor is read back or forgotten (finish_write_locked).
+    e.write_in_flight = true;
+    stats_.stream_ordered++;
+  } else if (const storage::IoResult r = take_pending_locked(e); !r.ok) {
+    // the bytes are still ours: give them back
     e.memory->attach();
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
@@ -211,10 +216,7 @@ void Engine::make_usable_locked(Entry& e) {
     case Location::kResident:
       return;
     case Location::kOffloading: {  // used again before its memory went away: keep it
-      double t0 = e.pending.ready() ? 0 : now_us();
-      e.pending.wait();
-      if (t0 != 0) stats_.stall_us += now_us() - t0;
-      e.pending = {};
+      take_pending_locked(e);
       e.memory->attach();
       extents_[e.tier]->free(e.extent);
       e.has_extent = false;
@@ -269,10 +271,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
 // the tensor's contents: that is an error, never a silent read of stale bytes.
 void Engine::finish_write_locked(Entry& e) {
   if (!e.write_in_flight) return;
-  double t0 = e.pending.ready() ? 0 : now_us();
-  const storage::IoResult r = e.pending.wait();
-  if (t0 != 0) stats_.stall_us += now_us() - t0;
-  e.pending = {};
+  const storage::IoResult r = take_pending_locked(e);
   e.write_in_flight = false;
   if (!r.ok)
     throw Error(fmt::format("offload of tensor {} to tier '{}' failed after its device memory was "

@@ -178,6 +178,8 @@ class Engine {
   bool reclaim_extents_locked(uint32_t tier);
   void release_read_extent_locked(Entry& e);
   void make_usable_locked(Entry& e);  // any state -> resident and attached
+  storage::IoResult take_pending_locked(Entry& e);
+  bool release_in_stream_order_locked(Entry& e);
   void complete_offload_locked(Entry& e, bool wait);
   void complete_prefetch_locked(Entry& e);
   void finish_write_locked(Entry& e);

@@ -848,12 +848,11 @@ struct Session::Impl {
     }
     for (Move& m : cp.plan.moves) m.tensor = trace_to_logical.at(m.tensor);
     cp.created.assign(ops.size(), 0);
-    for (TensorId t = 0; t < trace.num_tensors(); ++t)
-      if (!trace.tensors[t].persistent && lifetimes.used(t) && lifetimes.first_use(t) < ops.size())
-        cp.created[lifetimes.first_use(t)] += trace.tensors[t].bytes;
     cp.deaths.resize(ops.size());
     for (TensorId t = 0; t < trace.num_tensors(); ++t) {
       if (trace.tensors[t].persistent) continue;
+      if (lifetimes.used(t) && lifetimes.first_use(t) < ops.size())
+        cp.created[lifetimes.first_use(t)] += trace.tensors[t].bytes;
       const LogicalId id = trace_to_logical.at(t);
       const int64_t died_before = metas[id].last_alive_op + 1;
       if (died_before > 0 && died_before < static_cast<int64_t>(ops.size()))
@@ -1092,8 +1091,9 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
     s.tier_specs.push_back(spec);
   }
   s.options = std::move(options);
-  s.engine = std::make_unique<runtime::Engine>(runtime::EngineOptions{s.options.budget_bytes, s.options.stream_ordered_offloads},
-                                               std::move(engine_tiers));
+  s.engine = std::make_unique<runtime::Engine>(
+      runtime::EngineOptions{s.options.budget_bytes, s.options.stream_ordered_offloads},
+      std::move(engine_tiers));
   if (const char* log = std::getenv("TERAIO_LOG");
       log != nullptr && *log != '\0' && std::strcmp(log, "0") != 0) {
     // Every move outside the plan, with where it happened (docs/pytorch.md, "Diagnostics"). The
