@@ -139,9 +139,9 @@ def parse_args(argv=None):
     g.add_argument("--trace-out", default=None, help="teraio: write each profiled trace here (Session trace_path)")
     g.add_argument("--plan-out", default=None, help="teraio: write each plan here (Session plan_path)")
     g.add_argument("--profiling-iterations", type=int, default=2, help="teraio: profiled steps before planning")
-    g.add_argument("--stream-ordered-offloads", action="store_true",
-                   help="teraio: Session(stream_ordered_offloads=True): offloads due before an operator are "
-                        "waited for on the GPU, not the CPU (experimental)")
+    g.add_argument("--stream-ordered-offloads", action=argparse.BooleanOptionalAction, default=True,
+                   help="teraio: Session(stream_ordered_offloads=...): offloads due before an operator are "
+                        "waited for on the GPU, not the CPU (the Session's default); --no-... waits on the CPU")
     # shared by teraio's FileTier and ds-infinity
     p.add_argument("--disk-dir", default="/tmp",
                    help="directory on the disk for teraio's FileTier and ds-infinity's swap files; a private "
@@ -545,12 +545,14 @@ class DeepSpeedSystem:
                 cfg["zero_optimization"].update(self._stage3_knobs(h))
         else:
             nvme = self.run_dir
+            max_in_cpu = int(1e9)  # DeepSpeed's default: the first 1e9 parameter elements stay in pinned CPU memory
             z = {
                 "stage": 3,
-                "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": True, "buffer_count": 5,
+                "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": True,
+                                  "buffer_count": self._param_buffer_count(model, max_in_cpu, a.ds_sub_group_size),
                                   # every parameter must fit one buffer (elements)
                                   "buffer_size": int(max(1e8, math.ceil(max_numel / 1e6) * 1e6)),
-                                  "max_in_cpu": int(1e9)},
+                                  "max_in_cpu": max_in_cpu},
                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": True, "buffer_count": 4,
                                       "pipeline_read": False, "pipeline_write": False, "fast_init": False},
                 "overlap_comm": True,
@@ -563,6 +565,20 @@ class DeepSpeedSystem:
                           "intra_op_parallelism": a.aio_threads, "single_submit": bool(a.aio_single_submit),
                           "overlap_events": True, "use_gds": False}
         return cfg
+
+    @staticmethod
+    def _param_buffer_count(model, max_in_cpu, sub_group_size):
+        # ZeRO-3 swaps each NVMe-resident parameter into a buffer of its own and holds it there while the
+        # parameter is gathered, prefetched or updated; the default of 5 buffers ran out on llama-1b
+        # ("Not enough buffers 0 for swapping 1", 2026-12-03). DeepSpeed keeps whole sub-groups of
+        # sub_group_size elements in CPU memory up to max_in_cpu, so every parameter after the first
+        # (max_in_cpu - sub_group_size) elements may live on NVMe: one buffer each, and at least 5.
+        seen, on_nvme = 0, 0
+        for p in model.parameters():
+            if seen + p.numel() > max_in_cpu - sub_group_size:
+                on_nvme += 1
+            seen += p.numel()
+        return max(5, on_nvme)
 
     @staticmethod
     def _stage3_knobs(h):
