@@ -2,7 +2,7 @@
 # The H200 runs of docs/benchmarks.md, in phases that each fit one device call (< 10 min):
 #   checks   storage GPU tests, bench/torch_gpu.py (bitwise, planned peak vs budget, hook overhead),
 #            teraio-train llama-1b under a Session
-#   1b       HF llama-1b: Ideal, teraio (host tier) at 1/2 (also with stream-ordered offloads) and 1/4
+#   1b       HF llama-1b: Ideal, teraio (host tier) at 1/2 (also with CPU-waited offloads) and 1/4
 #            of the footprint and at the GPU memory FSDP2 + CPU offload took
 #   3b       HF llama-3b: the same
 #   peers1b  FSDP2 with CPU offload and DeepSpeed ZeRO-Offload on llama-1b
@@ -98,9 +98,9 @@ checks)
       --trace-out "$R/trace-$m-half.json" --plan-out "$R/plan-$m-half.json"
     bench teraio-host-quarter-$m 240 --system teraio --model $m --tiers host --budget "$(fraction "$fp" 4)" \
       --trace-out "$R/trace-$m-quarter.json" --plan-out "$R/plan-$m-quarter.json"
-    # A/B: offloads due before an operator waited for on the GPU instead of the CPU (experimental)
-    bench teraio-host-half-sof-$m 240 --system teraio --model $m --tiers host --budget "$(fraction "$fp" 2)" \
-      --stream-ordered-offloads
+    # A/B: offloads due before an operator waited for on the CPU (the default waits on the GPU)
+    bench teraio-host-half-cpuwait-$m 240 --system teraio --model $m --tiers host --budget "$(fraction "$fp" 2)" \
+      --no-stream-ordered-offloads
   fi
   # the same GPU memory as the best peer took (FSDP2 + CPUOffloadPolicy's max allocated on
   # 2026-12-02: 24,837,679,616 bytes for llama-1b), for a comparison at equal memory

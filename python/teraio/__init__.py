@@ -97,15 +97,16 @@ class Session:
     trace_path / plan_path: write the profiled trace / the plan there (formats teraio.trace/plan v1).
     plan_search: plan with several settings of the planner's heuristics, simulate each and keep the
         fastest (default); False uses the planner's default plan alone.
-    stream_ordered_offloads: CUDA, experimental: wait for an offload due before the next operator
-        on the GPU (the memory is freed in stream order) instead of on the CPU; host tier only.
+    stream_ordered_offloads: CUDA: wait for an offload due before the next operator on the GPU
+        (the memory is freed in stream order) instead of on the CPU; host tier only. On by
+        default; False restores the CPU wait.
     """
 
     def __init__(self, budget: Size, tiers: Iterable[Union[HostTier, FileTier]],
                  profiling_iterations: int = 2, min_tensor_bytes: int = 4096,
                  planning: bool = True, trace_path: Optional[str] = None,
                  plan_path: Optional[str] = None, plan_search: bool = True,
-                 stream_ordered_offloads: bool = False):
+                 stream_ordered_offloads: bool = True):
         budget_bytes = parse_size(budget, "budget")
         tiers = list(tiers)
         if not tiers:

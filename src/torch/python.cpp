@@ -139,7 +139,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("budget_bytes"), py::arg("tiers"), py::arg("profiling_iterations") = 2,
            py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true,
            py::arg("trace_path") = "", py::arg("plan_path") = "", py::arg("plan_search") = true,
-           py::arg("stream_ordered_offloads") = false)
+           py::arg("stream_ordered_offloads") = true)
       .def("begin_step", &teraio::Session::begin_step, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &teraio::Session::end_step, py::call_guard<py::gil_scoped_release>())
       .def("fetch_all", &teraio::Session::fetch_all, py::call_guard<py::gil_scoped_release>())
