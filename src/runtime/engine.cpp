@@ -369,10 +369,8 @@ void Engine::poll() {
     if (!p || p->loc == Location::kUnbound) continue;
     Entry& e = *p;
     if (e.loc == Location::kOffloading && e.pending.ready()) complete_offload_locked(e, false);
-    if (e.write_in_flight && e.pending.ready() && e.pending.wait().ok) {
-      e.pending = {};
-      e.write_in_flight = false;
-    }
+    // a finished write is settled here; a failed one is left for the read-back to report
+    if (e.write_in_flight && e.pending.ready() && e.pending.wait().ok) finish_write_locked(e);
     if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) release_read_extent_locked(e);
     if (!e.memory->alive() && e.pins == 0) forget_locked(e);
   }
