@@ -7,7 +7,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git xz-utils
   libfmt-dev libsimdjson-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  liburing-dev libglpk-dev
+  liburing-dev libglpk-dev libxxhash-dev
   clang libclang-rt-14-dev
   chromium
 )

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 D=build-gpudeps
 rm -rf "$D" && mkdir -p "$D/include" "$D/lib"
-cp /usr/include/simdjson.h /usr/include/liburing.h "$D/include/"
+cp /usr/include/simdjson.h /usr/include/liburing.h /usr/include/xxhash.h "$D/include/"
 cp -r /usr/include/liburing "$D/include/"
 for lib in libsimdjson.so.14 liburing.so.2; do
   p=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')

@@ -16,6 +16,21 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A transfer between the device and a tier failed (a disk error, a full or read-only file, damaged
+// or truncated bytes): the message names the tensor, the tier, the path, the offset and the errno
+// text. Raised from the training step in which it happened (docs/pytorch.md, "Faults").
+class IoError : public Error {
+ public:
+  // `results_intact`: only writes failed, so nothing was lost and the step computed what it would
+  // have without the fault (the tensors stayed on the device); the caller may go on.
+  explicit IoError(const std::string& what, bool results_intact = false)
+      : Error(what), results_intact_(results_intact) {}
+  bool results_intact() const { return results_intact_; }
+
+ private:
+  bool results_intact_;
+};
+
 // A bug in teraio: an invariant that must hold regardless of input.
 class InternalError : public std::logic_error {
  public:

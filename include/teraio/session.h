@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "teraio/storage.h"
+
 namespace at {
 class Tensor;
 }
@@ -43,6 +45,13 @@ struct SessionOptions {
   // the CPU). On by default since it measured faster on the H200 and stayed bitwise
   // (docs/pytorch.md "Stream-ordered offloads"); false restores the CPU wait.
   bool stream_ordered_offloads = true;
+  // File tiers checksum every piece they write (XXH3) and verify it when it is read back: damaged or
+  // truncated bytes raise teraio::IoError instead of reaching the model. Costs a few percent of a
+  // core at SSD speed (docs/benchmarks.md, "Integrity"); false turns it off.
+  bool verify = true;
+  // Wraps every tier in a fault injector (storage::FaultTier) so that inject_fault() can make
+  // transfers fail: for tests and for rehearsing recovery. Off: no wrapper.
+  bool fault_injection = false;
 };
 
 struct SessionStats {
@@ -70,7 +79,12 @@ struct SessionStats {
   uint64_t operators = 0;        // operators of the last step
   uint64_t tracked_tensors = 0;  // logical tensors known
   uint64_t plans_cached = 0;
-  uint64_t budget_violations = 0;  // operators whose own tensors exceeded the budget
+  uint64_t budget_violations = 0;  // operators at which the budget could not be met (own tensors
+                                   // larger than it, or no tier room left for the others)
+  uint64_t failed_transfers = 0;   // offloads and reads that failed (each raised from its step)
+  uint64_t retried_reads = 0;      // reads tried again after a passing failure (they then succeeded
+                                   // or count in failed_transfers)
+  uint64_t lost_tensors = 0;       // tensors whose bytes could not be brought back (docs: "Faults")
   std::string last_error;          // the last error caught inside a callback ("" if none)
 };
 
@@ -83,27 +97,52 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // A training step: construct before the forward pass, destroy after optimizer.step().
+  // A training step: construct before the forward pass, destroy after optimizer.step(). When the
+  // step's body throws, the destructor ends the step without throwing (the body's exception goes
+  // on); otherwise it throws what end_step() throws.
   class StepGuard {
    public:
-    explicit StepGuard(Session& s) : s_(&s) { s_->begin_step(); }
-    StepGuard(StepGuard&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+    explicit StepGuard(Session& s) : s_(&s), exceptions_(std::uncaught_exceptions()) {
+      s_->begin_step();
+    }
+    StepGuard(StepGuard&& o) noexcept : s_(o.s_), exceptions_(o.exceptions_) { o.s_ = nullptr; }
     ~StepGuard() noexcept(false) {
-      if (s_) s_->end_step();
+      if (!s_) return;
+      if (std::uncaught_exceptions() > exceptions_) {
+        try {
+          s_->end_step();
+        } catch (...) {
+        }
+        return;
+      }
+      s_->end_step();
     }
 
    private:
     Session* s_;
+    int exceptions_;
   };
   StepGuard step() { return StepGuard(*this); }
+  // Begins a step. Throws teraio::Error (and begins nothing) when a step is already running or the
+  // Session is closed.
   void begin_step();
   // Ends the step: builds the trace and plan after profiling, checks drift, restores transient
-  // tensors that are still alive. Throws teraio::Error for errors caught during the step (a budget
-  // smaller than one operator's tensors, a failed transfer).
+  // tensors that are still alive. Throws teraio::IoError for a transfer that failed during the step
+  // (docs/pytorch.md, "Faults"), else teraio::Error for other errors caught during the step (a
+  // budget that could not be met). The Session stays usable either way: the next step runs.
   void end_step();
 
-  // Brings every offloaded tensor back (before saving a checkpoint or reading raw data).
+  // Brings every offloaded tensor back (before saving a checkpoint or reading raw data). Throws
+  // teraio::IoError naming the tensors that could not come back; the others did.
   void fetch_all();
+  // Brings everything back, removes the hooks and the tier files. Always completes; then throws
+  // teraio::IoError if some tensor could not be brought back (it is lost: every access to it fails
+  // with that message). Idempotent; the destructor calls it (and swallows the error).
+  void close();
+  // With SessionOptions::fault_injection: makes transfers of tier `tier` (index in options.tiers)
+  // fail as `rule` says, from now on; clear_faults() removes every rule.
+  void inject_fault(size_t tier, const storage::FaultRule& rule);
+  void clear_faults();
   // Names a tensor (parameter name, "<param>.<state key>") and its kind for the trace.
   void name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind);
 

@@ -104,13 +104,21 @@ struct IoRequest {
   CudaStream ready_stream = nullptr;
 };
 
+// Note [Lost bytes]: two error codes say that a read can never succeed, whatever is retried:
+// EBADMSG, the bytes read back do not match the checksum recorded when they were written (damaged on
+// the disk or in the file), and ENODATA, the read reached the end of the file (it was truncated).
+// lost() is true for them. Every other failure (EIO, ENOSPC, EPERM, ...) may be transient: the bytes
+// written before are still in the tier, and the same read can succeed once the fault clears.
 struct IoResult {
   bool ok = true;
   uint64_t bytes = 0;         // bytes moved (== request size when ok)
-  int error_code = 0;         // errno value (ECANCELED when cancelled at shutdown)
+  int error_code = 0;         // errno value (ECANCELED when cancelled at shutdown; Note [Lost bytes])
   std::string error;          // names the tier, path, offset and size
   uint64_t finish_ns = 0;     // steady_clock time of completion, for ordering and latency
 };
+
+// True when a failed read can never succeed (Note [Lost bytes]).
+bool lost(const IoResult& result);
 
 namespace detail {
 struct CompletionState;
@@ -180,7 +188,7 @@ struct HostTierOptions {
   uint64_t capacity_bytes = 0;   // required; the arena is allocated (and pinned) up front
   bool pin = true;               // cudaHostAlloc when a GPU is present; plain memory otherwise
   int worker_threads = 2;        // copy threads (each with its own CUDA streams)
-  bool checksums = false;        // CRC32C per written extent, verified on read of the same extent
+  bool checksums = false;        // checksum per written extent, verified on read of the same extent
 };
 std::unique_ptr<Tier> make_host_tier(const HostTierOptions& options);
 
@@ -196,7 +204,7 @@ struct FileTierOptions {
   int queue_depth = 8;                 // in-flight chunks (and bounce buffers) per path
   FileEngine engine = FileEngine::kAuto;  // kAuto: io_uring, else threads (reason in notes)
   bool direct_io = true;               // O_DIRECT when the filesystem accepts it
-  bool checksums = false;              // CRC32C per chunk written, verified on read
+  bool checksums = false;              // checksum (XXH3) per chunk written, verified on read
   GdsMode gds = GdsMode::kOff;         // cuFile for device buffers (kAuto probes, then falls back)
   std::string job_name = "teraio";     // files go to <path>/<job_name>-<pid>-<n>/stripe.dat
 };
@@ -206,18 +214,37 @@ std::unique_ptr<Tier> make_file_tier(const FileTierOptions& options);
 // submit() completes the request before returning. Used as the test oracle.
 std::unique_ptr<Tier> make_sync_file_tier(const FileTierOptions& options);
 
-// Fault injection for tests: wraps a tier and fails, shortens or delays chosen requests.
-enum class FaultKind { kNone, kEio, kEnospc, kShortRead, kShortWrite, kSlow };
+// Fault injection (tests, and users rehearsing their recovery): wraps a tier and fails, shortens or
+// delays chosen requests. Rules can be given at creation or added while the tier runs.
+enum class FaultKind {
+  kNone,
+  kEio,         // the request fails with EIO
+  kEnospc,      // ... with ENOSPC
+  kShortRead,   // half the bytes move, then the request fails (EIO, "short read")
+  kShortWrite,  // the same for writes
+  kSlow,        // completes delay_us late
+  kError,       // fails with error_code (EPERM for a read-only file, EBADMSG, ENODATA, ...)
+};
 struct FaultRule {
   FaultKind kind = FaultKind::kNone;
-  uint64_t nth_request = 0;     // applies to the nth submitted request (0-based) ...
+  // Counted over the requests the rule applies to (its direction, or all), from when it was added:
+  uint64_t nth_request = 0;     // applies to the nth such request (0-based) ...
   uint64_t count = 1;           // ... and the count-1 following ones
   uint64_t delay_us = 0;        // kSlow: extra latency before the completion is reported
+  std::optional<Direction> direction;  // only reads or only writes; unset: both
+  int error_code = 0;           // kError: the errno value reported
 };
 struct FaultOptions {
   std::vector<FaultRule> rules;  // empty: pass-through
 };
-std::unique_ptr<Tier> make_fault_tier(std::unique_ptr<Tier> inner, FaultOptions options);
+class FaultTier : public Tier {
+ public:
+  // Adds a rule (thread-safe; applies to requests submitted from now on). When several rules
+  // apply to one request, the one added last wins.
+  virtual void inject(const FaultRule& rule) = 0;
+  virtual void clear_faults() = 0;  // removes every rule: the tier passes everything through
+};
+std::unique_ptr<FaultTier> make_fault_tier(std::unique_ptr<Tier> inner, FaultOptions options);
 
 // ---------------------------------------------------------------------------------------------
 // Extents of a tier's address space.
@@ -249,7 +276,8 @@ class ExtentAllocator {
 // ---------------------------------------------------------------------------------------------
 // Integrity and cleanup.
 
-uint32_t crc32c(const void* data, uint64_t size_bytes, uint32_t seed = 0);
+// XXH3-64 of the bytes: the tiers' integrity check (HostTierOptions/FileTierOptions::checksums).
+uint64_t checksum(const void* data, uint64_t size_bytes);
 
 // Process-wide registry of files and directories to remove at exit and on SIGINT/SIGTERM (the
 // handler removes them, restores the previous action and re-raises). Thread-safe; the signal

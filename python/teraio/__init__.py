@@ -15,6 +15,8 @@ budget is exceeded), then a plan is made and executed at operator indices.
 from __future__ import annotations
 
 import contextlib
+import errno as _errno
+import math
 import os
 from typing import Iterable, Optional, Sequence, Union
 
@@ -22,9 +24,12 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C
 
-Error = _C.Error  # a ValueError: bad argument, budget too small, failed transfer
+Error = _C.Error  # a ValueError: bad argument, budget too small
+IoError = _C.IoError  # a teraio.Error: a transfer failed (docs/pytorch.md, "Faults")
 
-__all__ = ["Session", "HostTier", "FileTier", "Error", "parse_size"]
+__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size"]
+
+_MAX_BYTES = 2**64 - 1
 
 Size = Union[int, str]
 
@@ -36,10 +41,22 @@ def parse_size(size: Size, what: str = "size") -> int:
     if isinstance(size, int):
         if size <= 0:
             raise Error(f"{what}: must be positive, got {size}")
+        if size > _MAX_BYTES:
+            raise Error(f"{what}: {size} bytes is more than 2**64 - 1; give a size such as '24GiB'")
         return size
     if isinstance(size, str):
         return _C.parse_size(size, what)
     raise Error(f"{what}: expected a size such as '24GiB' or an int, got {type(size).__name__}")
+
+
+def _bandwidth(value, what: str) -> float:
+    """A bandwidth in GB/s: a finite number >= 0 (0: not given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Error(f"{what}: expected a number of GB/s such as 25.0, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise Error(f"{what}: must be a finite number of GB/s >= 0 (0: not given), got {value!r}")
+    return v
 
 
 class HostTier:
@@ -47,8 +64,8 @@ class HostTier:
 
     def __init__(self, capacity: Size, read_gbps: float = 0.0, write_gbps: float = 0.0):
         self.capacity_bytes = parse_size(capacity, "HostTier capacity")
-        self.read_gbps = float(read_gbps)
-        self.write_gbps = float(write_gbps)
+        self.read_gbps = _bandwidth(read_gbps, "HostTier read_gbps")
+        self.write_gbps = _bandwidth(write_gbps, "HostTier write_gbps")
 
     def _spec(self) -> dict:
         return {"kind": "host", "capacity_bytes": self.capacity_bytes,
@@ -65,7 +82,11 @@ class FileTier:
                  read_gbps: float = 0.0, write_gbps: float = 0.0):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
-        paths = [os.fspath(p) for p in paths]
+        try:
+            paths = [os.fspath(p) for p in paths]
+        except TypeError:
+            raise Error(f"FileTier: paths must be a directory or a list of directories, "
+                        f"got {paths!r}") from None
         if not paths:
             raise Error("FileTier: at least one directory is needed")
         for p in paths:
@@ -75,8 +96,8 @@ class FileTier:
                 raise Error(f"FileTier: path '{p}' is not writable")
         self.paths = paths
         self.capacity_bytes = parse_size(capacity, "FileTier capacity")
-        self.read_gbps = float(read_gbps)
-        self.write_gbps = float(write_gbps)
+        self.read_gbps = _bandwidth(read_gbps, "FileTier read_gbps")
+        self.write_gbps = _bandwidth(write_gbps, "FileTier write_gbps")
 
     def _spec(self) -> dict:
         return {"kind": "file", "paths": self.paths, "capacity_bytes": self.capacity_bytes,
@@ -86,13 +107,46 @@ class FileTier:
         return f"FileTier({self.paths!r}, {self.capacity_bytes})"
 
 
+# torch.save reads storages directly, not through an operator: an offloaded tensor then has no data
+# and PyTorch's error says nothing of teraio. While a Session is open, torch.save is wrapped so that
+# this error says what to do; nothing else changes (the wrapper only looks at a failed save).
+_open_sessions = 0
+_torch_save = torch.save
+
+
+def _save_with_hint(*args, **kwargs):
+    try:
+        return _torch_save(*args, **kwargs)
+    except RuntimeError as e:
+        msg = str(e)
+        if _open_sessions and ("invalid python storage" in msg or "not allocated" in msg):
+            raise Error("torch.save met a tensor that teraio has offloaded (its bytes are in a tier): "
+                        "save inside `with session.resident():`, or call session.fetch_all() "
+                        "first") from e
+        raise
+
+
+def _session_opened():
+    global _open_sessions
+    _open_sessions += 1
+    if torch.save is _torch_save:
+        torch.save = _save_with_hint
+
+
+def _session_closed():
+    global _open_sessions
+    _open_sessions = max(0, _open_sessions - 1)
+    if _open_sessions == 0 and torch.save is _save_with_hint:
+        torch.save = _torch_save
+
+
 class Session:
     """Transparent offloading of every tensor a training step touches.
 
     budget: resident bytes of tracked tensors allowed on the device ("24GiB").
     tiers: where offloaded bytes go, in order of preference for evictions.
     profiling_iterations: steps profiled before the plan is made (the last one is traced).
-    min_tensor_bytes: smaller storages are not tracked.
+    min_tensor_bytes: smaller storages are not tracked (an int or a size such as "4KiB"; 0 tracks all).
     planning: False keeps the reactive mode (no plan).
     trace_path / plan_path: write the profiled trace / the plan there (formats teraio.trace/plan v1).
     plan_search: plan with several settings of the planner's heuristics, simulate each and keep the
@@ -100,42 +154,75 @@ class Session:
     stream_ordered_offloads: CUDA: wait for an offload due before the next operator on the GPU
         (the memory is freed in stream order) instead of on the CPU; host tier only. On by
         default; False restores the CPU wait.
+    verify: file tiers checksum every piece written and verify it when read back, so damaged or
+        truncated files raise teraio.IoError instead of feeding wrong numbers to the model (default).
+    fault_injection: wrap the tiers so that inject_fault() can make transfers fail (tests, and
+        rehearsing recovery; docs/pytorch.md "Faults").
     """
 
     def __init__(self, budget: Size, tiers: Iterable[Union[HostTier, FileTier]],
-                 profiling_iterations: int = 2, min_tensor_bytes: int = 4096,
+                 profiling_iterations: int = 2, min_tensor_bytes: Size = 4096,
                  planning: bool = True, trace_path: Optional[str] = None,
                  plan_path: Optional[str] = None, plan_search: bool = True,
-                 stream_ordered_offloads: bool = True):
+                 stream_ordered_offloads: bool = True, verify: bool = True,
+                 fault_injection: bool = False):
+        self._impl = None
         budget_bytes = parse_size(budget, "budget")
-        tiers = list(tiers)
+        if isinstance(tiers, (str, bytes, HostTier, FileTier)):
+            raise Error(f"Session: tiers must be a list such as [teraio.HostTier('64GiB')], "
+                        f"got {tiers!r}")
+        try:
+            tiers = list(tiers)
+        except TypeError:
+            raise Error(f"Session: tiers must be a list such as [teraio.HostTier('64GiB')], "
+                        f"got {tiers!r}") from None
         if not tiers:
             raise Error("Session: at least one tier (teraio.HostTier or teraio.FileTier) is needed")
         for t in tiers:
             if not isinstance(t, (HostTier, FileTier)):
                 raise Error(f"Session: unknown tier {t!r}; use teraio.HostTier or teraio.FileTier")
-        if not isinstance(profiling_iterations, int) or profiling_iterations < 1:
+        if (isinstance(profiling_iterations, bool) or not isinstance(profiling_iterations, int)
+                or profiling_iterations < 1):
             raise Error(f"Session: profiling_iterations must be an int >= 1, got {profiling_iterations!r}")
+        if isinstance(min_tensor_bytes, int) and not isinstance(min_tensor_bytes, bool) \
+                and min_tensor_bytes == 0:
+            min_bytes = 0
+        else:
+            min_bytes = parse_size(min_tensor_bytes, "Session: min_tensor_bytes")
+        for name, flag in (("planning", planning), ("plan_search", plan_search),
+                           ("stream_ordered_offloads", stream_ordered_offloads),
+                           ("verify", verify), ("fault_injection", fault_injection)):
+            if not isinstance(flag, bool):
+                raise Error(f"Session: {name} must be True or False, got {flag!r}")
         for p in (trace_path, plan_path):
             if p:
                 d = os.path.dirname(os.path.abspath(p))
                 if not os.access(d, os.W_OK):
                     raise Error(f"Session: cannot write '{p}' (directory not writable)")
         self._impl = _C.Session(budget_bytes, [t._spec() for t in tiers], profiling_iterations,
-                                int(min_tensor_bytes), bool(planning), trace_path or "",
-                                plan_path or "", bool(plan_search), bool(stream_ordered_offloads))
+                                min_bytes, planning, trace_path or "", plan_path or "",
+                                plan_search, stream_ordered_offloads, verify, fault_injection)
         self._watched = []
+        _session_opened()
 
     @contextlib.contextmanager
     def step(self):
-        """One training step: forward, backward and optimizer.step() inside the block."""
+        """One training step: forward, backward and optimizer.step() inside the block.
+
+        Raises teraio.IoError when a transfer failed during the step (also when that made the body
+        fail: PyTorch's error is chained as the cause), teraio.Error for other problems of the step
+        (a budget that could not be met). The Session stays usable: the next step runs.
+        """
         impl = self._require()
         impl.begin_step()
         try:
             yield self
-        except BaseException:
+        except BaseException as body_error:
             try:
                 impl.end_step()
+            except IoError as fault:
+                # the body failed on a tensor whose transfer failed: the fault is the cause
+                raise fault from body_error
             except Error:
                 pass  # the user's exception wins
             raise
@@ -173,7 +260,9 @@ class Session:
         return self._require().stats()
 
     def fetch_all(self) -> None:
-        """Brings every offloaded tensor back (before torch.save, .numpy(), raw data_ptr use)."""
+        """Brings every offloaded tensor back (before torch.save, .numpy(), raw data_ptr use).
+
+        Raises teraio.IoError naming the tensors that could not come back (the others did)."""
         self._require().fetch_all()
 
     @contextlib.contextmanager
@@ -182,14 +271,47 @@ class Session:
         self.fetch_all()
         yield self
 
+    def inject_fault(self, error: str = "EIO", direction: str = "any", count: int = 1,
+                     after: int = 0, tier: int = 0) -> None:
+        """Makes transfers of tiers[tier] fail (needs Session(..., fault_injection=True)).
+
+        error: an errno name ("EIO", "ENOSPC", "EPERM", "EBADMSG" as a checksum mismatch reports it,
+            "ENODATA" as a truncated file does) or "short" (half the bytes move, then it fails).
+        direction: "read", "write" or "any". count: how many transfers fail, after skipping `after`.
+        clear_faults() removes every injected fault.
+        """
+        impl = self._require()
+        for name, v, low in (("count", count, 1), ("after", after, 0), ("tier", tier, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise Error(f"inject_fault: {name} must be an int >= {low}, got {v!r}")
+        if direction not in ("read", "write", "any"):
+            raise Error(f"inject_fault: direction must be 'read', 'write' or 'any', got {direction!r}")
+        if error == "short":
+            if direction == "any":
+                raise Error("inject_fault: error='short' needs direction 'read' or 'write'")
+            impl.inject_fault(tier, "short", direction, after, count, 0)
+            return
+        code = getattr(_errno, str(error), None)
+        if not isinstance(code, int) or error not in _errno.errorcode.values():
+            raise Error(f"inject_fault: error must be an errno name such as 'EIO' or 'short', "
+                        f"got {error!r}")
+        impl.inject_fault(tier, "error", direction, after, count, code)
+
+    def clear_faults(self) -> None:
+        """Removes every fault inject_fault() added: transfers succeed again."""
+        self._require().clear_faults()
+
     def close(self) -> None:
-        """Brings everything back and removes the hooks. Another Session may then be created."""
+        """Brings everything back, removes the hooks and the tier files; another Session may then be
+        created. Always completes; raises teraio.IoError afterwards if some tensor could not be
+        brought back (it is lost: every access to it raises that message)."""
         if self._impl is not None:
             impl, self._impl = self._impl, None
             try:
-                impl.fetch_all()  # raises when bytes could not come back
+                impl.close()
             finally:
                 del impl
+                _session_closed()
 
     def _require(self):
         if self._impl is None:

@@ -5,9 +5,11 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 
 #include "teraio/error.h"
+#include "teraio/units.h"
 
 namespace teraio::runtime {
 
@@ -34,6 +36,8 @@ std::string_view to_string(Location location) {
       return "offloaded";
     case Location::kPrefetching:
       return "prefetching";
+    case Location::kLost:
+      return "lost";
   }
   return "?";
 }
@@ -53,6 +57,7 @@ struct Engine::Entry {
   // (EngineOptions::stream_ordered_offloads).
   bool write_in_flight = false;
   uint64_t last_use = 0;
+  std::string lost_message;  // kLost: the fault that lost the bytes, reported at every use
 };
 
 Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
@@ -108,8 +113,10 @@ void Engine::bind(LogicalId id, std::unique_ptr<Memory> memory) {
 // releases every resource the entry holds.
 void Engine::forget_locked(Entry& e) {
   if (e.loc == Location::kUnbound) return;
-  if (e.memory->alive()) {
-    make_usable_locked(e);
+  if (e.loc == Location::kLost) {
+    // nothing to bring back; the Memory already refuses every access
+  } else if (e.memory->alive()) {
+    make_usable_locked(e);  // on failure the tensor is offloaded or lost: still forgotten below
   } else if (e.loc == Location::kOffloading || e.loc == Location::kPrefetching) {
     e.pending.wait();  // the held bytes must outlive the transfer
     e.memory->drop();
@@ -122,6 +129,9 @@ void Engine::forget_locked(Entry& e) {
     e.has_extent = false;
   }
   if (counts_as_resident(e.loc)) stats_.resident_bytes -= e.bytes;
+  if (e.loc == Location::kOffloaded && e.memory->alive())
+    e.memory->lose(fmt::format("teraio: {} was forgotten while its bytes were only in tier '{}'",
+                               name_locked(e), tiers_[e.tier].name));
   if (e.permanent) stats_.pinned_bytes -= e.bytes;
   e.permanent = false;
   e.loc = Location::kUnbound;
@@ -186,8 +196,11 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
     e.loc = Location::kResident;
-    throw Error(fmt::format("offload of tensor {} to tier '{}' failed: {}", e.id,
-                            tiers_[e.tier].name, r.error));
+    fault_locked(e, r,
+                 fmt::format("offload of {} to tier '{}' failed (it stays on the device)",
+                             name_locked(e), tiers_[e.tier].name),
+                 /*lost=*/false);
+    return;
   }
   e.memory->drop();
   e.loc = Location::kOffloaded;
@@ -195,26 +208,111 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
   stats_.bytes_offloaded += e.bytes;
 }
 
-void Engine::complete_prefetch_locked(Entry& e) {
-  if (e.loc != Location::kPrefetching) return;
+bool Engine::complete_prefetch_locked(Entry& e) {
+  if (e.loc != Location::kPrefetching) return e.loc == Location::kResident;
   double t0 = e.pending.ready() ? 0 : now_us();
-  if (storage::CudaStream s = e.memory->stream()) {
-    e.pending.stream_wait(s);  // the GPU waits, the CPU only until the copy is enqueued
-  } else {
-    e.pending.get();
+  bool ok = true;
+  for (int attempt = 0;; ++attempt) {
+    if (storage::CudaStream s = e.memory->stream()) {
+      try {
+        e.pending.stream_wait(s);  // the GPU waits, the CPU only until the copy is enqueued
+        ok = true;
+      } catch (const Error&) {
+        ok = false;  // the read failed (and no copy into the memory is in flight: storage.h)
+      }
+    } else {
+      ok = e.pending.wait().ok;
+    }
+    // Note [Read retries]: a read that failed without losing the bytes (EIO, a short read) is tried
+    // again at once, up to kReadRetries times, into fresh memory: a passing fault then costs the
+    // retries, not the step. Each retry is counted (retried_reads).
+    if (ok || attempt == kReadRetries || storage::lost(e.pending.wait())) break;
+    stats_.retried_reads++;
+    e.memory->drop();
+    storage::IoRequest req;
+    req.direction = storage::Direction::kRead;
+    req.buffer = e.memory->allocate();
+    req.offset_bytes = e.extent.offset_bytes;
+    req.ready_stream = e.memory->stream();
+    req.priority = storage::Priority::kUrgent;
+    e.pending = tiers_[e.tier].tier->submit(req);
   }
   if (t0 != 0) stats_.stall_us += now_us() - t0;
+  if (!ok) {
+    const storage::IoResult r = e.pending.wait();
+    e.pending = {};
+    e.memory->drop();
+    e.loc = Location::kOffloaded;  // the bytes are still in the tier, unless lost (fault_locked)
+    stats_.resident_bytes -= e.bytes;
+    // Note [Refused tensors]: the operator about to run must not see a null pointer (PyTorch's
+    // untyped data() does not check it: kernels would crash); the tensor refuses every access with
+    // the fault's message until it is read back. A binding that cannot undo that loses it.
+    const std::string what = fmt::format("{} could not be read back from tier '{}'", name_locked(e),
+                                         tiers_[e.tier].name);
+    bool lost = storage::lost(r);
+    if (!lost) {
+      const std::string msg = fmt::format(
+          "teraio: {} after {} attempts (it stays there; the next use reads it again): {}", what,
+          kReadRetries + 1, r.error);
+      lost = !e.memory->refuse(msg);
+      if (!lost) {
+        stats_.failed_transfers++;
+        faults_.push_back(Fault{e.id, false, true, r.error_code, msg});
+        return false;
+      }
+    }
+    fault_locked(e, r, what, /*lost=*/true);
+    faults_.back().read = true;
+    return false;
+  }
   e.memory->attach();
   e.loc = Location::kResident;
   stats_.bytes_prefetched += e.bytes;
   // The tier space is released once the read has really completed (poll or the next move).
+  return true;
 }
 
-void Engine::make_usable_locked(Entry& e) {
+std::string Engine::name_locked(const Entry& e) const {
+  std::string name = namer_ ? namer_(e.id) : std::string();
+  if (name.empty()) name = std::to_string(e.id);
+  return fmt::format("tensor '{}' ({} bytes)", name, e.bytes);
+}
+
+// Records a failed transfer of `e` (Note [Faults in the engine]). A read whose bytes are lost, or a
+// stream-ordered write that failed after its memory was released, makes the tensor kLost: its tier
+// space is freed and its Memory refuses every access with the message from now on.
+void Engine::fault_locked(Entry& e, const storage::IoResult& r, std::string what, bool lost) {
+  stats_.failed_transfers++;
+  Fault f;
+  f.id = e.id;
+  f.error_code = r.error_code;
+  f.lost = lost;
+  if (lost) {
+    if (e.has_extent) {
+      extents_[e.tier]->free(e.extent);
+      e.has_extent = false;
+    }
+    if (e.loc != Location::kLost) stats_.lost_tensors++;
+    e.loc = Location::kLost;
+    f.message = fmt::format("teraio: {}: {}. Its contents are lost: restore the model and optimizer "
+                            "from a checkpoint",
+                            what, r.error);
+    e.lost_message = f.message;
+    e.memory->lose(f.message);
+  } else {
+    f.message = fmt::format("teraio: {}: {}", what, r.error);
+  }
+  faults_.push_back(std::move(f));
+}
+
+bool Engine::make_usable_locked(Entry& e, std::span<const LogicalId> spare) {
   switch (e.loc) {
     case Location::kUnbound:
     case Location::kResident:
-      return;
+      return true;
+    case Location::kLost:
+      faults_.push_back(Fault{e.id, true, true, EBADMSG, e.lost_message});
+      return false;
     case Location::kOffloading: {  // used again before its memory went away: keep it
       take_pending_locked(e);
       e.memory->attach();
@@ -223,17 +321,17 @@ void Engine::make_usable_locked(Entry& e) {
       e.loc = Location::kResident;
       stats_.cancelled_offloads++;
       event("cancelled-offload", e);
-      return;
+      return true;
     }
     case Location::kOffloaded:
       stats_.urgent_fetches++;
       event("urgent-fetch", e);
-      prefetch_locked(e, /*urgent=*/true);
+      if (!prefetch_locked(e, /*urgent=*/true, /*room=*/true, spare)) return false;
       [[fallthrough]];
     case Location::kPrefetching:
-      complete_prefetch_locked(e);
-      return;
+      return complete_prefetch_locked(e);
   }
+  return false;
 }
 
 bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
@@ -269,14 +367,16 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
 // An offload whose memory was freed in stream order: the read must not start before the write has
 // landed (the tier does not order them), and a write that failed after its memory went has lost
 // the tensor's contents: that is an error, never a silent read of stale bytes.
-void Engine::finish_write_locked(Entry& e) {
-  if (!e.write_in_flight) return;
+bool Engine::finish_write_locked(Entry& e) {
+  if (!e.write_in_flight) return true;
   const storage::IoResult r = take_pending_locked(e);
   e.write_in_flight = false;
-  if (!r.ok)
-    throw Error(fmt::format("offload of tensor {} to tier '{}' failed after its device memory was "
-                            "released, its contents are lost: {}",
-                            e.id, tiers_[e.tier].name, r.error));
+  if (r.ok) return true;
+  fault_locked(e, r,
+               fmt::format("offload of {} to tier '{}' failed after its device memory was released",
+                           name_locked(e), tiers_[e.tier].name),
+               /*lost=*/true);
+  return false;
 }
 
 // A resident tensor keeps the tier space it was read from until the read is known to be complete;
@@ -306,13 +406,16 @@ bool Engine::reclaim_extents_locked(uint32_t tier) {
   return freed;
 }
 
-bool Engine::prefetch_locked(Entry& e, bool urgent) {
-  if (e.loc != Location::kOffloaded) return e.loc != Location::kUnbound;
+bool Engine::prefetch_locked(Entry& e, bool urgent, bool room, std::span<const LogicalId> spare) {
+  if (e.loc != Location::kOffloaded) return e.loc != Location::kUnbound && e.loc != Location::kLost;
   if (!e.memory->alive()) {  // died out there (a gradient freed by zero_grad): nothing to read
     forget_locked(e);
     return false;
   }
-  finish_write_locked(e);
+  if (!finish_write_locked(e)) return false;
+  // The memory is taken now: room first, so that the budget holds (when it cannot, the read goes
+  // ahead: the operator needs it; enforce_budget reports the shortfall).
+  if (room) make_room_locked(e.bytes, spare);
   storage::IoRequest req;
   req.direction = storage::Direction::kRead;
   req.buffer = e.memory->allocate();
@@ -369,8 +472,8 @@ void Engine::poll() {
     if (!p || p->loc == Location::kUnbound) continue;
     Entry& e = *p;
     if (e.loc == Location::kOffloading && e.pending.ready()) complete_offload_locked(e, false);
-    // a finished write is settled here; a failed one is left for the read-back to report
-    if (e.write_in_flight && e.pending.ready() && e.pending.wait().ok) finish_write_locked(e);
+    // a finished write is settled here (one that failed loses the tensor: reported now)
+    if (e.write_in_flight && e.pending.ready()) finish_write_locked(e);
     if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) release_read_extent_locked(e);
     if (!e.memory->alive() && e.pins == 0) forget_locked(e);
   }
@@ -381,7 +484,7 @@ void Engine::begin_use(std::span<const LogicalId> ids) {
   for (LogicalId id : ids) {
     Entry* e = find(id);
     if (!e || e->loc == Location::kUnbound) continue;
-    make_usable_locked(*e);
+    make_usable_locked(*e, ids);  // a failure is a Fault; the pin is taken all the same
     e->pins++;
     e->last_use = ++clock_;
   }
@@ -432,11 +535,25 @@ void Engine::sweep_dead_locked(size_t max_entries) {
   }
 }
 
-bool Engine::enforce_budget(uint64_t reserve_bytes) {
+void Engine::set_reserve(uint64_t reserve_bytes) {
   std::lock_guard lock(mutex_);
+  reserve_bytes_ = reserve_bytes;
+}
+
+bool Engine::enforce_budget(uint64_t extra_bytes) {
+  std::lock_guard lock(mutex_);
+  shortfall_.clear();
   if (options_.budget_bytes == 0) return true;
-  uint64_t target =
-      options_.budget_bytes > reserve_bytes ? options_.budget_bytes - reserve_bytes : 0;
+  return make_room_locked(extra_bytes, {});
+}
+
+// Brings resident bytes to budget - reserve - `bytes` (room for `bytes` more): forgets the dead,
+// completes offloads in flight, then evicts unpinned tensors least recently used first (never one of
+// `spare`), and waits until their memory is freed. On failure shortfall_ says why.
+bool Engine::make_room_locked(uint64_t bytes, std::span<const LogicalId> spare) {
+  if (options_.budget_bytes == 0) return true;
+  const uint64_t keep = reserve_bytes_ + bytes;
+  const uint64_t target = options_.budget_bytes > keep ? options_.budget_bytes - keep : 0;
   if (stats_.resident_bytes <= target) return true;
   sweep_dead_locked(0);  // tensors that died still count until forgotten
   if (stats_.resident_bytes <= target) return true;
@@ -444,28 +561,72 @@ bool Engine::enforce_budget(uint64_t reserve_bytes) {
   for (auto& p : entries_)
     if (p && p->loc == Location::kOffloading) complete_offload_locked(*p, /*wait=*/true);
   if (stats_.resident_bytes <= target) return true;
+  auto spared = [&](LogicalId id) { return std::find(spare.begin(), spare.end(), id) != spare.end(); };
   std::vector<Entry*> victims;
-  for (auto& p : entries_)
-    if (p && p->loc == Location::kResident && p->pins == 0 && !p->permanent && p->memory->alive())
+  uint64_t busy = 0;  // resident bytes no eviction may take: in use, pinned, spared, arriving
+  for (auto& p : entries_) {
+    if (!p || !counts_as_resident(p->loc)) continue;
+    if (p->loc == Location::kResident && p->pins == 0 && !p->permanent && !spared(p->id) &&
+        p->memory->alive())
       victims.push_back(p.get());
+    else
+      busy += p->bytes;
+  }
   std::sort(victims.begin(), victims.end(),
             [](const Entry* a, const Entry* b) { return a->last_use < b->last_use; });
-  uint64_t outgoing = 0;
+  uint64_t outgoing = 0, homeless = 0;
   std::vector<Entry*> started;
   for (Entry* e : victims) {
     if (stats_.resident_bytes - outgoing <= target) break;
-    for (uint32_t t = 0; t < tiers_.size(); ++t) {
+    bool placed = false;
+    for (uint32_t t = 0; t < tiers_.size() && !placed; ++t) {
       if (offload_locked(*e, t, /*urgent=*/true)) {
+        placed = true;
         outgoing += e->bytes;
         started.push_back(e);
         stats_.evictions++;
         event("eviction", *e);
-        break;
       }
     }
+    if (!placed) homeless += e->bytes;
   }
   for (Entry* e : started) complete_offload_locked(*e, /*wait=*/true);
-  return stats_.resident_bytes <= target;
+  if (stats_.resident_bytes <= target) return true;
+  std::string tiers;
+  for (size_t t = 0; t < tiers_.size(); ++t)
+    tiers += fmt::format("{}{} {} of {} free", t ? ", " : "", tiers_[t].name,
+                         format_bytes(double(extents_[t]->free_bytes())),
+                         format_bytes(double(tiers_[t].capacity_bytes)));
+  shortfall_ = fmt::format(
+      "{} resident for a target of {} (budget {} less {} reserved{}): {} are in use by running "
+      "operators, pinned or arriving{}; tiers: {}",
+      format_bytes(double(stats_.resident_bytes)), format_bytes(double(target)),
+      format_bytes(double(options_.budget_bytes)), format_bytes(double(reserve_bytes_)),
+      bytes ? fmt::format(" and {} needed next", format_bytes(double(bytes))) : "",
+      format_bytes(double(busy)),
+      homeless ? fmt::format(", and {} could not be offloaded because no tier has room left "
+                             "(give the tiers more capacity)",
+                             format_bytes(double(homeless)))
+               : "",
+      tiers);
+  return false;
+}
+
+std::string Engine::budget_shortfall() const {
+  std::lock_guard lock(mutex_);
+  return shortfall_;
+}
+
+std::vector<Fault> Engine::take_faults() {
+  std::lock_guard lock(mutex_);
+  std::vector<Fault> out;
+  out.swap(faults_);
+  return out;
+}
+
+void Engine::set_namer(std::function<std::string(LogicalId)> namer) {
+  std::lock_guard lock(mutex_);
+  namer_ = std::move(namer);
 }
 
 void Engine::fetch_all() {
@@ -476,9 +637,32 @@ void Engine::fetch_all() {
   }
   for (auto& p : entries_) {
     if (!p || p->loc == Location::kUnbound || !p->memory->alive()) continue;
-    make_usable_locked(*p);
+    make_usable_locked(*p);  // failures are Faults; the others still come back
   }
   note_resident_locked();
+}
+
+size_t Engine::abandon(const std::string& why) {
+  std::lock_guard lock(mutex_);
+  size_t n = 0;
+  for (auto& p : entries_) {
+    if (!p || p->loc == Location::kUnbound || p->loc == Location::kLost) continue;
+    Entry& e = *p;
+    if (e.pending.valid()) e.pending.wait();  // nothing may still write into the memory
+    if (e.loc == Location::kPrefetching) complete_prefetch_locked(e);
+    if (e.loc != Location::kOffloaded && e.loc != Location::kOffloading) continue;
+    if (!e.memory->alive()) continue;
+    if (e.loc == Location::kOffloading) {  // finished (waited above): take it as done or undone
+      complete_offload_locked(e, /*wait=*/true);
+      if (e.loc != Location::kOffloaded) continue;
+    }
+    e.lost_message = fmt::format("teraio: {} {}", name_locked(e), why);
+    e.memory->lose(e.lost_message);
+    e.loc = Location::kLost;
+    stats_.lost_tensors++;
+    n++;
+  }
+  return n;
 }
 
 size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
@@ -500,7 +684,7 @@ size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
     Entry* e = find(id);
     if (!e || e->loc != Location::kOffloaded || !e->memory->alive()) continue;
     event("align-fetch", *e);
-    if (prefetch_locked(*e, /*urgent=*/true)) moved++;
+    if (prefetch_locked(*e, /*urgent=*/true, /*room=*/true)) moved++;
   }
   stats_.aligned += moved;
   note_resident_locked();
@@ -528,7 +712,7 @@ void Engine::set_plan(const Plan& plan, size_t num_kernels) {
   }
 }
 
-void Engine::before_operator(uint32_t k) {
+void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
   std::lock_guard lock(mutex_);
   if (k >= schedule_.size()) return;
   // Tensors that died since the last sweep still count as resident; forget them before taking
@@ -541,7 +725,7 @@ void Engine::before_operator(uint32_t k) {
       forget_locked(*e);  // freed while out (a gradient at zero_grad): the plan expected that
       continue;
     }
-    if (e->loc == Location::kOffloaded && prefetch_locked(*e, false)) {
+    if (e->loc == Location::kOffloaded && prefetch_locked(*e, false, /*room=*/true, in_use)) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;

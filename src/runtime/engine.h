@@ -40,9 +40,21 @@ class Memory {
   virtual bool alive() const = 0;
   // The stream on which the tensor's producers/consumers run (a cudaStream_t), nullptr on CPU.
   virtual storage::CudaStream stream() const { return nullptr; }
+  // The tensor's bytes are gone for good (Note [Lost bytes]; the tensor has no memory now): from
+  // here on every access to it must fail with `why`, never read garbage or crash.
+  virtual void lose(const std::string& why) { (void)why; }
+  // The tensor's bytes could not be brought back for now (it has no memory): until the next
+  // attach(), every access to it must fail with `why`. False when the binding cannot undo that
+  // later; the engine then treats the tensor as lost.
+  virtual bool refuse(const std::string& why) {
+    (void)why;
+    return true;
+  }
 };
 
-enum class Location : uint8_t { kUnbound, kResident, kOffloading, kOffloaded, kPrefetching };
+// kLost: the tensor's bytes could not be brought back and never will (Note [Lost bytes]); it stays
+// unusable, and every use reports the fault again, until it dies.
+enum class Location : uint8_t { kUnbound, kResident, kOffloading, kOffloaded, kPrefetching, kLost };
 std::string_view to_string(Location location);
 
 struct EngineTier {
@@ -78,9 +90,30 @@ struct EngineStats {
   uint64_t spilled_moves = 0;     // planned offloads sent to another tier (the planned one was full)
   uint64_t stream_ordered = 0;    // offloads whose memory was freed in stream order (not CPU-waited)
   uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
+  uint64_t failed_transfers = 0;  // writes and reads that failed (each is also a Fault)
+  uint64_t retried_reads = 0;     // reads tried again after a failure (Note [Read retries])
+  uint64_t lost_tensors = 0;      // tensors whose bytes could not be brought back (kLost)
   double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
 };
 
+// A failed transfer (Note [Faults in the engine]).
+struct Fault {
+  LogicalId id = 0;
+  bool lost = false;   // the tensor's bytes are gone (Location::kLost); else the move was undone
+  bool read = false;   // a read failed (an operator may have run without the tensor)
+  int error_code = 0;  // the tier's errno value
+  std::string message;  // names the tensor, the tier and the tier's own message (path, offset)
+};
+
+// Note [Faults in the engine]: a transfer that fails never throws out of the engine and never leaves
+// a tensor half-moved. A failed write gives the bytes back (the tensor stays resident, over budget
+// if need be). A failed read frees the memory it was reading into and leaves the tensor where it
+// was (offloaded: the next use retries), unless the bytes are lost (storage::lost(): damaged,
+// truncated, or a stream-ordered write that failed after its memory was released): then the tensor
+// becomes kLost, its Memory is told (Memory::lose) so that every access fails with the message, and
+// every later use reports the fault again. Each failure is recorded as a Fault; the binding takes
+// them with take_faults() and reports them to the user.
+//
 // The location table plus the plan schedule. Thread-safe: every public method takes one mutex.
 class Engine {
  public:
@@ -109,8 +142,9 @@ class Engine {
 
   // --- operators ------------------------------------------------------------------------------
   // Makes every listed tensor resident and usable by an operator about to run: waits for arriving
-  // data (on the GPU when the tensor has a stream), fetches absent ones at once (urgent) and undoes
-  // offloads in flight. Pins them until end_use(). Throws teraio::Error when a transfer failed.
+  // data (on the GPU when the tensor has a stream), fetches absent ones at once (urgent, after making
+  // room for them within the budget, never by evicting one of `ids`) and undoes offloads in flight.
+  // Pins them until end_use(). A tensor that cannot be made usable is recorded as a Fault.
   void begin_use(std::span<const LogicalId> ids);
   void end_use(std::span<const LogicalId> ids);
   // Makes the tensor resident (like begin_use) and keeps it there until it dies or its id is bound
@@ -120,9 +154,20 @@ class Engine {
   // operator that started it. Idempotent. Its bytes keep counting as resident (pinned_bytes).
   void pin_permanently(LogicalId id);
   bool pinned_permanently(LogicalId id) const;
-  // Offloads unpinned tensors, least recently used first, until resident bytes <= budget - reserve;
-  // waits until their memory is really freed. Returns false when it could not get there.
-  bool enforce_budget(uint64_t reserve_bytes = 0);
+  // Device memory the budget leaves to what the engine does not track (the binding measures it);
+  // every budget check aims at budget - reserve.
+  void set_reserve(uint64_t reserve_bytes);
+  // Offloads unpinned tensors, least recently used first, until resident bytes <= budget - reserve -
+  // extra_bytes; waits until their memory is really freed. Returns false when it could not get
+  // there; budget_shortfall() then says why.
+  bool enforce_budget(uint64_t extra_bytes = 0);
+  // Why the last enforce_budget() fell short ("" when it did not): how far over, how much is in use
+  // by running operators or pinned, and whether the tiers are full.
+  std::string budget_shortfall() const;
+  // The failed transfers since the last call (Note [Faults in the engine]).
+  std::vector<Fault> take_faults();
+  // Names a tensor in fault messages (called under the engine's lock; must not call back).
+  void set_namer(std::function<std::string(LogicalId)> namer);
   // Marks the tensors as used now (for the least-recently-used order).
   void touch(std::span<const LogicalId> ids);
 
@@ -132,8 +177,12 @@ class Engine {
   bool prefetch(LogicalId id, bool urgent = false);
   // Waits until an offload in flight has completed and its memory is freed.
   void finish_offload(LogicalId id);
-  // Brings every bound tensor back (checkpoints, end of training).
+  // Brings every bound tensor back (checkpoints, end of training), whatever the budget. Tensors
+  // that cannot come back are recorded as Faults.
   void fetch_all();
+  // For the end of the engine's tiers: every live tensor whose bytes are still only in a tier is
+  // lost (Memory::lose with `why` and the tensor's name). Returns how many.
+  size_t abandon(const std::string& why);
 
   // Puts persistent tensors where the plan expects them when an iteration starts: `out` (with the
   // tier each is read back from) offloaded, `in` resident. Reactive steps, evictions and drift
@@ -148,8 +197,9 @@ class Engine {
   bool has_plan() const { return !schedule_.empty(); }
   // Called when operator `k` of the iteration is about to run / has run: issues the moves that
   // start there (prefetches before the operator, offloads after it) and completes offloads whose
-  // deadline it is.
-  void before_operator(uint32_t k);
+  // deadline it is. A prefetch takes its memory within the budget: offloads in flight are completed
+  // and, if need be, tensors evicted first (never one of `in_use`, the operator's own tensors).
+  void before_operator(uint32_t k, std::span<const LogicalId> in_use = {});
   void after_operator(uint32_t k);
 
   EngineStats stats() const;
@@ -174,19 +224,26 @@ class Engine {
   Entry* find(LogicalId id);
   const Entry* find(LogicalId id) const;
   bool offload_locked(Entry& e, uint32_t tier, bool urgent);
-  bool prefetch_locked(Entry& e, bool urgent);
+  // `room`: make room within the budget first (make_room_locked), sparing `spare`.
+  bool prefetch_locked(Entry& e, bool urgent, bool room = false,
+                       std::span<const LogicalId> spare = {});
+  bool make_room_locked(uint64_t bytes, std::span<const LogicalId> spare);
   bool reclaim_extents_locked(uint32_t tier);
   void release_read_extent_locked(Entry& e);
-  void make_usable_locked(Entry& e);  // any state -> resident and attached
+  // Any state -> resident and attached; false (a Fault recorded) when the bytes cannot come back.
+  bool make_usable_locked(Entry& e, std::span<const LogicalId> spare = {});
   storage::IoResult take_pending_locked(Entry& e);
   bool release_in_stream_order_locked(Entry& e);
   void complete_offload_locked(Entry& e, bool wait);
-  void complete_prefetch_locked(Entry& e);
-  void finish_write_locked(Entry& e);
+  bool complete_prefetch_locked(Entry& e);
+  bool finish_write_locked(Entry& e);  // false: the write failed and the tensor is lost
+  void fault_locked(Entry& e, const storage::IoResult& r, std::string what, bool lost);
+  std::string name_locked(const Entry& e) const;
   void forget_locked(Entry& e);
   void note_resident_locked();
   void sweep_dead_locked(size_t max_entries);
   static constexpr size_t kSweepPerCall = 8;
+  static constexpr int kReadRetries = 2;  // Note [Read retries]
   size_t sweep_cursor_ = 0;
 
   EngineOptions options_;
@@ -197,6 +254,10 @@ class Engine {
   std::vector<KernelMoves> schedule_;
   uint64_t clock_ = 0;  // use counter for LRU
   EngineStats stats_;
+  uint64_t reserve_bytes_ = 0;
+  std::string shortfall_;
+  std::vector<Fault> faults_;
+  std::function<std::string(LogicalId)> namer_;
   EventHook hook_;
   void event(std::string_view what, const Entry& e) const;
 };

@@ -1,8 +1,10 @@
-// A fault-injecting wrapper around any tier (LevelDB EnvWrapper style), for tests: chosen requests
-// fail with EIO or ENOSPC, move only half their bytes and report a short transfer, or complete
-// late. Everything else passes through unchanged.
+// A fault-injecting wrapper around any tier (LevelDB EnvWrapper style), for tests and for rehearsing
+// recovery: chosen requests fail with an errno, move only half their bytes and report a short
+// transfer, or complete late. Rules can be added while the tier runs. Everything else passes
+// through unchanged.
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "internal.h"
@@ -19,29 +21,57 @@ struct Delayed {
   bool override_set = false;
 };
 
-class FaultTier final : public Tier {
+struct ActiveRule {
+  FaultRule rule;
+  uint64_t seen = 0;  // requests of its direction submitted since it was added
+};
+
+class FaultTierImpl final : public FaultTier {
  public:
-  FaultTier(std::unique_ptr<Tier> inner, FaultOptions o) : inner_(std::move(inner)), o_(std::move(o)) {
+  FaultTierImpl(std::unique_ptr<Tier> inner, FaultOptions o) : inner_(std::move(inner)) {
     TERAIO_CHECK(inner_ != nullptr, "fault tier: no inner tier");
+    for (const FaultRule& r : o.rules) inject(r);
     delayer_ = std::thread([this] { delay_loop(); });
   }
-  ~FaultTier() override { shutdown(ShutdownMode::kDrain); }
+  ~FaultTierImpl() override { shutdown(ShutdownMode::kDrain); }
+
+  void inject(const FaultRule& rule) override {
+    TERAIO_CHECK(rule.kind != FaultKind::kError || rule.error_code > 0,
+                 "fault tier: a kError rule needs a positive error_code");
+    std::lock_guard lock(rules_mu_);
+    rules_.push_back({rule, 0});
+  }
+  void clear_faults() override {
+    std::lock_guard lock(rules_mu_);
+    rules_.clear();
+  }
 
   Completion submit(const IoRequest& r) override {
-    uint64_t n = counter_.fetch_add(1);
-    const FaultRule* rule = nullptr;
-    for (const auto& f : o_.rules) {
-      if (f.kind != FaultKind::kNone && n >= f.nth_request && n - f.nth_request < f.count) rule = &f;
+    std::optional<FaultRule> rule;
+    {
+      std::lock_guard lock(rules_mu_);
+      for (ActiveRule& a : rules_) {
+        if (a.rule.direction && *a.rule.direction != r.direction) continue;
+        const uint64_t n = a.seen++;
+        if (a.rule.kind != FaultKind::kNone && n >= a.rule.nth_request &&
+            n - a.rule.nth_request < a.rule.count)
+          rule = a.rule;
+      }
     }
-    if (rule == nullptr) return inner_->submit(r);
-    std::string where = fmt::format("fault({}): {} of {} bytes at offset {}", inner_->info().name,
+    if (!rule) return inner_->submit(r);
+    const TierInfo inner = inner_->info();
+    std::string where = fmt::format("fault({}): {} of {} bytes at offset {}", inner.name,
                                     to_string(r.direction), r.buffer.size_bytes(), r.offset_bytes);
+    for (size_t i = 0; i < inner.files.size(); ++i) where += (i == 0 ? " of " : ", ") + inner.files[i];
     auto state = std::make_shared<detail::CompletionState>();
     switch (rule->kind) {
       case FaultKind::kEio:
-      case FaultKind::kEnospc: {
+      case FaultKind::kEnospc:
+      case FaultKind::kError: {
         TERAIO_CHECK(!closed_.load(), "fault tier: submit after shutdown");
-        int e = rule->kind == FaultKind::kEio ? EIO : ENOSPC;
+        int e = rule->kind == FaultKind::kEio      ? EIO
+                : rule->kind == FaultKind::kEnospc ? ENOSPC
+                                                   : rule->error_code;
         state->finish(failure(e, fmt::format("{} failed: {} (injected)", where, std::strerror(e))));
         return Completion(state);
       }
@@ -94,8 +124,8 @@ class FaultTier final : public Tier {
   }
 
   std::unique_ptr<Tier> inner_;
-  FaultOptions o_;
-  std::atomic<uint64_t> counter_{0};
+  std::mutex rules_mu_;
+  std::vector<ActiveRule> rules_;
   std::atomic<bool> closed_{false};
   PriorityQueue<Delayed> queue_;
   std::thread delayer_;
@@ -104,8 +134,8 @@ class FaultTier final : public Tier {
 
 }  // namespace
 
-std::unique_ptr<Tier> make_fault_tier(std::unique_ptr<Tier> inner, FaultOptions options) {
-  return std::make_unique<FaultTier>(std::move(inner), std::move(options));
+std::unique_ptr<FaultTier> make_fault_tier(std::unique_ptr<Tier> inner, FaultOptions options) {
+  return std::make_unique<FaultTierImpl>(std::move(inner), std::move(options));
 }
 
 }  // namespace teraio::storage

@@ -116,7 +116,8 @@ ChunkPlan plan_chunk(const PathFiles& pf, const Piece& p, const BufferView& buf,
 }
 
 // Synchronous pread/pwrite of a whole segment: retries EINTR/EAGAIN and continues after short
-// transfers. Returns 0 or an errno value (EIO with `eof` set for an unexpected end of file).
+// transfers. Returns 0 or an errno value (a read that meets the end of the file: ENODATA with `eof`
+// set, Note [Lost bytes]; a write that makes no progress: EIO).
 int full_io(const Segment& s, bool write, bool* eof) {
   uint64_t done = 0;
   int retries = 0;
@@ -129,7 +130,7 @@ int full_io(const Segment& s, bool write, bool* eof) {
     }
     if (n == 0) {
       *eof = true;
-      return EIO;
+      return write ? EIO : ENODATA;
     }
     done += static_cast<uint64_t>(n);
   }
@@ -495,19 +496,19 @@ class FileTier final : public Tier {
       std::memcpy(plan.stage, user, c.piece.size);
     }
     if (o_.checksums)
-      crcs_.record(c.piece.tier_offset, c.piece.size, crc32c(plan.stage, c.piece.size));
+      crcs_.record(c.piece.tier_offset, c.piece.size, checksum(plan.stage, c.piece.size));
   }
 
   // After the file read: verify, then deliver to the user's buffer. Returns an error or ok.
   IoResult finish_read(const Chunk& c, const ChunkPlan& plan, void*& h2d_event) {
     const BufferView& buf = c.ctx->req.buffer;
     std::byte* user = buf.bytes() + c.piece.buf_offset;
-    if (o_.checksums &&
-        !crcs_.check(c.piece.tier_offset, c.piece.size, crc32c(plan.stage, c.piece.size))) {
-      return failure(
-          EIO, fmt::format("file tier: checksum mismatch reading {} bytes at tier offset {} of {}",
-                           c.piece.size, c.piece.tier_offset,
-                           paths_[static_cast<size_t>(c.piece.path)]->files.file));
+    if (o_.checksums) {
+      const uint64_t sum = checksum(plan.stage, c.piece.size);
+      if (auto expected = crcs_.mismatch(c.piece.tier_offset, c.piece.size, sum))
+        return checksum_failure(describe(c, *paths_[static_cast<size_t>(c.piece.path)],
+                                         c.piece.file_offset, c.piece.size),
+                                *expected, sum);
     }
     if (buf.is_device()) {
       cuda::set_device(buf.device());
@@ -568,7 +569,8 @@ class FileTier final : public Tier {
           if (e != 0) {
             r = failure(
                 e, fmt::format("{} failed: {}", describe(c, ps, plan.seg[i].off, plan.seg[i].len),
-                               eof ? "unexpected end of file" : std::strerror(e)));
+                               eof ? (write ? "no progress" : "unexpected end of file")
+                                   : std::strerror(e)));
           }
         }
         if (r.ok && !write) r = finish_read(c, plan, h2d_event);
@@ -578,13 +580,18 @@ class FileTier final : public Tier {
       r = failure(
           EIO, fmt::format("{}: {}", describe(c, ps, c.piece.file_offset, c.piece.size), e.what()));
     }
-    chunk_done(c.ctx, std::move(r), c.piece);
-    if (h2d_event != nullptr && !write && c.ctx->req.buffer.is_device()) {
+    // Note [Copies before completion]: a piece's host-to-device copy has finished before the piece
+    // counts as done, so when a request completes (failed, too) nothing still writes into the
+    // caller's device memory, which it may then free. The bounce buffer is reused only after it.
+    if (r.ok && h2d_event != nullptr && !write && c.ctx->req.buffer.is_device()) {
       try {
-        cuda::event_sync(h2d_event);  // the bounce buffer is reused only after its copy finished
-      } catch (const std::exception&) {
+        cuda::event_sync(h2d_event);
+      } catch (const std::exception& e) {
+        r = failure(EIO, fmt::format("{}: {}", describe(c, ps, c.piece.file_offset, c.piece.size),
+                                     e.what()));
       }
     }
+    chunk_done(c.ctx, std::move(r), c.piece);
   }
 
   void thread_loop(PathState& ps, std::byte* bounce) {
@@ -679,14 +686,17 @@ class FileTier final : public Tier {
                                e.what()));
         }
       }
-      bool device_read = !write && s.chunk.ctx->req.buffer.is_device() && r.ok;
-      chunk_done(s.chunk.ctx, std::move(r), s.chunk.piece);
-      if (device_read) {
+      if (!write && s.chunk.ctx->req.buffer.is_device() && r.ok) {
         try {
-          cuda::event_sync(s.h2d_event);
-        } catch (const std::exception&) {
+          cuda::event_sync(s.h2d_event);  // Note [Copies before completion]
+        } catch (const std::exception& e) {
+          r = failure(EIO, fmt::format("{}: {}",
+                                       describe(s.chunk, ps, s.chunk.piece.file_offset,
+                                                s.chunk.piece.size),
+                                       e.what()));
         }
       }
+      chunk_done(s.chunk.ctx, std::move(r), s.chunk.piece);
       s.chunk = Chunk{};
       s.busy = false;
       --active;
@@ -756,7 +766,7 @@ class FileTier final : public Tier {
         if (res <= 0) {
           if (s.result.ok) {
             s.result = failure(
-                res == 0 ? EIO : -res,
+                res == 0 ? (write ? EIO : ENODATA) : -res,
                 fmt::format("{} failed: {}",
                             describe(s.chunk, ps, g.off + s.seg_done[k], g.len - s.seg_done[k]),
                             res == 0 ? (write ? "no progress" : "unexpected end of file")

@@ -116,9 +116,12 @@ class HostTier final : public Tier {
     uint64_t size = q.buffer.size_bytes();
     std::byte* slot = arena_ + q.offset_bytes;
     bool write = q.direction == Direction::kWrite;
-    if (!write && options_.checksums && !verify(q.offset_bytes, size)) {
-      return failure(EIO, fmt::format("host tier: checksum mismatch reading {} bytes at offset {}",
-                                      size, q.offset_bytes));
+    if (!write && options_.checksums) {
+      const uint64_t sum = checksum(arena_ + q.offset_bytes, size);
+      if (auto expected = crcs_.mismatch(q.offset_bytes, size, sum))
+        return checksum_failure(
+            fmt::format("host tier: read of {} bytes at offset {}", size, q.offset_bytes),
+            *expected, sum);
     }
     if (size > 0) {
       if (q.buffer.is_device()) {
@@ -148,11 +151,7 @@ class HostTier final : public Tier {
   }
 
   void record(uint64_t offset, uint64_t size) {
-    crcs_.record(offset, size, crc32c(arena_ + offset, size));
-  }
-  bool verify(uint64_t offset, uint64_t size) {
-    if (!crcs_.has(offset, size)) return true;
-    return crcs_.check(offset, size, crc32c(arena_ + offset, size));
+    crcs_.record(offset, size, checksum(arena_ + offset, size));
   }
 
   HostTierOptions options_;

@@ -105,20 +105,25 @@ class PriorityQueue {
   bool closed_ = false;
 };
 
-// CRC32C of written extents (Note [Checksums]): a write records the checksum of exactly the range
-// it wrote and drops every recorded range it overlaps; a read of exactly a recorded range is
+// Checksums of written extents (Note [Checksums]): a write records the checksum of exactly the
+// range it wrote and drops every recorded range it overlaps; a read of exactly a recorded range is
 // verified, other reads are not. Thread-safe.
 class ChecksumTable {
  public:
-  void record(uint64_t offset, uint64_t size, uint32_t crc);
-  // True when the range was not recorded or its checksum matches.
-  bool check(uint64_t offset, uint64_t size, uint32_t crc) const;
+  void record(uint64_t offset, uint64_t size, uint64_t sum);
+  // The recorded checksum when the range was recorded and `sum` differs from it; nullopt when it
+  // matches or the range was not recorded.
+  std::optional<uint64_t> mismatch(uint64_t offset, uint64_t size, uint64_t sum) const;
   bool has(uint64_t offset, uint64_t size) const;
 
  private:
   mutable std::mutex mu_;
-  std::map<uint64_t, std::pair<uint64_t, uint32_t>> table_;  // offset -> (size, crc)
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> table_;  // offset -> (size, checksum)
 };
+
+// The failure of a read whose checksum does not match what was written (EBADMSG: the bytes are
+// damaged; reading again returns the same bytes).
+IoResult checksum_failure(std::string_view where, uint64_t expected, uint64_t actual);
 
 // An IoResult for a failure.
 IoResult failure(int error_code, std::string message);

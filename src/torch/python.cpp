@@ -55,6 +55,9 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   d["tracked_tensors"] = s.tracked_tensors;
   d["plans_cached"] = s.plans_cached;
   d["budget_violations"] = s.budget_violations;
+  d["failed_transfers"] = s.failed_transfers;
+  d["retried_reads"] = s.retried_reads;
+  d["lost_tensors"] = s.lost_tensors;
   d["last_error"] = s.last_error;
   return d;
 }
@@ -109,9 +112,12 @@ std::vector<at::Tensor> cpp_adamw_train(int steps, uint64_t budget_bytes, const 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "teraio native extension (use the teraio package)";
   static py::exception<teraio::Error> error(m, "Error", PyExc_ValueError);
+  static py::exception<teraio::IoError> io_error(m, "IoError", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const teraio::IoError& e) {
+      PyErr_SetString(io_error.ptr(), e.what());
     } catch (const teraio::Error& e) {
       PyErr_SetString(error.ptr(), e.what());
     }
@@ -123,7 +129,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<teraio::Session>(m, "Session")
       .def(py::init([](uint64_t budget_bytes, const py::list& tiers, int profiling_iterations,
                        uint64_t min_tensor_bytes, bool planning, std::string trace_path,
-                       std::string plan_path, bool plan_search, bool stream_ordered_offloads) {
+                       std::string plan_path, bool plan_search, bool stream_ordered_offloads,
+                       bool verify, bool fault_injection) {
              teraio::SessionOptions o;
              o.budget_bytes = budget_bytes;
              for (const auto& t : tiers) o.tiers.push_back(tier_from_dict(py::cast<py::dict>(t)));
@@ -134,15 +141,48 @@ PYBIND11_MODULE(_C, m) {
              o.plan_path = std::move(plan_path);
              o.plan_search = plan_search;
              o.stream_ordered_offloads = stream_ordered_offloads;
+             o.verify = verify;
+             o.fault_injection = fault_injection;
              return std::make_unique<teraio::Session>(std::move(o));
            }),
            py::arg("budget_bytes"), py::arg("tiers"), py::arg("profiling_iterations") = 2,
            py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true,
            py::arg("trace_path") = "", py::arg("plan_path") = "", py::arg("plan_search") = true,
-           py::arg("stream_ordered_offloads") = true)
+           py::arg("stream_ordered_offloads") = true, py::arg("verify") = true,
+           py::arg("fault_injection") = false)
       .def("begin_step", &teraio::Session::begin_step, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &teraio::Session::end_step, py::call_guard<py::gil_scoped_release>())
       .def("fetch_all", &teraio::Session::fetch_all, py::call_guard<py::gil_scoped_release>())
+      .def("close", &teraio::Session::close, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "inject_fault",
+          [](teraio::Session& s, size_t tier, const std::string& kind, const std::string& direction,
+             uint64_t nth, uint64_t count, int error_code) {
+            namespace st = teraio::storage;
+            st::FaultRule r;
+            if (kind == "error") {
+              r.kind = st::FaultKind::kError;
+            } else if (kind == "short") {
+              r.kind = direction == "write" ? st::FaultKind::kShortWrite : st::FaultKind::kShortRead;
+            } else {
+              throw teraio::Error("inject_fault: kind must be 'error' or 'short', got '" + kind + "'");
+            }
+            if (direction == "read") {
+              r.direction = st::Direction::kRead;
+            } else if (direction == "write") {
+              r.direction = st::Direction::kWrite;
+            } else if (direction != "any") {
+              throw teraio::Error("inject_fault: direction must be 'read', 'write' or 'any', got '" +
+                                  direction + "'");
+            }
+            r.nth_request = nth;
+            r.count = count;
+            r.error_code = error_code;
+            s.inject_fault(tier, r);
+          },
+          py::arg("tier"), py::arg("kind"), py::arg("direction"), py::arg("nth"), py::arg("count"),
+          py::arg("error_code"))
+      .def("clear_faults", &teraio::Session::clear_faults)
       .def("name_tensor", &teraio::Session::name_tensor)
       .def("stats", [](const teraio::Session& s) { return stats_dict(s.stats()); });
 }

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 #ifdef TERAIO_TORCH_CUDA
@@ -52,6 +53,53 @@ double now_us() {
       .count();
 }
 
+// Note [Refused tensors]: an offloaded storage has a null DataPtr, and PyTorch's untyped
+// TensorImpl::data() does not check for null (only the typed data_ptr<T>() does), so a kernel that
+// runs on a tensor whose bytes could not be brought back would read or write address 0 + offset and
+// crash the process. StorageImpl's access error (release_data_and_set_meta_custom_data_ptr_error_msg_,
+// PyTorch's mechanism for storages that must not be touched) makes every data access throw a
+// c10::Error with our message instead. PyTorch offers no way to lift it, so the flag is reached
+// here directly (a member pointer obtained through an explicit template instantiation, which the
+// language exempts from access checks) and cleared when the bytes come back; refusal_reversible()
+// checks once that this works on the PyTorch in use, and without it a refused tensor is lost.
+struct ThrowOnDataPtrTag {
+  using type = bool c10::StorageImpl::*;
+  friend type member_of(ThrowOnDataPtrTag);
+};
+template <class Tag, typename Tag::type M>
+struct PrivateMember {
+  friend typename Tag::type member_of(Tag) { return M; }
+};
+template struct PrivateMember<ThrowOnDataPtrTag, &c10::StorageImpl::throw_on_immutable_data_ptr_>;
+
+void clear_access_error(c10::StorageImpl& s) {
+  s.*member_of(ThrowOnDataPtrTag{}) = false;  // the DataPtr installed next refreshes the checks
+}
+
+bool refusal_reversible() {
+  static const bool reversible = [] {
+    try {
+      c10::Allocator* a = c10::GetCPUAllocator();
+      auto s = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 64,
+                                                     a->allocate(64), a, false);
+      s->release_data_and_set_meta_custom_data_ptr_error_msg_(std::string("teraio probe"));
+      try {
+        (void)s->data();
+        return false;  // the error does not work as expected: never rely on it
+      } catch (const c10::Error&) {
+      }
+      clear_access_error(*s);
+      s->set_data_ptr_noswap(a->allocate(64));
+      (void)s->data();
+      (void)s->mutable_data();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }();
+  return reversible;
+}
+
 // A PyTorch storage as the engine sees it.
 class StorageMemory final : public runtime::Memory {
  public:
@@ -61,7 +109,7 @@ class StorageMemory final : public runtime::Memory {
         allocator_(s->allocator()),
         bytes_(s->nbytes()),
         device_(device),
-        expected_(s->data_ptr().get()) {}
+        expected_(s->_mutable_data_ptr_no_checks().get()) {}
 
   uint64_t bytes() const override { return bytes_; }
   storage::BufferView detach() override {
@@ -75,6 +123,8 @@ class StorageMemory final : public runtime::Memory {
     auto s = weak_.lock();
     if (s && !replaced(*s)) {
       expected_ = held_.get();
+      if (refused_) clear_access_error(*s);  // Note [Refused tensors]
+      refused_ = false;
       s->set_data_ptr_noswap(std::move(held_));
     }
     held_ = at::DataPtr();  // dead or replaced by its owner: these bytes are obsolete
@@ -95,6 +145,25 @@ class StorageMemory final : public runtime::Memory {
   bool alive() const override {
     auto s = weak_.lock();
     return s && !replaced(*s);
+  }
+  // Note [Lost tensors]: PyTorch's own mechanism for storages whose data must not be touched: every
+  // access to the data pointer (any kernel, clone, print, numpy, state_dict, torch.save) then raises
+  // a RuntimeError with this message instead of reading a null pointer. It cannot be undone: the
+  // tensor is lost for good, as its bytes are.
+  void lose(const std::string& why) override {
+    held_ = at::DataPtr();
+    refused_ = false;  // for good now
+    auto s = weak_.lock();
+    if (s && !replaced(*s)) s->release_data_and_set_meta_custom_data_ptr_error_msg_(why);
+  }
+  bool refuse(const std::string& why) override {
+    if (!refusal_reversible()) return false;
+    auto s = weak_.lock();
+    if (s && !replaced(*s)) {
+      s->release_data_and_set_meta_custom_data_ptr_error_msg_(why);
+      refused_ = true;
+    }
+    return true;
   }
   storage::CudaStream stream() const override {
 #ifdef TERAIO_TORCH_CUDA
@@ -121,13 +190,16 @@ class StorageMemory final : public runtime::Memory {
   // Size or data differ from what teraio left there: resident, the data it was bound with or last
   // attached; detached, none.
   bool replaced(const c10::StorageImpl& s) const {
-    return s.nbytes() != bytes_ || s.data_ptr().get() != expected_;
+    // Without the access checks: a lost storage (Note [Lost tensors]) throws on data_ptr().
+    return s.nbytes() != bytes_ ||
+           const_cast<c10::StorageImpl&>(s)._mutable_data_ptr_no_checks().get() != expected_;
   }
   at::Allocator* allocator_;
   uint64_t bytes_;
   c10::Device device_;
   const void* expected_;
   at::DataPtr held_;
+  bool refused_ = false;  // the storage's access error is set (Note [Refused tensors])
 };
 
 enum class Mode { kProfiling, kPlanned, kReactive };
@@ -217,6 +289,7 @@ struct OpCtx final : at::ObserverContext {
   std::vector<LogicalId> nested_outs;
   std::vector<LogicalId> ids;  // pinned inputs
   double t0_us = 0;
+  bool violation = false;  // the budget could not be met at this operator (reported once)
 #ifdef TERAIO_TORCH_CUDA
   std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> events;
 #endif
@@ -255,6 +328,15 @@ bool is_collective(const char* name) {
   return std::strncmp(name, "c10d::", 6) == 0 ||
          std::strncmp(name, "_c10d_functional::", 18) == 0 ||
          std::strncmp(name, "c10d_functional::", 17) == 0;
+}
+
+// For an operator that touches a whole parameter group at once: what to do instead.
+std::string group_hint(std::string_view op) {
+  if (op.find("_foreach_") == std::string_view::npos && op.find("_fused_") == std::string_view::npos)
+    return "";
+  return ". A foreach or fused optimizer step touches every parameter of a group at once (foreach "
+         "is PyTorch's default on CUDA): create the optimizer with foreach=False (or fused=False), "
+         "or split the parameters into more groups (docs/pytorch.md, \"Optimizers\")";
 }
 
 // A RecordFunction of scope FUNCTION that is not a dispatcher operator is a labelled range around
@@ -315,6 +397,7 @@ bool on_subclass(const at::RecordFunction& fn) {
 struct Session::Impl {
   SessionOptions options;
   std::vector<std::unique_ptr<storage::Tier>> tiers;
+  std::vector<storage::FaultTier*> fault_tiers;  // with options.fault_injection: tiers[i]'s wrapper
   std::unique_ptr<runtime::Engine> engine;
   std::vector<TierSpec> tier_specs;
 
@@ -366,7 +449,16 @@ struct Session::Impl {
   }
   uint64_t last_operators = 0;
   std::string last_error;
-  std::string pending_error;
+  std::string pending_error;  // the first error of this step (raised by end_step as teraio::Error)
+  std::string pending_fault;  // the first failed transfer of this step (raised as teraio::IoError)
+  uint64_t step_faults = 0;   // failed transfers this step
+  // The largest operator of this step whose own tensors exceed the budget, and what to say of it.
+  uint64_t step_need_bytes = 0;
+  std::string step_need_error, step_need_hint;
+  bool group_hinted = false;
+  uint64_t step_read_faults = 0;  // of which reads (or lost bytes): the step's results may be partial
+  bool closed = false;
+  runtime::EngineStats closed_stats;  // the engine's last stats, after close()
 
   // Two registrations of the same callbacks: `handle` sees inputs and outputs (profiling, plans
   // with moves, reactive steps); `lean_handle` sees inputs only, for planned steps with an empty
@@ -428,6 +520,31 @@ struct Session::Impl {
   void note_error(const std::string& what) {
     last_error = what;
     if (pending_error.empty()) pending_error = what;
+  }
+
+  // Takes the engine's failed transfers (Note [Faults in the engine]) into the step's faults. Outside
+  // a step they only set last_error: the operator that needed the tensor fails on its own (a lost
+  // tensor's storage raises the fault's message; see Note [Lost tensors]).
+  void collect_faults() { collect_faults(in_step); }
+  void collect_faults(bool of_the_step) {
+    for (runtime::Fault& f : engine->take_faults()) {
+      last_error = f.message;
+      if (!of_the_step) continue;
+      if (f.lost || f.read) step_read_faults++;
+      if (pending_fault.empty()) pending_fault = std::move(f.message);
+      step_faults++;
+    }
+  }
+
+  // The budget could not be met at operator k (engine->budget_shortfall() says why): an error of the
+  // step, once per operator.
+  void note_shortfall(uint32_t k, const char* op, bool* noted) {
+    if (*noted) return;
+    *noted = true;
+    budget_violations++;
+    note_error(fmt::format("budget {} could not be met at operator {} ({}): {}",
+                           format_bytes(double(options.budget_bytes)), k, op,
+                           engine->budget_shortfall()));
   }
 
   // Tensors given to a collective stay resident for the rest of the Session: the engine never
@@ -535,23 +652,39 @@ struct Session::Impl {
         note_drift(k);
       } else {
         engine->forget_dead(active->deaths[k]);
-        engine->before_operator(k);
+        engine->before_operator(k, ctx->ids);
       }
     }
     if (recording()) signatures.push_back(sig);
     engine->begin_use(ctx->ids);
+    collect_faults();
     if (collective) pin_collective(ctx->ids);
-    if (options.budget_bytes && op_bytes > options.budget_bytes) {
+    if (options.budget_bytes && op_bytes + untracked_bytes > options.budget_bytes) {
+      ctx->violation = true;
       budget_violations++;
-      note_error(fmt::format("budget {} is smaller than the tensors of operator {} ({}): {}",
-                             format_bytes(double(options.budget_bytes)), k, fn.name(),
-                             format_bytes(double(op_bytes))));
+      // The step reports its largest such operator: the budget that would work for all of them.
+      const uint64_t need = op_bytes + untracked_bytes;
+      if (need > step_need_bytes) {
+        step_need_bytes = need;
+        step_need_error = fmt::format(
+            "budget {} is smaller than the tensors of operator {} ({}): {}{}; the step needs a budget "
+            "of at least {} for that operator alone",
+            format_bytes(double(options.budget_bytes)), k, fn.name(), format_bytes(double(op_bytes)),
+            untracked_bytes ? fmt::format(" plus {} of device memory used outside tracked tensors",
+                                          format_bytes(double(untracked_bytes)))
+                            : "",
+            format_bytes(double(need)));
+        last_error = step_need_error;
+      }
+      if (!group_hinted && !group_hint(fn.name()).empty()) {
+        group_hinted = true;
+        step_need_hint = group_hint(fn.name());
+      }
     }
-    if (!planned_now()) {
-      engine->enforce_budget(untracked_bytes);
-    } else if (k < active->created.size() && active->created[k] > 0) {
-      engine->enforce_budget(untracked_bytes + active->created[k]);  // free within the plan
-    }
+    // Room for what the operator creates (known from the plan's profile), so that its outputs too
+    // stay within the budget in planned steps.
+    const uint64_t created = planned_now() && k < active->created.size() ? active->created[k] : 0;
+    if (!engine->enforce_budget(created)) note_shortfall(k, fn.name(), &ctx->violation);
     if (recording()) {
 #ifdef TERAIO_TORCH_CUDA
       if (device && device->is_cuda()) {
@@ -620,16 +753,19 @@ struct Session::Impl {
       const uint64_t peak = device_allocated(device->index()).second;
       engine->forget_dead();  // what died is no longer allocated: it must not count as tracked
       const uint64_t tracked = engine->stats().resident_bytes;
-      if (peak > tracked) untracked_bytes = std::max(untracked_bytes, peak - tracked);
+      if (peak > tracked && peak - tracked > untracked_bytes) {
+        untracked_bytes = peak - tracked;
+        engine->set_reserve(untracked_bytes);
+      }
     }
 #endif
     engine->end_use(ctx->ids);
     engine->touch(outs);
     if (is_collective(fn.name())) pin_collective(outs);  // a functional collective's result
     if (planned_now()) engine->after_operator(k);
-    // The safety net in every mode (a plan keeps below it; see make_and_install_plan). When it
-    // cannot get there, the running operator alone exceeds the budget (reported at its start).
-    engine->enforce_budget(untracked_bytes);
+    // The safety net in every mode (a plan keeps below it; see make_and_install_plan).
+    if (!engine->enforce_budget()) note_shortfall(k, fn.name(), &ctx->violation);
+    collect_faults();
   }
 
   bool storage_alive(LogicalId id) const {
@@ -877,9 +1013,20 @@ struct Session::Impl {
     }
   }
 
+  // Throws only for misuse, before changing anything; faults met here are the step's (end_step).
   void begin_step() {
     std::lock_guard lock(mu);
-    TERAIO_CHECK(!in_step, "Session.step(): a step is already running");
+    TERAIO_CHECK(!closed, "Session.step(): the Session is closed");
+    TERAIO_CHECK(!in_step, "Session.step(): a step is already running (end it first)");
+    pending_error.clear();
+    pending_fault.clear();
+    step_faults = 0;
+    step_read_faults = 0;
+    step_need_bytes = 0;
+    step_need_error.clear();
+    step_need_hint.clear();
+    group_hinted = false;
+    collect_faults(false);  // faults met between steps were reported where they happened
     in_step = true;
     tl_step_thread = true;
     op_counter = 0;
@@ -893,20 +1040,34 @@ struct Session::Impl {
     iteration_reactive = false;
     // Measured afresh in each profiled iteration: in the first, tensors not yet seen (parameters
     // before their first operator) are allocated but not tracked, which would count them twice.
-    if (mode == Mode::kProfiling) untracked_bytes = 0;
+    if (mode == Mode::kProfiling) {
+      untracked_bytes = 0;
+      engine->set_reserve(0);
+    }
     fast.store(mode == Mode::kPlanned && active && active->plan.moves.empty(),
                std::memory_order_relaxed);
     select_callbacks(fast.load(std::memory_order_relaxed));
-    pending_error.clear();
-    engine->reset_step_peak();
     if (!fast.load(std::memory_order_relaxed)) {
-      engine->poll();
-      if (mode == Mode::kPlanned && active) engine->align(active->start_out, active->start_in);
+      try {
+        engine->poll();
+        // Within the budget before the step begins (a failed transfer of the last step can have
+        // left tensors resident), then the plan's starting point.
+        engine->enforce_budget();
+        engine->reset_step_peak();
+        if (mode == Mode::kPlanned && active) engine->align(active->start_out, active->start_in);
+      } catch (const std::exception& e) {
+        note_error(e.what());  // reported by end_step; the step runs (reactively where need be)
+      }
+      collect_faults();
+    } else {
+      engine->reset_step_peak();
     }
   }
 
   void end_step() {
     std::unique_lock lock(mu);
+    TERAIO_CHECK(in_step, "Session.step(): no step is running");
+    collect_faults(true);
     in_step = false;
     tl_step_thread = false;
     last_operators = op_counter;
@@ -949,15 +1110,33 @@ struct Session::Impl {
         ++it;
       }
     }
-    engine->poll();
+    try {
+      engine->poll();
+    } catch (const std::exception& e) {
+      note_error(e.what());
+    }
+    collect_faults(true);
     ops.clear();
 #ifdef TERAIO_TORCH_CUDA
     op_events.clear();
 #endif
     iteration++;
-    std::string err = std::move(pending_error);
+    std::string err = step_need_error.empty() ? std::move(pending_error)
+                                              : std::move(step_need_error) + step_need_hint;
+    std::string fault = std::move(pending_fault);
+    const uint64_t faults = step_faults, read_faults = step_read_faults;
     pending_error.clear();
+    pending_fault.clear();
+    step_faults = step_read_faults = 0;
     lock.unlock();
+    if (!fault.empty()) {
+      if (faults > 1)
+        fault += fmt::format(" (and {} more failed transfers in this step)", faults - 1);
+      if (read_faults == 0)
+        fault += ". Only writes failed: no data was lost and the step's results are intact (the "
+                 "tensors stayed on the device)";
+      throw IoError(fault, /*results_intact=*/read_faults == 0);
+    }
     if (!err.empty()) throw Error(err);
   }
 };
@@ -1081,12 +1260,18 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
       storage::FileTierOptions fo;
       fo.paths = t.paths;
       fo.capacity_bytes = t.capacity_bytes;
+      fo.checksums = options.verify;
       s.tiers.push_back(storage::make_file_tier(fo));
       spec.name = "file";
       spec.read_gbps = t.read_gbps > 0 ? t.read_gbps : 1.5;
       spec.write_gbps = t.write_gbps > 0 ? t.write_gbps : 1.5;
     }
     spec.capacity_bytes = t.capacity_bytes;
+    if (options.fault_injection) {
+      auto faulty = storage::make_fault_tier(std::move(s.tiers.back()), {});
+      s.fault_tiers.push_back(faulty.get());
+      s.tiers.back() = std::move(faulty);
+    }
     engine_tiers.push_back({spec.name, s.tiers.back().get(), t.capacity_bytes});
     s.tier_specs.push_back(spec);
   }
@@ -1094,6 +1279,10 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   s.engine = std::make_unique<runtime::Engine>(
       runtime::EngineOptions{s.options.budget_bytes, s.options.stream_ordered_offloads},
       std::move(engine_tiers));
+  // Fault messages name tensors as the trace does (engine calls are made under the Session's lock).
+  s.engine->set_namer([&s](runtime::LogicalId id) {
+    return id < s.metas.size() ? s.metas[id].display_name() : std::string();
+  });
   if (const char* log = std::getenv("TERAIO_LOG");
       log != nullptr && *log != '\0' && std::strcmp(log, "0") != 0) {
     // Every move outside the plan, with where it happened (docs/pytorch.md, "Diagnostics"). The
@@ -1124,16 +1313,62 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
 
 Session::~Session() {
   if (!impl_) return;
-  at::removeCallback(impl_->handle);
-  at::removeCallback(impl_->lean_handle);
-  g_session.store(nullptr, std::memory_order_release);
-  std::lock_guard lock(impl_->mu);
   try {
-    impl_->engine->fetch_all();  // nothing is left without its bytes
-  } catch (...) {
+    close();
+  } catch (...) {  // reported to whoever called close(); a destructor cannot
   }
-  impl_->engine.reset();
-  for (auto& t : impl_->tiers) t->shutdown(storage::ShutdownMode::kDrain);
+}
+
+void Session::close() {
+  Impl& s = *impl_;
+  std::unique_lock lock(s.mu);
+  if (s.closed) return;
+  s.closed = true;
+  at::removeCallback(s.handle);
+  at::removeCallback(s.lean_handle);
+  Impl* self = &s;
+  g_session.compare_exchange_strong(self, nullptr, std::memory_order_acq_rel);
+  s.in_step = false;
+  s.fast.store(false, std::memory_order_relaxed);
+  std::string first;
+  size_t failed = 0;
+  try {
+    s.engine->fetch_all();  // nothing is left without its bytes ...
+    for (runtime::Fault& f : s.engine->take_faults()) {
+      if (first.empty()) first = std::move(f.message);
+      failed++;
+    }
+    // ... and what could not come back is lost now, loudly: its tier goes away.
+    s.engine->abandon("could not be read back before the Session closed and its tier files were "
+                      "removed; its contents are lost");
+  } catch (const std::exception& e) {
+    if (first.empty()) first = e.what();
+    failed++;
+  }
+  s.closed_stats = s.engine->stats();
+  s.engine.reset();
+  for (auto& t : s.tiers) t->shutdown(storage::ShutdownMode::kDrain);
+  s.fault_tiers.clear();
+  s.tiers.clear();  // removes the tier files
+  if (!first.empty()) s.last_error = first;
+  lock.unlock();
+  if (failed > 0)
+    throw IoError(fmt::format("Session.close(): {} tensor(s) could not be brought back: {}", failed,
+                              first));
+}
+
+void Session::inject_fault(size_t tier, const storage::FaultRule& rule) {
+  std::lock_guard lock(impl_->mu);
+  TERAIO_CHECK(impl_->options.fault_injection,
+               "inject_fault: the Session was made without fault_injection=True");
+  TERAIO_CHECK(tier < impl_->fault_tiers.size(), "inject_fault: tier {} does not exist ({} tiers)",
+               tier, impl_->fault_tiers.size());
+  impl_->fault_tiers[tier]->inject(rule);
+}
+
+void Session::clear_faults() {
+  std::lock_guard lock(impl_->mu);
+  for (storage::FaultTier* t : impl_->fault_tiers) t->clear_faults();
 }
 
 void Session::begin_step() {
@@ -1144,8 +1379,19 @@ void Session::end_step() {
 }
 
 void Session::fetch_all() {
-  std::lock_guard lock(impl_->mu);
+  std::unique_lock lock(impl_->mu);
+  TERAIO_CHECK(!impl_->closed, "Session.fetch_all(): the Session is closed");
   impl_->engine->fetch_all();
+  std::string first;
+  size_t failed = 0;
+  for (runtime::Fault& f : impl_->engine->take_faults()) {
+    impl_->last_error = f.message;
+    if (first.empty()) first = std::move(f.message);
+    failed++;
+  }
+  lock.unlock();
+  if (failed > 0)
+    throw IoError(fmt::format("fetch_all: {} tensor(s) could not be brought back: {}", failed, first));
 }
 
 void Session::name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind) {
@@ -1163,7 +1409,7 @@ void Session::name_tensor(const at::Tensor& t, const std::string& name, const st
 SessionStats Session::stats() const {
   std::lock_guard lock(impl_->mu);
   const Impl& s = *impl_;
-  runtime::EngineStats e = s.engine->stats();
+  runtime::EngineStats e = s.engine ? s.engine->stats() : s.closed_stats;
   SessionStats r;
   r.mode = mode_name(!s.options.planning && s.mode == Mode::kProfiling ? Mode::kReactive : s.mode);
   r.iteration = s.iteration;
@@ -1190,6 +1436,9 @@ SessionStats Session::stats() const {
   r.tracked_tensors = s.storages.size();
   r.plans_cached = s.plan_cache.size();
   r.budget_violations = s.budget_violations;
+  r.failed_transfers = e.failed_transfers;
+  r.retried_reads = e.retried_reads;
+  r.lost_tensors = e.lost_tensors;
   r.last_error = s.last_error;
   return r;
 }

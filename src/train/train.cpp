@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,8 @@ struct Args {
   std::string save_trace;
   std::string save_plan;
   bool deterministic = false;
+  bool no_verify = false;
+  std::vector<std::string> inject_faults;
 };
 
 struct PresetRun {
@@ -200,6 +203,50 @@ SessionTier parse_tier(const std::string& spec) {
   return t;
 }
 
+// --inject-fault STEP:ERROR:DIRECTION[:COUNT]: from step STEP on, COUNT transfers (default 1) of
+// the first tier in DIRECTION (read, write or any) fail with ERROR (an errno name: EIO, ENOSPC,
+// EPERM, EBADMSG, ENODATA) — for rehearsing what a disk fault does to a run (docs/train.md).
+struct StepFault {
+  int64_t step = 0;
+  storage::FaultRule rule;
+};
+
+StepFault parse_fault(const std::string& spec) {
+  const std::vector<std::string> f = split(spec, ':');
+  TERAIO_CHECK(f.size() == 3 || f.size() == 4,
+               "--inject-fault \"{}\": expected STEP:ERROR:DIRECTION[:COUNT], e.g. 3:EIO:write:2",
+               spec);
+  StepFault out;
+  char* end = nullptr;
+  out.step = std::strtoll(f[0].c_str(), &end, 10);
+  TERAIO_CHECK(!f[0].empty() && *end == '\0' && out.step >= 1,
+               "--inject-fault \"{}\": the step must be a whole number >= 1", spec);
+  static const std::pair<const char*, int> kErrors[] = {
+      {"EIO", EIO}, {"ENOSPC", ENOSPC}, {"EPERM", EPERM}, {"EROFS", EROFS},
+      {"EBADMSG", EBADMSG}, {"ENODATA", ENODATA}};
+  out.rule.kind = storage::FaultKind::kError;
+  for (const auto& [name, code] : kErrors)
+    if (f[1] == name) out.rule.error_code = code;
+  TERAIO_CHECK(out.rule.error_code != 0,
+               "--inject-fault \"{}\": unknown error \"{}\" (EIO, ENOSPC, EPERM, EROFS, EBADMSG or "
+               "ENODATA)",
+               spec, f[1]);
+  if (f[2] == "read") {
+    out.rule.direction = storage::Direction::kRead;
+  } else if (f[2] == "write") {
+    out.rule.direction = storage::Direction::kWrite;
+  } else {
+    TERAIO_CHECK(f[2] == "any", "--inject-fault \"{}\": the direction must be read, write or any",
+                 spec);
+  }
+  if (f.size() == 4) {
+    out.rule.count = std::strtoull(f[3].c_str(), &end, 10);
+    TERAIO_CHECK(!f[3].empty() && *end == '\0' && out.rule.count >= 1,
+                 "--inject-fault \"{}\": the count must be a whole number >= 1", spec);
+  }
+  return out;
+}
+
 class Offload {
  public:
   explicit Offload(const Args& args) {
@@ -209,6 +256,9 @@ class Offload {
     for (const std::string& spec : args.tiers) o.tiers.push_back(parse_tier(spec));
     o.profiling_iterations = args.profile_steps;
     o.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
+    o.verify = !args.no_verify;
+    for (const std::string& spec : args.inject_faults) faults_.push_back(parse_fault(spec));
+    o.fault_injection = !faults_.empty();
     // The trace and plan are always written (to scratch files unless asked for) so that the
     // report can replay the plan in the simulator: the predicted iteration time.
     keep_trace_ = !args.save_trace.empty();
@@ -230,8 +280,11 @@ class Offload {
   }
 
   bool active() const { return session_ != nullptr; }
-  void begin_step() {
-    if (session_) session_->begin_step();
+  void begin_step(int64_t step) {
+    if (!session_) return;
+    for (const StepFault& f : faults_)
+      if (f.step == step) session_->inject_fault(0, f.rule);
+    session_->begin_step();
   }
   void end_step() {
     if (session_) session_->end_step();
@@ -267,6 +320,9 @@ class Offload {
              {"tracked_tensors", s.tracked_tensors},
              {"plans_cached", s.plans_cached},
              {"budget_violations", s.budget_violations},
+             {"failed_transfers", s.failed_transfers},
+             {"retried_reads", s.retried_reads},
+             {"lost_tensors", s.lost_tensors},
              {"last_error", s.last_error}};
     return c;
   }
@@ -288,6 +344,7 @@ class Offload {
             fmt::format("teraio-train-{}.{}.json", ::getpid(), what))
         .string();
   }
+  std::vector<StepFault> faults_;
   std::unique_ptr<Session> session_;
   std::string trace_path_, plan_path_;
   std::string tier_name_;
@@ -439,7 +496,7 @@ int run(Args args) {
     for (auto& group : opt.param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
-    offload.begin_step();
+    offload.begin_step(step);
     double loss_value = 0;
     try {
       inputs = inputs.to(device);
@@ -458,7 +515,15 @@ int run(Args args) {
       }
       throw;
     }
-    offload.end_step();
+    try {
+      offload.end_step();
+    } catch (const IoError& e) {
+      // Only writes failed: the step's numbers are what they would have been; say so and go on.
+      // Anything else (a read that failed, lost bytes) ends the run with the error.
+      if (!e.results_intact()) throw;
+      fmt::print(stderr, "teraio-train: step {}: {}; continuing\n", step, e.what());
+      std::fflush(stderr);
+    }
     const double time_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (step == 1) {
       for (const auto& p : model->named_parameters()) {
@@ -690,6 +755,11 @@ int main(int argc, char** argv) {
   app.add_option("--save-plan", a.save_plan, "write the plan (teraio.plan v1) here");
   app.add_flag("--deterministic", a.deterministic,
                "deterministic algorithms only (bitwise repeatable runs)");
+  app.add_flag("--no-verify", a.no_verify,
+               "do not checksum what file tiers write (damaged files then go unnoticed)");
+  app.add_option("--inject-fault", a.inject_faults,
+                 "testing: STEP:ERROR:DIRECTION[:COUNT] makes transfers of the first tier fail "
+                 "from that step on (repeatable; docs/train.md)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -18,6 +18,8 @@ struct FakeTensor {
   std::vector<std::byte> data;  // empty while absent
   uint64_t size = 0;
   bool alive = true;
+  std::string lost;     // Memory::lose's message
+  std::string refused;  // Memory::refuse's message, until the bytes are attached again
 };
 
 class FakeMemory : public Memory {
@@ -31,6 +33,7 @@ class FakeMemory : public Memory {
   }
   void attach() override {
     t_->data = std::move(held_);
+    t_->refused.clear();
     held_.clear();
   }
   void drop() override {
@@ -42,6 +45,11 @@ class FakeMemory : public Memory {
     return storage::BufferView::host(held_.data(), held_.size());
   }
   bool alive() const override { return t_->alive; }
+  void lose(const std::string& why) override { t_->lost = why; }
+  bool refuse(const std::string& why) override {
+    t_->refused = why;
+    return true;
+  }
 
  private:
   std::shared_ptr<FakeTensor> t_;
@@ -384,6 +392,196 @@ TEST_F(EngineTest, PlanWithUnknownTierIsRejected) {
   Plan plan;
   plan.moves = {{0, MoveOp::offload, 7, 0, 1}};
   EXPECT_THROW(e->set_plan(plan, 2), Error);
+}
+
+// --- faults (Note [Faults in the engine]) ---------------------------------------------------------
+
+class EngineFaultTest : public EngineTest {
+ protected:
+  // One tier: the synchronous file tier behind a fault injector.
+  std::unique_ptr<Engine> make_faulty(uint64_t budget, uint64_t capacity = 4 << 20) {
+    faulty_ = storage::make_fault_tier(std::move(file_), {});
+    return std::make_unique<Engine>(EngineOptions{budget},
+                                    std::vector<EngineTier>{{"file", faulty_.get(), capacity}});
+  }
+  void fail(storage::Direction direction, int error_code, uint64_t count = 1) {
+    storage::FaultRule r;
+    r.kind = storage::FaultKind::kError;
+    r.direction = direction;
+    r.error_code = error_code;
+    r.count = count;
+    faulty_->inject(r);
+  }
+  std::unique_ptr<storage::FaultTier> faulty_;
+};
+
+TEST_F(EngineFaultTest, AFailedWriteKeepsTheTensorResidentAndIsReportedWithItsName) {
+  auto e = make_faulty(0);
+  e->set_namer([](LogicalId id) { return id == 0 ? std::string("layers.0.weight") : std::string(); });
+  auto a = make_tensor(10000, 1);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  fail(storage::Direction::kWrite, EIO);
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_TRUE(has_pattern(*a, 1));
+  auto faults = e->take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_FALSE(faults[0].lost);
+  EXPECT_EQ(faults[0].error_code, EIO);
+  for (const char* part : {"layers.0.weight", "10000 bytes", "tier 'file'", "stays on the device",
+                           "Input/output error", "offset 0"})
+    EXPECT_NE(faults[0].message.find(part), std::string::npos) << part << ": " << faults[0].message;
+  EXPECT_TRUE(e->take_faults().empty());
+  // The fault cleared: the same tensor goes out and comes back intact (its tier space was freed).
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  EXPECT_EQ(e->location(0), Location::kOffloaded);
+  LogicalId ids[] = {0};
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 1));
+  e->end_use(ids);
+  EXPECT_EQ(e->stats().failed_transfers, 1u);
+}
+
+TEST_F(EngineFaultTest, ATransientReadFailureLeavesTheTensorOffloadedAndTheNextUseRetries) {
+  auto e = make_faulty(0);
+  auto a = make_tensor(10000, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  LogicalId ids[] = {0};
+  fail(storage::Direction::kRead, EIO, 2);  // a passing fault: the retries absorb it
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 2));
+  EXPECT_EQ(e->stats().retried_reads, 2u);
+  EXPECT_TRUE(e->take_faults().empty());
+  e->end_use(ids);
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  fail(storage::Direction::kRead, EIO, 3);  // outlasts the retries
+  e->begin_use(ids);  // no throw: a Fault
+  EXPECT_TRUE(a->data.empty()) << "no bytes may appear from a failed read";
+  EXPECT_EQ(e->location(0), Location::kOffloaded);
+  EXPECT_EQ(e->stats().resident_bytes, 0u);
+  auto faults = e->take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_FALSE(faults[0].lost);
+  EXPECT_NE(faults[0].message.find("after 3 attempts (it stays there; the next use reads it again)"),
+            std::string::npos)
+      << faults[0].message;
+  EXPECT_TRUE(a->lost.empty());
+  EXPECT_EQ(a->refused, faults[0].message) << "accesses fail with the fault until it is read back";
+  e->end_use(ids);
+  e->begin_use(ids);  // the fault cleared
+  EXPECT_TRUE(has_pattern(*a, 2));
+  EXPECT_TRUE(a->refused.empty());
+  EXPECT_TRUE(e->take_faults().empty());
+  e->end_use(ids);
+}
+
+TEST_F(EngineFaultTest, LostBytesMakeTheTensorLostAndEveryLaterUseReportsIt) {
+  auto e = make_faulty(0, 64 * 1024);
+  auto a = make_tensor(40000, 3);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  fail(storage::Direction::kRead, EBADMSG);  // as a checksum mismatch reports it
+  LogicalId ids[] = {0};
+  e->begin_use(ids);
+  e->end_use(ids);
+  EXPECT_EQ(e->location(0), Location::kLost);
+  auto faults = e->take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_TRUE(faults[0].lost);
+  EXPECT_NE(faults[0].message.find("contents are lost"), std::string::npos) << faults[0].message;
+  EXPECT_EQ(a->lost, faults[0].message) << "the Memory refuses access with the same message";
+  EXPECT_EQ(e->stats().lost_tensors, 1u);
+  e->begin_use(ids);  // every later use says so again
+  e->end_use(ids);
+  faults = e->take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_EQ(faults[0].message, a->lost);
+  // Its tier space was given back: another tensor of the same size fits in the 64 KiB tier.
+  auto b = make_tensor(40000, 4);
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  EXPECT_TRUE(e->offload(1, 0));
+  e->finish_offload(1);
+  a->alive = false;  // a dead lost tensor is simply forgotten
+  e->poll();
+  EXPECT_EQ(e->location(0), Location::kUnbound);
+  e->fetch_all();
+  EXPECT_TRUE(has_pattern(*b, 4));
+  EXPECT_TRUE(e->take_faults().empty());
+}
+
+TEST_F(EngineFaultTest, FetchAllBringsBackWhatItCanAndAbandonLosesTheRest) {
+  auto e = make_faulty(0);
+  auto a = make_tensor(8192, 5), b = make_tensor(8192, 6);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  for (LogicalId id : {0u, 1u}) {
+    ASSERT_TRUE(e->offload(id, 0));
+    e->finish_offload(id);
+  }
+  fail(storage::Direction::kRead, EIO, 5);  // a's read and its 2 retries, b's read and 1 retry
+  e->fetch_all();
+  EXPECT_EQ(e->take_faults().size(), 1u);
+  EXPECT_TRUE(has_pattern(*b, 6)) << "the other one came back";
+  EXPECT_TRUE(a->data.empty());
+  EXPECT_EQ(e->abandon("was offloaded when its tiers closed"), 1u);
+  EXPECT_NE(a->lost.find("was offloaded when its tiers closed"), std::string::npos) << a->lost;
+  EXPECT_EQ(e->location(0), Location::kLost);
+}
+
+TEST_F(EngineFaultTest, ReadsMakeRoomWithinTheBudgetBeforeTakingMemory) {
+  auto e = make(20000);
+  std::vector<std::shared_ptr<FakeTensor>> ts;
+  for (int i = 0; i < 3; ++i) {
+    ts.push_back(make_tensor(8000, i));
+    e->bind(i, std::make_unique<FakeMemory>(ts.back()));
+  }
+  ASSERT_TRUE(e->offload(2, 1));
+  e->finish_offload(2);
+  e->reset_peak();
+  LogicalId ids[] = {2};
+  e->begin_use(ids);  // 2 x 8000 resident + 8000 arriving > 20000: one goes out first
+  EXPECT_TRUE(has_pattern(*ts[2], 2));
+  EXPECT_LE(e->stats().peak_resident_bytes, 20000u);
+  EXPECT_EQ(e->stats().evictions, 1u);
+  e->end_use(ids);
+  // A planned prefetch never evicts the operator's own tensors to make its room.
+  Plan plan;
+  plan.tiers = {{"host", 1 << 20, 10, 10}, {"file", 4 << 20, 1, 1}};
+  const LogicalId out = e->location(0) == Location::kOffloaded ? 0 : 1;
+  const LogicalId other = out == 0 ? 1 : 0;
+  plan.moves = {{out, MoveOp::prefetch, 1, 0, 1}};
+  e->set_plan(plan, 2);
+  e->reset_peak();
+  LogicalId in_use[] = {other};
+  e->before_operator(0, in_use);
+  EXPECT_EQ(e->location(other), Location::kResident);
+  EXPECT_EQ(e->location(2), Location::kOffloaded);
+  EXPECT_LE(e->stats().peak_resident_bytes, 20000u);
+  e->fetch_all();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(has_pattern(*ts[i], i)) << i;
+}
+
+TEST_F(EngineFaultTest, FullTiersAreNamedWhenTheBudgetCannotBeMet) {
+  auto e = make_faulty(10000, 16 * 1024);
+  std::vector<std::shared_ptr<FakeTensor>> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.push_back(make_tensor(8192, i));
+    e->bind(i, std::make_unique<FakeMemory>(ts.back()));
+  }
+  EXPECT_FALSE(e->enforce_budget());
+  const std::string why = e->budget_shortfall();
+  EXPECT_NE(why.find("no tier has room"), std::string::npos) << why;
+  EXPECT_NE(why.find("file 0 B of 16.0 KiB free"), std::string::npos) << why;
+  e->set_reserve(0);
+  EXPECT_TRUE(e->enforce_budget(0) == false);
+  e->fetch_all();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(has_pattern(*ts[i], i)) << i;
 }
 
 }  // namespace

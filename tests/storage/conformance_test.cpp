@@ -68,7 +68,7 @@ const std::vector<Backend>& backends() {
          return make_host_tier(o);
        }},
       {"fault_passthrough", true, true,
-       [](const std::vector<std::string>& d) { return make_fault_tier(make_file_tier(file_options(d)), {}); }},
+       [](const std::vector<std::string>& d) -> std::unique_ptr<Tier> { return make_fault_tier(make_file_tier(file_options(d)), {}); }},
   };
   return list;
 }

@@ -54,14 +54,13 @@ TEST(ExtentAllocator, FullAndDoubleFreeAreClearErrors) {
   EXPECT_THROW(a.free(x), teraio::Error);
 }
 
-TEST(Crc32c, KnownVectors) {
-  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
-  EXPECT_EQ(crc32c("", 0), 0u);
+TEST(Checksum, KnownVectorsAndSensitivity) {
+  EXPECT_EQ(checksum("", 0), 0x2D06800538D394C2ull);  // XXH3-64 of no bytes (xxHash's test vector)
   auto d = pattern(100000, 1);
-  uint32_t whole = crc32c(d.data(), d.size());
-  EXPECT_EQ(crc32c(d.data() + 777, d.size() - 777, crc32c(d.data(), 777)), whole);  // chaining
+  const uint64_t whole = checksum(d.data(), d.size());
+  EXPECT_EQ(checksum(d.data(), d.size()), whole);
   d[5000] ^= 1;
-  EXPECT_NE(crc32c(d.data(), d.size()), whole);
+  EXPECT_NE(checksum(d.data(), d.size()), whole);
 }
 
 TEST(HostTier, CapExceededIsAClearErrorNotAnOom) {
@@ -185,6 +184,68 @@ TEST(FaultTier, InjectedErrorsNameOffsetAndSizeAndLaterRequestsAreUnaffected) {
   EXPECT_EQ(back, data);
   tier->read(BufferView::host(back.data(), back.size()), 49152);
   EXPECT_EQ(back, data);
+}
+
+TEST(FaultTier, RulesAddedWhileRunningFilterByDirectionAndCanBeCleared) {
+  TempDir dir;
+  auto tier = make_fault_tier(make_file_tier(small_file(dir.path())), {});
+  auto data = pattern(8192, 3);
+  std::vector<unsigned char> back(data.size());
+  auto host = [](auto& v) { return BufferView::host(v.data(), v.size()); };
+  tier->write(host(data), 0);
+  FaultRule read_fails;
+  read_fails.kind = FaultKind::kError;
+  read_fails.error_code = EPERM;
+  read_fails.direction = Direction::kRead;
+  read_fails.nth_request = 1;  // the second read from now
+  tier->inject(read_fails);
+  tier->write(host(data), 8192);  // writes are not counted by a read rule
+  EXPECT_TRUE(tier->submit({Direction::kRead, host(back), 0}).wait().ok);
+  const IoResult r = tier->submit({Direction::kRead, host(back), 8192}).wait();
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error_code, EPERM);
+  EXPECT_FALSE(lost(r));  // may be transient
+  EXPECT_NE(r.error.find("stripe.dat"), std::string::npos) << r.error;  // names the file
+  EXPECT_TRUE(tier->submit({Direction::kRead, host(back), 8192}).wait().ok);  // count was 1
+  FaultRule always;
+  always.kind = FaultKind::kEio;
+  always.count = 1000;
+  tier->inject(always);
+  EXPECT_FALSE(tier->submit({Direction::kWrite, host(data), 0}).wait().ok);
+  tier->clear_faults();
+  EXPECT_TRUE(tier->submit({Direction::kWrite, host(data), 0}).wait().ok);
+  FaultRule bad;
+  bad.kind = FaultKind::kError;
+  EXPECT_THROW(tier->inject(bad), teraio::Error);  // no error code
+}
+
+TEST(FileTier, DamagedAndTruncatedFilesAreLostBytesNotTransientErrors) {
+  for (FileEngine engine : {FileEngine::kThreads, FileEngine::kAuto}) {
+    TempDir dir;
+    auto o = small_file(dir.path());
+    o.checksums = true;
+    o.engine = engine;
+    auto tier = make_file_tier(o);
+    auto data = pattern(3 * 65536 + 100, 9);  // several stripes
+    tier->write(BufferView::host(data.data(), data.size()), 0);
+    const std::string file = dir.files().at(0);
+    int fd = ::open(file.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    unsigned char junk = static_cast<unsigned char>(data[70000] ^ 0x10);
+    ASSERT_EQ(::pwrite(fd, &junk, 1, 70000), 1);
+    std::vector<unsigned char> back(data.size());
+    IoResult r = tier->submit({Direction::kRead, BufferView::host(back.data(), back.size()), 0}).wait();
+    EXPECT_EQ(r.error_code, EBADMSG) << r.error;
+    EXPECT_TRUE(lost(r));
+    EXPECT_NE(r.error.find("checksum mismatch (written "), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find(file), std::string::npos) << r.error;
+    ASSERT_EQ(::ftruncate(fd, 0), 0);
+    ::close(fd);
+    r = tier->submit({Direction::kRead, BufferView::host(back.data(), back.size()), 0}).wait();
+    EXPECT_EQ(r.error_code, ENODATA) << r.error;
+    EXPECT_TRUE(lost(r));
+    EXPECT_NE(r.error.find("unexpected end of file"), std::string::npos) << r.error;
+  }
 }
 
 // The child half of Cleanup.SigtermRemovesTierFilesAndReRaises. It runs in a freshly exec'd

@@ -63,7 +63,32 @@ if [[ -x $bin/teraio ]]; then
   "$bin/teraio" train --help | grep -q -- '--budget' || fail "teraio train --help"
 fi
 
-# 4. Argument errors: exit 1 with a message naming the argument, before any training.
+# 4. Faults (docs/train.md, "Faults"). Failed writes lose nothing: the run says so on stderr, goes
+#    on, and its losses are still bitwise those of the plain run. A read that keeps failing ends the
+#    run with teraio's error (exit 1, no crash) and leaves no tier files behind.
+mkdir -p "$work/tier2" "$work/tier3"
+"$train" "${common[@]}" --budget 6MiB --tier "file:$work/tier2:256MiB" --inject-fault 3:EIO:write:2 \
+  --report "$work/fault.json" > "$work/fault.log" 2> "$work/fault.err"
+grep -q "teraio-train: step 3: teraio: offload of tensor .* failed (it stays on the device): .*Input/output error.*no data was lost.*; continuing" \
+  "$work/fault.err" || { cat "$work/fault.err"; fail "write-fault message"; }
+if "$train" "${common[@]}" --budget 6MiB --tier "file:$work/tier3:256MiB" \
+    --inject-fault 3:EIO:read:100000 > "$work/rfault.log" 2>&1; then
+  fail "a lasting read fault did not end the run"
+fi
+grep -q "teraio-train: error: teraio: tensor .* could not be read back from tier 'file' after 3 attempts.*stripe.dat.*Input/output error" \
+  "$work/rfault.log" || { cat "$work/rfault.log"; fail "read-fault message"; }
+left=$(find "$work/tier2" "$work/tier3" -mindepth 1)
+[[ -z $left ]] || fail "tier files left behind: $left"
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+run, plain = json.load(open(f"{work}/fault.json")), json.load(open(f"{work}/plain.json"))
+assert run["loss"]["history"] == plain["loss"]["history"], "write faults changed the numbers"
+assert run["session"]["failed_transfers"] == 2 and run["session"]["lost_tensors"] == 0, run["session"]
+print("faults: write faults bitwise and reported, lasting read fault is an error: ok")
+PY
+
+# 5. Argument errors: exit 1 with a message naming the argument, before any training.
 expect_error() {
   local pattern=$1; shift
   if "$train" "$@" > "$work/err.log" 2>&1; then fail "accepted: $*"; fi
@@ -76,4 +101,6 @@ expect_error 'unknown model' --model llama-9b
 expect_error '--dtype "fp16"' --dtype fp16
 expect_error 'cannot open the file' --data "$work/missing.txt"
 expect_error 'exclude each other' --synthetic --data "$work/run.json"
+expect_error '--inject-fault "3:EWHAT:read": unknown error' --budget 8MiB --tier host:64MiB --inject-fault 3:EWHAT:read
+expect_error 'expected STEP:ERROR:DIRECTION' --budget 8MiB --tier host:64MiB --inject-fault 3
 echo "train_check: all passed"
