@@ -8,24 +8,18 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "teraio/error.h"
 #include "teraio/output_file.h"
+#include "../common/files.h"
 
 namespace teraio {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::slurp;
 
 class OutputFile : public ::testing::Test {
  protected:

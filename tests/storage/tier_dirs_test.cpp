@@ -28,16 +28,8 @@ namespace teraio::storage {
 namespace {
 
 namespace fs = std::filesystem;
+using test::small_file;
 using test::TempDir;
-
-FileTierOptions small_tier(const std::string& dir) {
-  FileTierOptions o;
-  o.paths = {dir};
-  o.capacity_bytes = 1 << 20;
-  o.stripe_bytes = 64 * 1024;
-  o.queue_depth = 2;
-  return o;
-}
 
 std::vector<std::string> tier_dirs_in(const std::string& root) {
   std::vector<std::string> out;
@@ -55,7 +47,7 @@ TEST(HoldTierChild, HoldUntilKilled) {
   const char* dir = std::getenv("TERAIO_TEST_HOLD_DIR");
   const char* fd = std::getenv("TERAIO_TEST_READY_FD");
   if (dir == nullptr || fd == nullptr) GTEST_SKIP() << "runs only as a child of StaleTierDirs tests";
-  auto tier = make_file_tier(small_tier(dir));
+  auto tier = make_file_tier(small_file(dir));
   const char ready = 'r';
   if (::write(std::atoi(fd), &ready, 1) != 1) _exit(5);
   for (;;) ::pause();
@@ -112,7 +104,7 @@ TEST(StaleTierDirs, AKilledJobsDirectoryIsRemovedByTheNextTierAndALiveOneNever) 
   ASSERT_TRUE(fs::exists(child_dir + "/stripe.dat"));
 
   {  // Alive: a new tier and the cleaner leave it alone.
-    auto tier = make_file_tier(small_tier(root.path()));
+    auto tier = make_file_tier(small_file(root.path()));
     EXPECT_FALSE(has_note(tier->info(), "stale")) << fmt::format("{}", fmt::join(tier->info().notes, "; "));
     const auto reports = clean_tier_dirs(root.path(), {});
     ASSERT_EQ(reports.size(), 2u);  // the child's and ours
@@ -122,7 +114,7 @@ TEST(StaleTierDirs, AKilledJobsDirectoryIsRemovedByTheNextTierAndALiveOneNever) 
 
   holder.kill();  // SIGKILL: no handler runs, the directory stays with its reservation
   ASSERT_TRUE(fs::exists(child_dir + "/stripe.dat"));
-  auto tier = make_file_tier(small_tier(root.path()));
+  auto tier = make_file_tier(small_file(root.path()));
   EXPECT_TRUE(has_note(tier->info(), "removed stale tier directory " + child_dir))
       << fmt::format("{}", fmt::join(tier->info().notes, "; "));
   EXPECT_FALSE(fs::exists(child_dir));
@@ -216,7 +208,7 @@ TEST(StaleTierDirs, CreatorsRacingCleanersNeverLoseALiveDirectory) {
   });
   std::vector<unsigned char> data(4096, 7), back(4096);
   for (int i = 0; i < 200; ++i) {
-    auto tier = make_sync_file_tier(small_tier(root.path()));
+    auto tier = make_sync_file_tier(small_file(root.path()));
     const std::string stripe = tier->info().files[0];
     tier->write(BufferView::host(data.data(), data.size()), 0);
     ASSERT_TRUE(fs::exists(stripe)) << "a cleaner removed a live tier's file, round " << i;

@@ -19,6 +19,7 @@ namespace teraio::storage {
 namespace {
 
 using test::pattern;
+using test::small_file;
 using test::TempDir;
 
 TEST(ExtentAllocator, AllocatesAlignedFirstFitAndCoalesces) {
@@ -76,15 +77,6 @@ TEST(HostTier, CapExceededIsAClearErrorNotAnOom) {
     EXPECT_NE(std::string(e.what()).find("cap"), std::string::npos) << e.what();
   }
   tier->write(BufferView::host(data.data(), data.size()), (1 << 20) - 4096);  // still usable
-}
-
-FileTierOptions small_file(const std::string& dir) {
-  FileTierOptions o;
-  o.paths = {dir};
-  o.capacity_bytes = 4 << 20;
-  o.stripe_bytes = 64 * 1024;
-  o.queue_depth = 2;
-  return o;
 }
 
 TEST(FileTier, ChecksumMismatchIsReportedOnRead) {
