@@ -1,13 +1,15 @@
 // Entry point of the `teraio` command: builds the CLI from the registered subcommands and turns
 // every error into one line on stderr and an exit status: 1 for an error (a bad value, a bad input
-// file, a failed write), 2 for a command line that does not parse, 70 for a bug (docs/README's
-// "Exit status"). Standard output is checked at the end: output that did not arrive is an error.
+// file, a failed write), 2 for a command line that does not parse, 70 for a bug (README.md and
+// each docs/ page, "Exit status"). Standard output is checked at the end: output that did not
+// arrive is an error.
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <string_view>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
     const int status = app.exit(e) == 0 ? 0 : 2;  // --help and --version print here
     return finish_stdout(status, errno);
   }
+  // Errors go out with fprintf, which cannot throw: fmt::print would throw on a broken stderr.
   try {
     for (auto& [sub, fn] : runners) {
       if (sub->parsed()) return finish_stdout(fn());
@@ -87,20 +90,20 @@ int main(int argc, char** argv) {
   } catch (const cli::StdoutError& e) {
     return stdout_failed(e.error);
   } catch (const teraio::Error& e) {
-    fmt::print(stderr, "teraio: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio: error: %s\n", e.what());
     return 1;
   } catch (const teraio::InternalError& e) {
-    fmt::print(stderr, "teraio: {}\n", e.what());
+    std::fprintf(stderr, "teraio: %s\n", e.what());
     return 70;
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "teraio: error: out of host memory\n");
+    std::fprintf(stderr, "teraio: error: out of host memory\n");
     return 1;
   } catch (const std::system_error& e) {
     if (is_stdout_write_error(e)) return stdout_failed(e.code().value());
-    fmt::print(stderr, "teraio: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio: error: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "teraio: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio: error: %s\n", e.what());
     return 1;
   }
 }

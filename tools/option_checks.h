@@ -1,6 +1,8 @@
 // Range checks of the commands' numeric options, as CLI11 validators: a value outside its range is a
 // one-line error naming the option ("--iterations: must be in [1, 1000], got 0") and exit status 1
-// (main.cpp), before any input is read. NaN and infinities are outside every range.
+// (main.cpp), before any input is read. NaN and infinities are outside every range. A value that is
+// not a number of the option's type ("x", 2^32 for a 32-bit count) is left to CLI11's conversion:
+// a command line that does not parse, status 2.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -21,7 +23,8 @@ CLI::Validator must_be(std::function<bool(T)> ok, std::string range) {
   return CLI::Validator(
       [ok = std::move(ok), range](std::string& text) -> std::string {
         T value{};
-        if (!CLI::detail::lexical_cast(text, value)) return fmt::format("must be {}, got {}", range, text);
+        // Not a number of the option's type: CLI11's conversion says so (a usage error, status 2).
+        if (!CLI::detail::lexical_cast(text, value)) return std::string();
         if constexpr (std::is_floating_point_v<T>) {
           if (!std::isfinite(value)) return fmt::format("must be {}, got {}", range, text);
         }

@@ -744,16 +744,16 @@ int main(int argc, char** argv) {
     if (std::string_view(e.what()).starts_with("cannot write to file")) {
       return stdout_failed(e.code().value());
     }
-    fmt::print(stderr, "teraio-train: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what());
     return 1;
   } catch (const teraio::Error& e) {
-    fmt::print(stderr, "teraio-train: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what());
     return 1;
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "teraio-train: error: {}\n", e.what_without_backtrace());
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "teraio-train: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what());
     return 1;
   }
 }

@@ -263,7 +263,9 @@ TEST_F(Cli, OutOfRangeNumbersAreOneLineErrorsWithStatus1) {
   };
   for (const auto& [args, message] : cases) expect_one_line_error(run_teraio(args), message, args);
   // A command line that does not parse: status 2, one line.
-  for (const std::string& args : {"simulate " + t, "analyze " + t + " --no-such-option", std::string("frobnicate")}) {
+  for (const std::string& args : {"simulate " + t, "analyze " + t + " --no-such-option", std::string("frobnicate"),
+                                  "simulate " + t + " " + p + " --iterations x",
+                                  "synth --seq 4294967296 -o " + path("x")}) {
     const CmdResult r = run_teraio(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_EQ(lines(r.out), 1u) << args << "\n" << r.out;
