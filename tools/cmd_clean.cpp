@@ -69,7 +69,8 @@ const Registration kClean{{
     80,
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<CleanArgs>();
-      sub.add_option("dir", args->dirs, "directories given to file tiers (--tier file:DIR, --path DIR)")
+      sub.add_option("dir", args->dirs,
+                     "directories given to file tiers (--tier file:DIR, --path DIR)")
           ->required();
       sub.add_option("--job", args->job,
                      "only directories of this job name (the tier's job_name, e.g. teraio); "

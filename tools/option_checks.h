@@ -1,8 +1,8 @@
-// Range checks of the commands' numeric options, as CLI11 validators: a value outside its range is a
-// one-line error naming the option ("--iterations: must be in [1, 1000], got 0") and exit status 1
-// (main.cpp), before any input is read. NaN and infinities are outside every range. A value that is
-// not a number of the option's type ("x", 2^32 for a 32-bit count) is left to CLI11's conversion:
-// a command line that does not parse, status 2.
+// Range checks of the commands' numeric options, as CLI11 validators: a value outside its range is
+// a one-line error naming the option ("--iterations: must be in [1, 1000], got 0") and exit status
+// 1 (main.cpp), before any input is read. NaN and infinities are outside every range. A value that
+// is not a number of the option's type ("x", 2^32 for a 32-bit count) is left to CLI11's
+// conversion: a command line that does not parse, status 2.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,7 +17,7 @@
 
 namespace teraio::cli {
 
-// A validator that accepts values of type T for which `ok` holds; `range` says which ("in [1, 10]").
+// A validator of values of type T for which `ok` holds; `range` says which, e.g. "in [1, 10]".
 template <class T>
 CLI::Validator must_be(std::function<bool(T)> ok, std::string range) {
   return CLI::Validator(
@@ -35,7 +35,8 @@ CLI::Validator must_be(std::function<bool(T)> ok, std::string range) {
 
 template <class T>
 CLI::Validator in_range(T lo, T hi) {
-  return must_be<T>([lo, hi](T v) { return v >= lo && v <= hi; }, fmt::format("in [{}, {}]", lo, hi));
+  return must_be<T>([lo, hi](T v) { return v >= lo && v <= hi; },
+                    fmt::format("in [{}, {}]", lo, hi));
 }
 
 template <class T>
@@ -50,7 +51,8 @@ CLI::Validator positive() {
 
 // (0, hi]: durations and factors that must be positive and bounded.
 inline CLI::Validator positive_at_most(double hi) {
-  return must_be<double>([hi](double v) { return v > 0 && v <= hi; }, fmt::format("in (0, {}]", hi));
+  return must_be<double>([hi](double v) { return v > 0 && v <= hi; },
+                         fmt::format("in (0, {}]", hi));
 }
 
 }  // namespace teraio::cli

@@ -1,7 +1,7 @@
 // Writing an output file so that a reader sees either the old file or the whole new one, never a
 // part: every file a command writes (trace, plan, report, run report, study results) goes through
-// write_file_atomically. No fsync (a crash of the machine may lose the new file, never mix the two);
-// every write, the close and the rename are checked.
+// write_file_atomically. No fsync (a crash of the machine may lose the new file, never mix the
+// two); every write, the close and the rename are checked.
 #pragma once
 
 #include <sys/types.h>

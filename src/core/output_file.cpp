@@ -1,5 +1,5 @@
-// write_file_atomically (Note [Atomic output files] in teraio/output_file.h): temporary file next to
-// the target, checked writes, rename into place; the one writer of every output file.
+// write_file_atomically (Note [Atomic output files] in teraio/output_file.h): temporary file next
+// to the target, checked writes, rename into place; the one writer of every output file.
 #include "teraio/output_file.h"
 
 #include <fcntl.h>
@@ -18,7 +18,9 @@ namespace {
 
 std::atomic<uint64_t> g_temp_counter{0};
 
-std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+std::string errno_text(int e) {
+  return std::error_code(e, std::generic_category()).message();
+}
 
 // Writes all of `content`; returns 0 or the errno of the failure.
 int write_all(int fd, std::string_view content, detail::WriteFn write_fn) {
@@ -70,8 +72,9 @@ void detail::write_file_atomically(const std::string& path, std::string_view con
   const std::string dir = slash == std::string::npos ? "." : target.substr(0, slash + 1);
   std::string name = slash == std::string::npos ? target : target.substr(slash + 1);
   if (name.size() > 200) name.resize(200);  // room for the suffix within NAME_MAX
-  const std::string temp = fmt::format("{}{}.{}.tmp-{}-{}", dir, slash == std::string::npos ? "/" : "",
-                                       name, ::getpid(), g_temp_counter.fetch_add(1));
+  const std::string temp =
+      fmt::format("{}{}.{}.tmp-{}-{}", dir, slash == std::string::npos ? "/" : "", name, ::getpid(),
+                  g_temp_counter.fetch_add(1));
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
     throw Error(fmt::format("cannot write {}: {} (creating the temporary file {})", path,
@@ -87,8 +90,8 @@ void detail::write_file_atomically(const std::string& path, std::string_view con
   if (::rename(temp.c_str(), target.c_str()) != 0) {
     err = errno;
     ::unlink(temp.c_str());
-    throw Error(fmt::format("cannot write {}: {} (renaming {} into place)", path, errno_text(err),
-                            temp));
+    throw Error(
+        fmt::format("cannot write {}: {} (renaming {} into place)", path, errno_text(err), temp));
   }
 }
 

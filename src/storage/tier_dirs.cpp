@@ -28,12 +28,12 @@ namespace teraio::storage {
 // "the lock can be taken" means "its owner is gone". The creator makes the directory, creates
 // `lock`, takes the lock without waiting, and checks that `lock` is still linked; a cleaner takes
 // the lock without waiting before it removes anything and removes while holding it. Either one
-// wins: when the cleaner does (it saw `lock` before the creator locked it), the creator's lock fails
-// or finds the file unlinked, and it starts over under a new name. Only the files teraio creates
-// there are removed (`lock`, `stripe.dat`, `.teraio-odirect-probe-<pid>`), through descriptors of
-// directories opened with O_NOFOLLOW, so a symbolic link is never followed; a directory holding
-// anything else is left. A directory without `lock` (made by a teraio from before the locks) is
-// stale only when no process has the pid in its name.
+// wins: when the cleaner does (it saw `lock` before the creator locked it), the creator's lock
+// fails or finds the file unlinked, and it starts over under a new name. Only the files teraio
+// creates there are removed (`lock`, `stripe.dat`, `.teraio-odirect-probe-<pid>`), through
+// descriptors of directories opened with O_NOFOLLOW, so a symbolic link is never followed; a
+// directory holding anything else is left. A directory without `lock` (made by a teraio from before
+// the locks) is stale only when no process has the pid in its name.
 
 namespace {
 
@@ -42,7 +42,9 @@ constexpr const char* kStripeName = "stripe.dat";
 constexpr std::string_view kProbePrefix = ".teraio-odirect-probe-";
 std::atomic<uint64_t> g_dir_counter{0};
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 bool all_digits(std::string_view s) {
   if (s.empty()) return false;
@@ -108,7 +110,8 @@ bool clean_one(int root_fd, const std::string& root, const std::string& name, st
     const std::string_view n = e->d_name;
     if (n == "." || n == "..") continue;
     struct stat st;
-    const bool regular = ::fstatat(dir.fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+    const bool regular =
+        ::fstatat(dir.fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
     if (is_teraio_file(n) && regular) {
       ours.emplace_back(n);
       has_lock |= n == kLockName;
@@ -174,10 +177,14 @@ bool clean_one(int root_fd, const std::string& root, const std::string& name, st
 
 std::string_view to_string(TierDirState state) {
   switch (state) {
-    case TierDirState::kRemoved: return "removed";
-    case TierDirState::kStale: return "stale";
-    case TierDirState::kInUse: return "in use";
-    case TierDirState::kKept: return "kept";
+    case TierDirState::kRemoved:
+      return "removed";
+    case TierDirState::kStale:
+      return "stale";
+    case TierDirState::kInUse:
+      return "in use";
+    case TierDirState::kKept:
+      return "kept";
   }
   return "?";
 }
@@ -203,7 +210,8 @@ std::vector<TierDirReport> clean_tier_dirs(const std::string& root,
   }
   std::sort(names.begin(), names.end());
   std::vector<TierDirReport> out;
-  const std::string shown = root.size() > 1 && root.back() == '/' ? root.substr(0, root.size() - 1) : root;
+  const std::string shown =
+      root.size() > 1 && root.back() == '/' ? root.substr(0, root.size() - 1) : root;
   for (const std::string& name : names) {
     std::string_view job, pid;
     if (!parse_tier_dir_name(name, &job, &pid)) continue;
@@ -225,7 +233,8 @@ LockedTierDir create_locked_tier_dir(const std::string& root, const std::string&
       throw Error(fmt::format("file tier: cannot create {}: {}", d.dir, errno_text(errno)));
     }
     d.lock_file = d.dir + "/" + kLockName;
-    d.lock_fd = ::open(d.lock_file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    d.lock_fd =
+        ::open(d.lock_file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (d.lock_fd < 0) {
       const int e = errno;
       if (e == ENOENT) continue;  // a cleaner removed the empty directory: start over
@@ -238,8 +247,9 @@ LockedTierDir create_locked_tier_dir(const std::string& root, const std::string&
         ::close(d.lock_fd);
         continue;
       }
-      d.note = fmt::format("{}: cannot lock {} ({}); teraio clean will not remove it if this process dies",
-                           root, d.lock_file, errno_text(e));
+      d.note = fmt::format(
+          "{}: cannot lock {} ({}); teraio clean will not remove it if this process dies", root,
+          d.lock_file, errno_text(e));
     }
     struct stat st;
     if (::fstat(d.lock_fd, &st) == 0 && st.st_nlink == 0) {  // a cleaner removed it first
@@ -248,9 +258,10 @@ LockedTierDir create_locked_tier_dir(const std::string& root, const std::string&
     }
     return d;
   }
-  throw Error(fmt::format("file tier: cannot create a directory in {} (64 attempts raced with "
-                          "cleaners or old directories)",
-                          root));
+  throw Error(
+      fmt::format("file tier: cannot create a directory in {} (64 attempts raced with "
+                  "cleaners or old directories)",
+                  root));
 }
 
 }  // namespace teraio::storage

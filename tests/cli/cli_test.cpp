@@ -28,20 +28,22 @@ using test::put;
 using test::run_teraio;
 using test::slurp;
 
-
-size_t lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+size_t lines(const std::string& s) {
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
 
 // An error: status 1 and exactly one line, "teraio: error: ..." holding `text`.
 void expect_one_line_error(const CmdResult& r, const std::string& text, const std::string& what) {
   EXPECT_EQ(r.status, 1) << what << "\n" << r.out;
   EXPECT_EQ(lines(r.out), 1u) << what << "\n" << r.out;
   EXPECT_TRUE(r.out.starts_with("teraio: error: ")) << what << "\n" << r.out;
-  EXPECT_NE(r.out.find(text), std::string::npos) << what << ": expected '" << text << "' in\n" << r.out;
+  EXPECT_NE(r.out.find(text), std::string::npos) << what << ": expected '" << text << "' in\n"
+                                                 << r.out;
 }
 
 std::string trace_json(const std::string& tensors, const std::string& kernels) {
-  return R"({"format": "teraio.trace", "version": 1, "tensors": [)" + tensors + R"(], "kernels": [)" +
-         kernels + "]}";
+  return R"({"format": "teraio.trace", "version": 1, "tensors": [)" + tensors +
+         R"(], "kernels": [)" + kernels + "]}";
 }
 
 class Cli : public ::testing::Test {
@@ -54,7 +56,8 @@ class Cli : public ::testing::Test {
     const CmdResult r = run_teraio("synth --model tiny -o " + trace_);
     ASSERT_EQ(r.status, 0) << r.out;
     plan_ = path("tiny.plan.json");
-    const CmdResult p = run_teraio("plan " + trace_ + " --budget 1536KiB --tier ssd:1TiB:1:1 -o " + plan_);
+    const CmdResult p =
+        run_teraio("plan " + trace_ + " --budget 1536KiB --tier ssd:1TiB:1:1 -o " + plan_);
     ASSERT_EQ(p.status, 0) << p.out;
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -114,8 +117,8 @@ TEST_F(Cli, EveryCommandHandlesTracesWithoutKernelsOrTensors) {
 
 TEST_F(Cli, TierNamesAreEscapedInEveryJsonAndDuplicatesAreRefused) {
   const std::string p = path("q.plan.json");
-  CmdResult r = run_teraio("plan " + trace_ + R"( --budget 1536KiB --tier 'my "ssd"\1:1TiB:1:1' -o )" + p +
-                           " --json");
+  CmdResult r = run_teraio("plan " + trace_ +
+                           R"( --budget 1536KiB --tier 'my "ssd"\1:1TiB:1:1' -o )" + p + " --json");
   ASSERT_EQ(r.status, 0) << r.out;
   const auto summary = nlohmann::json::parse(r.out);
   EXPECT_EQ(summary["plan"], p);
@@ -126,12 +129,15 @@ TEST_F(Cli, TierNamesAreEscapedInEveryJsonAndDuplicatesAreRefused) {
   r = run_teraio("simulate " + trace_ + " " + p + " --json");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["tiers"][0]["name"], R"(my "ssd"\1)");
-  r = run_teraio("exact " + path("none.json") + " --budget 1GiB --tier 'a:1TiB:1:1' --tier a:1GiB:2:2 -o " + p);
+  r = run_teraio("exact " + path("none.json") +
+                 " --budget 1GiB --tier 'a:1TiB:1:1' --tier a:1GiB:2:2 -o " + p);
   expect_one_line_error(r, "--tier: two tiers are named \"a\"", "exact duplicate tiers");
   r = run_teraio("plan " + trace_ + " --budget 1GiB --tier 'a:1TiB:1:1' --tier a:1GiB:2:2 -o " + p);
   expect_one_line_error(r, "--tier: two tiers are named \"a\"", "plan duplicate tiers");
   const std::string s = path("study.json");
-  r = run_teraio("study gap --instances 1 --max-layers 1 --time-limit 10 --tier 'x\"y:1TiB:6.5:6.5' --json " + s);
+  r = run_teraio(
+      "study gap --instances 1 --max-layers 1 --time-limit 10 --tier 'x\"y:1TiB:6.5:6.5' --json " +
+      s);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(slurp(s))["tiers"][0], "x\"y:1TiB:6.5:6.5");
 }
@@ -196,7 +202,8 @@ TEST_F(Cli, EveryCommandChecksItsStandardOutput) {
       "iobench --tier host --size 1MiB --repeat 1 --json",
       "clean " + path("tiers"),
       // More than stdio's buffer at once: the write fails inside fmt::print, not at the end.
-      "plan " + trace_ + " --budget 1536KiB --tier " + std::string(6000, 'a') + ":1TiB:1:1 -o " + path("p3.json"),
+      "plan " + trace_ + " --budget 1536KiB --tier " + std::string(6000, 'a') + ":1TiB:1:1 -o " +
+          path("p3.json"),
   };
   for (const std::string& c : commands) {
     const CmdResult r = run_teraio(c + " > /dev/full");
@@ -206,8 +213,10 @@ TEST_F(Cli, EveryCommandChecksItsStandardOutput) {
 }
 
 TEST_F(Cli, TracesBeyondTheFormatsBoundsAreRefusedNamingTheField) {
-  const std::string big = R"({"id": 0, "bytes": 9223372036854775808, "kind": "activation", "persistent": false})";
-  const std::string half = R"("bytes": 5000000000000000, "kind": "activation", "persistent": false})";
+  const std::string big =
+      R"({"id": 0, "bytes": 9223372036854775808, "kind": "activation", "persistent": false})";
+  const std::string half =
+      R"("bytes": 5000000000000000, "kind": "activation", "persistent": false})";
   const std::string k = R"({"name": "k", "time_us": 1, "tensors": [0]})";
   put(path("huge.json"), trace_json(big, k));
   put(path("sum.json"), trace_json(R"({"id": 0, )" + half + R"(, {"id": 1, )" + half, k));
@@ -215,13 +224,17 @@ TEST_F(Cli, TracesBeyondTheFormatsBoundsAreRefusedNamingTheField) {
   put(path("inf.json"), trace_json("", slow + ", " + slow));
   put(path("long.json"), trace_json("", R"({"name": "k", "time_us": 2e15, "tensors": []})"));
   for (const std::string cmd : {"analyze", "plan"}) {
-    const std::string rest = std::string(cmd) == "plan" ? " --budget 1GiB --tier ssd:1TiB:1:1 -o " + path("p.json") : "";
-    expect_one_line_error(run_teraio(std::string(cmd) + " " + path("huge.json") + rest),
-                          "huge.json: tensors[0].bytes: the tensors' bytes add up to more than 2^53", cmd);
+    const std::string rest =
+        std::string(cmd) == "plan" ? " --budget 1GiB --tier ssd:1TiB:1:1 -o " + path("p.json") : "";
+    expect_one_line_error(
+        run_teraio(std::string(cmd) + " " + path("huge.json") + rest),
+        "huge.json: tensors[0].bytes: the tensors' bytes add up to more than 2^53", cmd);
     expect_one_line_error(run_teraio(std::string(cmd) + " " + path("sum.json") + rest),
-                          "sum.json: tensors[1].bytes: the tensors' bytes add up to more than 2^53", cmd);
-    expect_one_line_error(run_teraio(std::string(cmd) + " " + path("inf.json") + rest),
-                          "inf.json: kernels[0].time_us: the kernels' times add up to more than 1e15 us", cmd);
+                          "sum.json: tensors[1].bytes: the tensors' bytes add up to more than 2^53",
+                          cmd);
+    expect_one_line_error(
+        run_teraio(std::string(cmd) + " " + path("inf.json") + rest),
+        "inf.json: kernels[0].time_us: the kernels' times add up to more than 1e15 us", cmd);
     expect_one_line_error(run_teraio(std::string(cmd) + " " + path("long.json") + rest),
                           "long.json: kernels[0].time_us", cmd);
   }
@@ -233,11 +246,15 @@ TEST_F(Cli, OutOfRangeNumbersAreOneLineErrorsWithStatus1) {
       {"analyze " + t + " --ssd-gbps 0", "--ssd-gbps: must be > 0, got 0"},
       {"analyze " + t + " --ssd-gbps nan", "--ssd-gbps: must be > 0, got nan"},
       {"plan " + t + " --budget -1 --tier ssd:1TiB:1:1" + o, "--budget: '-1' is not a size"},
-      {"plan " + t + " --budget 1GiB --tier ssd:1TiB:0:1" + o, "--tier ssd read GB/s: '0' is not a positive number"},
-      {"exact " + t + " --budget 1GiB --tier ssd:1TiB:1:1 --time-limit 0" + o, "--time-limit: must be in (0, 1000000], got 0"},
+      {"plan " + t + " --budget 1GiB --tier ssd:1TiB:0:1" + o,
+       "--tier ssd read GB/s: '0' is not a positive number"},
+      {"exact " + t + " --budget 1GiB --tier ssd:1TiB:1:1 --time-limit 0" + o,
+       "--time-limit: must be in (0, 1000000], got 0"},
       {"simulate " + t + " " + p + " --iterations 0", "--iterations: must be in [1, 1000], got 0"},
-      {"simulate " + t + " " + p + " --sweep-bandwidth --sweep-steps 0", "--sweep-steps: must be in [1, 1000], got 0"},
-      {"simulate " + t + " " + p + " --sweep-bandwidth --sweep-min -1", "--sweep-min: must be in (0, 1000000], got -1"},
+      {"simulate " + t + " " + p + " --sweep-bandwidth --sweep-steps 0",
+       "--sweep-steps: must be in [1, 1000], got 0"},
+      {"simulate " + t + " " + p + " --sweep-bandwidth --sweep-min -1",
+       "--sweep-min: must be in (0, 1000000], got -1"},
       {"simulate " + t + " " + p + " --tier-bandwidth ssd:inf:1", "'inf' is not a positive number"},
       {"report " + t + " --max-points -3" + o, "--max-points: must be in [16, 10000000], got -3"},
       {"report " + t + " --max-points 8" + o, "--max-points: must be in [16, 10000000], got 8"},
@@ -258,14 +275,15 @@ TEST_F(Cli, OutOfRangeNumbersAreOneLineErrorsWithStatus1) {
       {"study sensitivity --noise 1", "--noise: must be in [0, 1), got 1"},
       {"study sensitivity --noise-seeds -1", "--noise-seeds: must be in [0, 1000], got -1"},
       {"iobench --tier host --size 1MiB --repeat 0", "--repeat: must be in [1, 10000], got 0"},
-      {"iobench --tier host --size 1MiB --queue-depth 0", "--queue-depth: must be in [1, 1024], got 0"},
+      {"iobench --tier host --size 1MiB --queue-depth 0",
+       "--queue-depth: must be in [1, 1024], got 0"},
       {"iobench --tier host --size 0", "--size must be > 0"},
   };
   for (const auto& [args, message] : cases) expect_one_line_error(run_teraio(args), message, args);
   // A command line that does not parse: status 2, one line.
-  for (const std::string& args : {"simulate " + t, "analyze " + t + " --no-such-option", std::string("frobnicate"),
-                                  "simulate " + t + " " + p + " --iterations x",
-                                  "synth --seq 4294967296 -o " + path("x")}) {
+  for (const std::string& args :
+       {"simulate " + t, "analyze " + t + " --no-such-option", std::string("frobnicate"),
+        "simulate " + t + " " + p + " --iterations x", "synth --seq 4294967296 -o " + path("x")}) {
     const CmdResult r = run_teraio(args);
     EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
     EXPECT_EQ(lines(r.out), 1u) << args << "\n" << r.out;
@@ -288,21 +306,30 @@ TEST_F(Cli, CleanRemovesStaleTierDirectoriesOnly) {
 
   CmdResult r = run_teraio("clean --dry-run " + root.string());
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("would remove   " + (root / "teraio-999999999-0").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("would remove   " + (root / "teraio-999999999-0").string()),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("in use         " + live.string()), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("would free 8.0 KiB (8192 bytes) in 1 directory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("would free 8.0 KiB (8192 bytes) in 1 directory"), std::string::npos)
+      << r.out;
   EXPECT_TRUE(fs::exists(root / "teraio-999999999-0" / "stripe.dat"));
 
   r = run_teraio("clean " + root.string());
   ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("removed        " + (root / "teraio-999999999-0").string()), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("freed 8.0 KiB (8192 bytes) in 1 directory; 1 in use, 0 kept"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("removed        " + (root / "teraio-999999999-0").string()),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("freed 8.0 KiB (8192 bytes) in 1 directory; 1 in use, 0 kept"),
+            std::string::npos)
+      << r.out;
   EXPECT_FALSE(fs::exists(root / "teraio-999999999-0"));
   EXPECT_TRUE(fs::exists(live / "stripe.dat"));
   ::close(lock);
 
-  expect_one_line_error(run_teraio("clean " + path("missing")), "clean: " + path("missing") + ": No such file or directory", "missing");
-  expect_one_line_error(run_teraio("clean " + root.string() + " " + trace_), "clean: " + trace_ + ": not a directory", "file");
+  expect_one_line_error(run_teraio("clean " + path("missing")),
+                        "clean: " + path("missing") + ": No such file or directory", "missing");
+  expect_one_line_error(run_teraio("clean " + root.string() + " " + trace_),
+                        "clean: " + trace_ + ": not a directory", "file");
   EXPECT_EQ(run_teraio("clean").status, 2);
 }
 

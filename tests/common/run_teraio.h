@@ -15,7 +15,9 @@ struct CmdResult {
   std::string out;  // stdout and stderr
 };
 
-inline std::string teraio_binary() { return std::string(TERAIO_BINARY_DIR) + "/bin/teraio"; }
+inline std::string teraio_binary() {
+  return std::string(TERAIO_BINARY_DIR) + "/bin/teraio";
+}
 
 // `prefix` runs before teraio in the same shell (e.g. "ulimit -f 1;").
 inline CmdResult run_teraio(const std::string& args, const std::string& prefix = "") {

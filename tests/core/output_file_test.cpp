@@ -10,9 +10,9 @@
 #include <filesystem>
 #include <string>
 
+#include "../common/files.h"
 #include "teraio/error.h"
 #include "teraio/output_file.h"
-#include "../common/files.h"
 
 namespace teraio {
 namespace {
@@ -114,7 +114,8 @@ TEST_F(OutputFile, MissingDirectoryAndDirectoryTargetAreClearErrors) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos)
+        << e.what();
   }
   try {
     write_file_atomically(dir_.string(), "x");

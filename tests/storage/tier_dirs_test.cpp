@@ -38,7 +38,9 @@ std::vector<std::string> tier_dirs_in(const std::string& root) {
   return out;
 }
 
-void touch(const fs::path& p, const std::string& text = "") { std::ofstream(p) << text; }
+void touch(const fs::path& p, const std::string& text = "") {
+  std::ofstream(p) << text;
+}
 
 // The child half of the tests below: holds a file tier on TERAIO_TEST_HOLD_DIR, says so on the
 // pipe TERAIO_TEST_READY_FD, then waits to be killed. Runs in a freshly exec'd process (see
@@ -46,7 +48,8 @@ void touch(const fs::path& p, const std::string& text = "") { std::ofstream(p) <
 TEST(HoldTierChild, HoldUntilKilled) {
   const char* dir = std::getenv("TERAIO_TEST_HOLD_DIR");
   const char* fd = std::getenv("TERAIO_TEST_READY_FD");
-  if (dir == nullptr || fd == nullptr) GTEST_SKIP() << "runs only as a child of StaleTierDirs tests";
+  if (dir == nullptr || fd == nullptr)
+    GTEST_SKIP() << "runs only as a child of StaleTierDirs tests";
   auto tier = make_file_tier(small_file(dir));
   const char ready = 'r';
   if (::write(std::atoi(fd), &ready, 1) != 1) _exit(5);
@@ -105,7 +108,8 @@ TEST(StaleTierDirs, AKilledJobsDirectoryIsRemovedByTheNextTierAndALiveOneNever) 
 
   {  // Alive: a new tier and the cleaner leave it alone.
     auto tier = make_file_tier(small_file(root.path()));
-    EXPECT_FALSE(has_note(tier->info(), "stale")) << fmt::format("{}", fmt::join(tier->info().notes, "; "));
+    EXPECT_FALSE(has_note(tier->info(), "stale"))
+        << fmt::format("{}", fmt::join(tier->info().notes, "; "));
     const auto reports = clean_tier_dirs(root.path(), {});
     ASSERT_EQ(reports.size(), 2u);  // the child's and ours
     for (const TierDirReport& r : reports) EXPECT_EQ(r.state, TierDirState::kInUse) << r.path;
@@ -130,7 +134,8 @@ TEST(StaleTierDirs, CleanRemovesOnlyTeraiosOwnFilesAndFollowsNoLinks) {
   fs::create_directory(r / "teraio-999999999-0");
   touch(r / "teraio-999999999-0" / "lock");
   {
-    const int fd = ::open((r / "teraio-999999999-0" / "stripe.dat").c_str(), O_RDWR | O_CREAT, 0600);
+    const int fd =
+        ::open((r / "teraio-999999999-0" / "stripe.dat").c_str(), O_RDWR | O_CREAT, 0600);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(::fallocate(fd, 0, 0, 1 << 20) == 0 || ::ftruncate(fd, 1 << 20) == 0, true);
     ::close(fd);
@@ -184,7 +189,8 @@ TEST(StaleTierDirs, CleanRemovesOnlyTeraiosOwnFilesAndFollowsNoLinks) {
   // Without a job name every job's directories are looked at.
   reports = clean_tier_dirs(root.path(), {});
   bool iobench_removed = false;
-  for (const auto& x : reports) iobench_removed |= x.path.ends_with("iobench-999999999-0") && x.state == TierDirState::kRemoved;
+  for (const auto& x : reports)
+    iobench_removed |= x.path.ends_with("iobench-999999999-0") && x.state == TierDirState::kRemoved;
   EXPECT_TRUE(iobench_removed);
   EXPECT_TRUE(fs::exists(r / "backup-2024-01"));
   EXPECT_TRUE(fs::exists(r / "data-1-2"));
@@ -195,7 +201,8 @@ TEST(StaleTierDirs, BadRootIsAClearError) {
     clean_tier_dirs("/nonexistent/teraio", {});
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/teraio: No such file or directory"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/teraio: No such file or directory"),
+              std::string::npos)
         << e.what();
   }
 }
