@@ -3,9 +3,7 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
 
 namespace teraio::json {
 
