@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "option_checks.h"
 #include "teraio/trace_stats.h"
 #include "teraio/units.h"
 
@@ -106,7 +107,8 @@ const Registration kAnalyze{{
       sub.add_flag("--json", args->json, "print one JSON object instead of the table");
       sub.add_option("--ssd-gbps", args->options.ssd_gbps,
                      "bandwidth (GB/s) for 'periods longer than moving the tensor to an SSD'")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(positive<double>());
       return [args] { return run_analyze(*args); };
     },
 }};

@@ -9,10 +9,12 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "option_checks.h"
 #include "planning_args.h"
 #include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/exact.h"
+#include "teraio/json_text.h"
 #include "teraio/plan_check.h"
 #include "teraio/planner.h"
 #include "teraio/simulator.h"
@@ -56,14 +58,15 @@ int run_exact(const ExactArgs& args) {
   const std::string stats = fmt::format(
       "{{\"optimal\": {}, \"model_stall_us\": {}, \"bound_stall_us\": {}, \"greedy_model_stall_us\": {}, "
       "\"greedy_iteration_us\": {}, \"columns\": {}, \"binaries\": {}, \"rows\": {}, \"solve_seconds\": {:.3f}}}",
-      r.optimal, r.model_stall_us, r.bound_stall_us, r.greedy_model_stall_us, greedy_us, r.columns, r.binaries,
-      r.rows, r.solve_seconds);
+      r.optimal, json_number(r.model_stall_us), json_number(r.bound_stall_us),
+      json_number(r.greedy_model_stall_us), json_number(greedy_us), r.columns, r.binaries, r.rows, r.solve_seconds);
   r.plan.extra.emplace_back("exact", stats);
   write_plan(r.plan, args.out_path);
   if (args.json) {
-    fmt::print("{{\"plan\": \"{}\", \"moves\": {}, \"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, "
+    fmt::print("{{\"plan\": {}, \"moves\": {}, \"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, "
                "\"exact\": {}}}\n",
-               args.out_path, r.plan.moves.size(), sim.iteration_us, sim.ideal_us, sim.stall_us, stats);
+               json_quote(args.out_path), r.plan.moves.size(), json_number(sim.iteration_us),
+               json_number(sim.ideal_us), json_number(sim.stall_us), stats);
     return 0;
   }
   fmt::print("plan                 {} ({} kernels, {} tensors, {} moves)\n", args.out_path, trace.num_kernels(),
@@ -92,7 +95,7 @@ const Registration kExact{{
       add_planning_options(sub, *args);
       sub.add_option("--time-limit", args->time_limit_s, "seconds for the solver; the best plan so far is kept")
           ->capture_default_str()
-          ->check(CLI::PositiveNumber);
+          ->check(positive_at_most(1e6));
       sub.add_flag("--no-warm-start", args->no_warm_start, "do not seed the solver with the greedy plan");
       return [args] { return run_exact(*args); };
     },

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "option_checks.h"
 #include "teraio/json_text.h"
 #include "teraio/error.h"
 #include "teraio/storage.h"
@@ -59,8 +60,9 @@ Spread spread(std::vector<double> v) {
   return s;
 }
 
+// At least 1 ns, so a bandwidth computed from it is always finite.
 double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::max(1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 struct Row {
@@ -414,9 +416,11 @@ const Registration kIobench{{
       sub.add_option("--request", a->requests, "request size; several values sweep (e.g. --request 1MiB 16MiB)")
           ->capture_default_str();
       sub.add_option("--queue-depth", a->queue_depths, "in-flight chunks per path; several values sweep")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(1, 1024));
       sub.add_option("--repeat", a->repeat, "passes per configuration (median, min and max are reported)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(1, 10000));
       sub.add_option("--device", a->device, "buffer memory: cpu (pinned host) or cuda (device 0)")->capture_default_str();
       sub.add_option("--direction", a->direction, "read, write or both")->capture_default_str();
       sub.add_option("--engine", a->engine, "file engine: auto, io_uring, threads or sync")->capture_default_str();

@@ -13,6 +13,7 @@
 #include "planning_args.h"
 #include "teraio/analysis.h"
 #include "teraio/error.h"
+#include "teraio/json_text.h"
 #include "teraio/plan_check.h"
 #include "teraio/planner.h"
 #include "teraio/simulator.h"
@@ -67,7 +68,7 @@ int run_plan(const PlanArgs& args) {
   }
   std::string tiers_json;
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
-    tiers_json += fmt::format("{}\"{}\": {}", i ? ", " : "", plan.tiers[i].name, tier_bytes[i]);
+    tiers_json += fmt::format("{}{}: {}", i ? ", " : "", json_quote(plan.tiers[i].name), tier_bytes[i]);
   }
   const std::string stats_json = fmt::format(
       "{{\"candidates\": {}, \"chosen\": {}, \"forced\": {}, \"peak_before_bytes\": {}, "
@@ -82,12 +83,13 @@ int run_plan(const PlanArgs& args) {
 
   if (args.json) {
     fmt::print(
-        "{{\"plan\": \"{}\", \"moves\": {}, \"budget_bytes\": {}, \"planned_peak_bytes\": {}, "
+        "{{\"plan\": {}, \"moves\": {}, \"budget_bytes\": {}, \"planned_peak_bytes\": {}, "
         "\"iteration_us\": {}, "
         "\"ideal_us\": {}, \"stall_us\": {}, \"read_seconds\": {:.6f}, \"total_seconds\": {:.6f}, "
         "\"planner\": {}}}\n",
-        args.out_path, plan.moves.size(), plan.budget_bytes, check.peak_bytes, sim.iteration_us,
-        sim.ideal_us, sim.stall_us, read_s, total_s, stats_json);
+        json_quote(args.out_path), plan.moves.size(), plan.budget_bytes, check.peak_bytes,
+        json_number(sim.iteration_us), json_number(sim.ideal_us), json_number(sim.stall_us), read_s,
+        total_s, stats_json);
     return 0;
   }
   fmt::print("plan                 {} ({} kernels, {} tensors)\n", args.out_path,

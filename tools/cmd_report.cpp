@@ -1,9 +1,8 @@
 // `teraio report`: one self-contained HTML page of SVG charts for a trace, optionally a plan and a
 // measured run (docs/report.md). Reads the inputs, renders with teraio::render_report, writes the
-// file.
+// file (replaced atomically: write_file_atomically).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,7 +10,9 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "option_checks.h"
 #include "teraio/error.h"
+#include "teraio/output_file.h"
 #include "teraio/report.h"
 
 namespace teraio::cli {
@@ -37,11 +38,7 @@ int run_report(ReportArgs args) {
   if (run) args.options.run_label = fs::path(args.run_path).filename().string();
   const std::string html =
       render_report(trace, plan ? &*plan : nullptr, run ? &*run : nullptr, args.options);
-  std::ofstream out(args.out_path, std::ios::binary | std::ios::trunc);
-  TERAIO_CHECK(out, "cannot open '{}' for writing", args.out_path);
-  out.write(html.data(), static_cast<std::streamsize>(html.size()));
-  out.close();
-  TERAIO_CHECK(out, "cannot write '{}'", args.out_path);
+  write_file_atomically(args.out_path, html);
   fmt::print("report               {} ({:.1f} KiB)\n", args.out_path,
              static_cast<double>(html.size()) / 1024);
   return 0;
@@ -62,11 +59,13 @@ const Registration kReport{{
                      "page title (default: from the trace's model)");
       sub.add_option("--max-points", args->options.max_points,
                      "samples per series along the x axis (>= 16)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range<size_t>(16, 10'000'000));
       sub.add_option(
              "--sweep-steps", args->options.sweep_steps,
              "points of the bandwidth roofline, each a replan and a simulation (0: leave it out)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(0, 1000));
       return [args] { return run_report(*args); };
     },
 }};

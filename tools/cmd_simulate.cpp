@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "option_checks.h"
 #include "teraio/json_text.h"
 #include "teraio/error.h"
 #include "teraio/simulator.h"
@@ -69,14 +70,14 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
           "{}{{\"name\": {}, \"offload_bytes\": {}, \"prefetch_bytes\": {}, \"write_busy_us\": {}, "
           "\"read_busy_us\": {}}}",
           i ? ", " : "", json_quote(tiers[i].name), t.offload_bytes, t.prefetch_bytes,
-          t.write_busy_us, t.read_busy_us);
+          json_number(t.write_busy_us), json_number(t.read_busy_us));
     }
     fmt::print(
         "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
         "\"peak_bytes\": {}, "
         "\"tiers\": [{}], \"urgent_fetches\": {}}}\n",
-        r.iteration_us, r.ideal_us, r.stall_us, r.overlap_us, r.peak_bytes, tiers_json,
-        r.urgent_fetches);
+        json_number(r.iteration_us), json_number(r.ideal_us), json_number(r.stall_us),
+        json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches);
     return;
   }
   fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
@@ -118,8 +119,10 @@ void print_sweep(const SimulateArgs& args, const std::vector<SweepPoint>& points
           "\"ideal_us\": {}, "
           "\"stall_us\": {}, \"percent_of_ideal\": {}, \"plan_point\": {}, \"plan_moves\": {}, "
           "\"own_plan_iteration_us\": {}}}",
-          i ? "," : "", p.scale, p.total_read_gbps, p.total_write_gbps, p.iteration_us, p.ideal_us,
-          p.stall_us, p.percent_of_ideal, p.plan_point, p.plan_moves, p.own_plan_iteration_us);
+          i ? "," : "", json_number(p.scale), json_number(p.total_read_gbps),
+          json_number(p.total_write_gbps), json_number(p.iteration_us), json_number(p.ideal_us),
+          json_number(p.stall_us), json_number(p.percent_of_ideal), p.plan_point, p.plan_moves,
+          json_number(p.own_plan_iteration_us));
     }
     fmt::print("\n]\n");
     return;
@@ -178,16 +181,20 @@ const Registration kSimulate{{
           "NAME:READ_GBPS:WRITE_GBPS: simulate the plan's tier NAME at these bandwidths; repeat");
       sub.add_option("--iterations", args->iterations,
                      "iterations to simulate; times are their mean")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(1, 1000));
       sub.add_flag(
           "--sweep-bandwidth", args->sweep,
           "replan and simulate at every tier's bandwidth times a range of factors (Figure 3)");
       sub.add_option("--sweep-min", args->sweep_min, "smallest bandwidth factor")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(positive_at_most(1e6));
       sub.add_option("--sweep-max", args->sweep_max, "largest bandwidth factor")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(positive_at_most(1e6));
       sub.add_option("--sweep-steps", args->sweep_steps, "number of factors, spaced geometrically")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(1, 1000));
       sub.add_option("--min-tensor", args->min_tensor, "planner option for the sweep's replanning")
           ->capture_default_str();
       return [args] { return run_simulate(*args); };

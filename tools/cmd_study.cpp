@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -15,9 +14,12 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "option_checks.h"
 #include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/exact.h"
+#include "teraio/json_text.h"
+#include "teraio/output_file.h"
 #include "teraio/plan_check.h"
 #include "teraio/planner.h"
 #include "teraio/simulator.h"
@@ -26,12 +28,6 @@
 
 namespace teraio::cli {
 namespace {
-
-std::vector<TierSpec> parse_tiers(const std::vector<std::string>& specs) {
-  std::vector<TierSpec> tiers;
-  for (const std::string& s : specs) tiers.push_back(parse_tier_spec(s));
-  return tiers;
-}
 
 // Budget between the largest kernel's own bytes (fraction 0) and the unplanned peak (fraction 1).
 uint64_t budget_between(const Trace& trace, double fraction) {
@@ -44,12 +40,17 @@ uint64_t budget_between(const Trace& trace, double fraction) {
 }
 
 void write_json(const std::string& path, const std::string& text) {
-  if (path.empty()) return;
-  std::ofstream f(path);
-  TERAIO_CHECK(f.good(), "study: cannot write {}", path);
-  f << text;
-  TERAIO_CHECK(f.good(), "study: cannot write {}", path);
+  if (!path.empty()) write_file_atomically(path, text);
 }
+
+// The --tier specs as a JSON array of strings.
+std::string tier_specs_json(const std::vector<std::string>& specs) {
+  std::string out;
+  for (const std::string& t : specs) out += (out.empty() ? "" : ", ") + json_quote(t);
+  return out;
+}
+
+std::string num(double v) { return json_number(v); }
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -70,10 +71,8 @@ struct GapArgs {
 };
 
 int run_gap(const GapArgs& args) {
-  TERAIO_CHECK(args.instances >= 1 && args.instances <= 10000, "study gap: --instances must be in [1, 10000]");
   TERAIO_CHECK(!args.fractions.empty(), "study gap: --budget-fractions needs at least one value");
-  TERAIO_CHECK(args.max_layers >= 1 && args.max_layers <= 10, "study gap: --max-layers must be in [1, 10]");
-  const std::vector<TierSpec> tiers = parse_tiers(args.tiers);
+  const std::vector<TierSpec> tiers = parse_tier_specs(args.tiers);
   fmt::print("| # | seed | kernels | tensors | budget | ideal | greedy | exact | bound | gap vs exact | gap vs bound "
              "| solver |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string rows;
@@ -118,16 +117,17 @@ int run_gap(const GapArgs& args) {
                                         ex.model_stall_us > 0
                                             ? 100 * (ex.model_stall_us - ex.bound_stall_us) / ex.model_stall_us
                                             : 0.0));
-    std::fflush(stdout);
+    flush_stdout();
     rows += fmt::format(
         "{}{{\"seed\": {}, \"layers\": {}, \"kernels\": {}, \"tensors\": {}, \"budget_fraction\": {}, "
         "\"budget_bytes\": {}, \"ideal_us\": {}, \"greedy_iteration_us\": {}, \"exact_iteration_us\": {}, "
         "\"bound_iteration_us\": {}, \"greedy_model_stall_us\": {}, \"exact_model_stall_us\": {}, "
         "\"bound_stall_us\": {}, \"optimal\": {}, \"solve_seconds\": {:.3f}, \"gap_percent\": {}, "
         "\"bound_gap_percent\": {}, \"greedy_moves\": {}, \"exact_moves\": {}}}",
-        rows.empty() ? "" : ",\n  ", seed, iopts.layers, trace.num_kernels(), trace.num_tensors(), fraction, budget,
-        gs.ideal_us, gs.iteration_us, es.iteration_us, bound_us, ex.greedy_model_stall_us, ex.model_stall_us,
-        ex.bound_stall_us, ex.optimal, ex.solve_seconds, gap, bound_gap, greedy.moves.size(), ex.plan.moves.size());
+        rows.empty() ? "" : ",\n  ", seed, iopts.layers, trace.num_kernels(), trace.num_tensors(), num(fraction),
+        budget, num(gs.ideal_us), num(gs.iteration_us), num(es.iteration_us), num(bound_us),
+        num(ex.greedy_model_stall_us), num(ex.model_stall_us), num(ex.bound_stall_us), ex.optimal, ex.solve_seconds,
+        num(gap), num(bound_gap), greedy.moves.size(), ex.plan.moves.size());
   }
   const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / static_cast<double>(gaps.size());
   const double bmean =
@@ -136,20 +136,19 @@ int run_gap(const GapArgs& args) {
       "{{\"instances\": {}, \"mean_gap_percent\": {}, \"median_gap_percent\": {}, \"max_gap_percent\": {}, "
       "\"mean_bound_gap_percent\": {}, \"median_bound_gap_percent\": {}, \"max_bound_gap_percent\": {}, "
       "\"greedy_optimal\": {}, \"exact_slower\": {}, \"proved_optimal\": {}}}",
-      gaps.size(), mean, median(gaps), *std::max_element(gaps.begin(), gaps.end()), bmean, median(bound_gaps),
-      *std::max_element(bound_gaps.begin(), bound_gaps.end()), greedy_optimal, exact_worse, proved);
+      gaps.size(), num(mean), num(median(gaps)), num(*std::max_element(gaps.begin(), gaps.end())), num(bmean),
+      num(median(bound_gaps)), num(*std::max_element(bound_gaps.begin(), bound_gaps.end())), greedy_optimal,
+      exact_worse, proved);
   fmt::print("\ngap vs exact (simulated): mean {:+.2f}%, median {:+.2f}%, max {:+.2f}%; greedy as fast as exact on "
              "{}/{}; exact plan slower in simulation on {}\n",
              mean, median(gaps), *std::max_element(gaps.begin(), gaps.end()), greedy_optimal, gaps.size(),
              exact_worse);
   fmt::print("gap vs bound: mean {:+.2f}%, median {:+.2f}%, max {:+.2f}%; solver proved optimality on {}/{}\n", bmean,
              median(bound_gaps), *std::max_element(bound_gaps.begin(), bound_gaps.end()), proved, gaps.size());
-  std::string tiers_json;
-  for (const std::string& t : args.tiers) tiers_json += fmt::format("{}\"{}\"", tiers_json.empty() ? "" : ", ", t);
   write_json(args.json_path,
              fmt::format("{{\"study\": \"gap\", \"seed\": {}, \"time_limit_s\": {}, \"tiers\": [{}],\n \"summary\": "
                          "{},\n \"instances\": [\n  {}\n]}}\n",
-                         args.seed, args.time_limit_s, tiers_json, summary, rows));
+                         args.seed, num(args.time_limit_s), tier_specs_json(args.tiers), summary, rows));
   return 0;
 }
 
@@ -165,12 +164,10 @@ struct SensArgs {
 
 int run_sensitivity(const SensArgs& args) {
   TERAIO_CHECK(!args.scales.empty() && !args.fractions.empty(), "study sensitivity: empty --scales or --budget-fractions");
-  TERAIO_CHECK(args.noise >= 0 && args.noise < 1, "study sensitivity: --noise must be in [0, 1)");
-  TERAIO_CHECK(args.noise_seeds >= 0 && args.noise_seeds <= 1000, "study sensitivity: --noise-seeds in [0, 1000]");
   SynthOptions sopts;
   sopts.model = args.model;
   const Trace trace = synthesize(sopts);
-  const std::vector<TierSpec> truth = parse_tiers(args.tiers);
+  const std::vector<TierSpec> truth = parse_tier_specs(args.tiers);
   const Lifetimes lifetimes(trace);
   const std::vector<uint64_t> curve = memory_curve(trace, lifetimes);
   const uint64_t peak = *std::max_element(curve.begin(), curve.end());
@@ -202,7 +199,8 @@ int run_sensitivity(const SensArgs& args) {
                  100 * trace.total_time_us() / us);
       rows += fmt::format("{}{{\"budget_fraction\": {}, \"budget_bytes\": {}, \"kind\": \"bandwidth\", \"scale\": {}, "
                           "\"iteration_us\": {}, \"truth_plan_iteration_us\": {}, \"ideal_us\": {}}}",
-                          rows.empty() ? "" : ",\n  ", fraction, budget, s, us, true_us, trace.total_time_us());
+                          rows.empty() ? "" : ",\n  ", num(fraction), budget, num(s), num(us), num(true_us),
+                          num(trace.total_time_us()));
     }
     if (args.noise_seeds > 0 && args.noise > 0) {
       std::vector<double> deltas;
@@ -220,8 +218,8 @@ int run_sensitivity(const SensArgs& args) {
         deltas.push_back(100 * (us - true_us) / true_us);
         rows += fmt::format("{}{{\"budget_fraction\": {}, \"budget_bytes\": {}, \"kind\": \"time_noise\", \"noise\": {}, "
                             "\"seed\": {}, \"iteration_us\": {}, \"truth_plan_iteration_us\": {}, \"ideal_us\": {}}}",
-                            rows.empty() ? "" : ",\n  ", fraction, budget, args.noise, seed, us, true_us,
-                            trace.total_time_us());
+                            rows.empty() ? "" : ",\n  ", num(fraction), budget, num(args.noise), seed, num(us),
+                            num(true_us), num(trace.total_time_us()));
       }
       fmt::print("\nkernel times off by up to ±{:.0f}% ({} seeds): iteration vs plan at truth mean {:+.2f}%, "
                  "min {:+.2f}%, max {:+.2f}%\n\n",
@@ -230,11 +228,9 @@ int run_sensitivity(const SensArgs& args) {
                  *std::min_element(deltas.begin(), deltas.end()), *std::max_element(deltas.begin(), deltas.end()));
     }
   }
-  std::string tiers_json;
-  for (const std::string& t : args.tiers) tiers_json += fmt::format("{}\"{}\"", tiers_json.empty() ? "" : ", ", t);
-  write_json(args.json_path, fmt::format("{{\"study\": \"sensitivity\", \"model\": \"{}\", \"tiers\": [{}],\n "
+  write_json(args.json_path, fmt::format("{{\"study\": \"sensitivity\", \"model\": {}, \"tiers\": [{}],\n "
                                          "\"rows\": [\n  {}\n]}}\n",
-                                         args.model, tiers_json, rows));
+                                         json_quote(args.model), tier_specs_json(args.tiers), rows));
   return 0;
 }
 
@@ -246,19 +242,26 @@ const Registration kStudy{{
       sub.require_subcommand(1);
       auto gap = std::make_shared<GapArgs>();
       CLI::App* g = sub.add_subcommand("gap", "greedy vs exact (MILP) on small generated instances, simulated");
-      g->add_option("--instances", gap->instances, "number of instances (seeds seed..seed+N-1)")->capture_default_str();
+      g->add_option("--instances", gap->instances, "number of instances (seeds seed..seed+N-1)")
+          ->capture_default_str()
+          ->check(in_range(1, 10000));
       g->add_option("--seed", gap->seed, "first seed")->capture_default_str();
-      g->add_option("--time-limit", gap->time_limit_s, "solver seconds per instance")->capture_default_str();
+      g->add_option("--time-limit", gap->time_limit_s, "solver seconds per instance")
+          ->capture_default_str()
+          ->check(positive_at_most(1e6));
       g->add_option("--tier", gap->tiers, "NAME:CAPACITY:READ_GBPS:WRITE_GBPS; repeat")->capture_default_str();
       g->add_option("--budget-fractions", gap->fractions,
                     "budgets between the largest kernel (0) and the unplanned peak (1), next one every --max-layers instances")
           ->capture_default_str()
-          ->delimiter(',');
+          ->delimiter(',')
+          ->check(in_range(0.0, 1.0));
       g->add_option("--first-index", gap->first_index,
                     "index of the first instance (runs instances first..first+N-1; for running slices in parallel)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(0, 1'000'000'000));
       g->add_option("--max-layers", gap->max_layers, "instance i has 1 + i % max-layers layers (7L+1 kernels)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(1, 10));
       g->add_option("--json", gap->json_path, "also write every number to this JSON file");
       auto sens = std::make_shared<SensArgs>();
       CLI::App* s = sub.add_subcommand("sensitivity", "plan with wrong bandwidths / noisy kernel times, simulate at truth");
@@ -267,13 +270,18 @@ const Registration kStudy{{
           ->capture_default_str();
       s->add_option("--budget-fractions", sens->fractions, "budgets as fractions of the unplanned peak")
           ->capture_default_str()
-          ->delimiter(',');
+          ->delimiter(',')
+          ->check(positive_at_most(1.0));
       s->add_option("--scales", sens->scales, "bandwidth factors the planner assumes")
           ->capture_default_str()
-          ->delimiter(',');
+          ->delimiter(',')
+          ->check(positive_at_most(1e6));
       s->add_option("--noise", sens->noise, "kernel-time error: each time x uniform(1-noise, 1+noise)")
-          ->capture_default_str();
-      s->add_option("--noise-seeds", sens->noise_seeds, "noisy profiles per budget (0 = skip)")->capture_default_str();
+          ->capture_default_str()
+          ->check(must_be<double>([](double v) { return v >= 0 && v < 1; }, "in [0, 1)"));
+      s->add_option("--noise-seeds", sens->noise_seeds, "noisy profiles per budget (0 = skip)")
+          ->capture_default_str()
+          ->check(in_range(0, 1000));
       s->add_option("--json", sens->json_path, "also write every number to this JSON file");
       return [g, s, gap, sens] {
         if (g->parsed()) return run_gap(*gap);

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "command.h"
+#include "option_checks.h"
 #include "teraio/error.h"
 #include "teraio/synth.h"
 #include "teraio/units.h"
@@ -59,18 +60,24 @@ const Registration kSynth{{
           ->capture_default_str();
       sub.add_option("--batch", args->options.batch,
                      "global batch in sequences, a multiple of --micro-batches (default: the model's, or "
-                     "--micro-batches x the model's sequences per micro-batch)");
-      sub.add_option("--seq", args->options.seq, "sequence length in tokens (default: the model's)");
+                     "--micro-batches x the model's sequences per micro-batch)")
+          ->check(positive<uint32_t>());
+      sub.add_option("--seq", args->options.seq, "sequence length in tokens (default: the model's)")
+          ->check(positive<uint32_t>());
       sub.add_option("--micro-batches", args->options.micro_batches,
-                     "gradient-accumulation steps per iteration (default: the model's)");
+                     "gradient-accumulation steps per iteration (default: the model's)")
+          ->check(positive<uint32_t>());
       sub.add_option("--dtype", args->dtype, "fp32, bf16 or fp16")->capture_default_str();
       sub.add_option("--gpu-tflops", args->options.gpu_tflops,
-                     "peak dense TFLOPS (default: 67 for fp32, 989 for bf16/fp16)");
+                     "peak dense TFLOPS (default: 67 for fp32, 989 for bf16/fp16)")
+          ->check(positive<double>());
       sub.add_option("--hbm-gbps", args->options.hbm_gbps, "HBM bandwidth in GB/s")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(positive<double>());
       sub.add_option("--launch-us", args->options.launch_overhead_us,
                      "fixed overhead added to every kernel, in us")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(in_range(0.0, 1e9));
       sub.add_option("--optimizer", args->optimizer, "optimizer (only adamw)")
           ->check(CLI::IsMember({"adamw"}))
           ->capture_default_str();

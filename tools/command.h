@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -23,5 +25,15 @@ std::vector<CommandSpec>& registry();
 struct Registration {
   explicit Registration(CommandSpec spec) { registry().push_back(std::move(spec)); }
 };
+
+// Standard output failed (a full disk, a closed pipe); main() reports it and exits with status 1.
+struct StdoutError {
+  int error = 0;  // errno
+};
+
+// Flushes standard output now (progress a person is watching); throws StdoutError on failure.
+inline void flush_stdout() {
+  if (std::fflush(stdout) != 0) throw StdoutError{errno};
+}
 
 }  // namespace teraio::cli

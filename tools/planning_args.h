@@ -21,11 +21,7 @@ struct PlanningArgs {
   bool json = false;
 
   uint64_t budget_bytes() const { return parse_size(budget, "--budget"); }
-  std::vector<TierSpec> tier_specs() const {
-    std::vector<TierSpec> out;
-    for (const std::string& spec : tiers) out.push_back(parse_tier_spec(spec));
-    return out;
-  }
+  std::vector<TierSpec> tier_specs() const { return parse_tier_specs(tiers); }
 };
 
 inline void add_planning_options(CLI::App& sub, PlanningArgs& a) {

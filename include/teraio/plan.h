@@ -22,6 +22,11 @@ struct TierSpec {
 
 // Parses NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. "ssd:2TiB:6.5:6.5". Throws teraio::Error.
 TierSpec parse_tier_spec(std::string_view text);
+// Parses every spec (the repeated --tier of a command) and checks that the names are distinct.
+std::vector<TierSpec> parse_tier_specs(const std::vector<std::string>& texts);
+// Throws teraio::Error naming `what` when two tiers share a name: a plan names its tier in every
+// move, so the names must tell the tiers apart.
+void check_tier_names(const std::vector<TierSpec>& tiers, std::string_view what);
 
 enum class MoveOp : uint8_t { offload, prefetch };
 std::string_view to_string(MoveOp op);

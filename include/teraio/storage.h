@@ -208,6 +208,9 @@ struct FileTierOptions {
   GdsMode gds = GdsMode::kOff;         // cuFile for device buffers (kAuto probes, then falls back)
   std::string job_name = "teraio";     // files go to <path>/<job_name>-<pid>-<n>/stripe.dat
 };
+// Creates the tier. First removes, from each path, the <job_name>-* tier directories whose process
+// is gone (clean_tier_dirs; one line per directory in info().notes), then makes its own directory,
+// locked for the tier's life (Note [Tier directory locks] in tier_dirs.cpp).
 std::unique_ptr<Tier> make_file_tier(const FileTierOptions& options);
 
 // The reference: synchronous buffered pread/pwrite in the caller's thread, same striped layout.
@@ -285,6 +288,35 @@ uint64_t checksum(const void* data, uint64_t size_bytes);
 void cleanup_register(const std::string& path);
 void cleanup_unregister(const std::string& path);  // after the owner removed it itself
 void cleanup_run_now();                             // removes everything registered
+
+// Stale tier directories (docs/storage.md, "Stale tier directories"): a file tier's directory
+// <path>/<job>-<pid>-<n>/ holds `lock`, flock'ed while the tier lives, and stripe.dat. A process
+// killed with SIGKILL leaves it, holding its whole reservation; clean_tier_dirs finds such
+// directories (the lock can be taken: its owner is gone) and removes their files and themselves.
+// A directory whose lock is held is never touched; a directory holding anything teraio did not put
+// there is left alone; symbolic links are never followed.
+enum class TierDirState {
+  kRemoved,  // its owner was gone; files and directory removed
+  kStale,    // its owner is gone; left in place because of dry_run
+  kInUse,    // its owner is alive (lock held, or, without a lock file, its pid runs)
+  kKept,     // left in place for `reason` (foreign files, a failed removal, no locking)
+};
+std::string_view to_string(TierDirState state);
+struct TierDirReport {
+  std::string path;
+  TierDirState state = TierDirState::kKept;
+  uint64_t bytes = 0;  // disk space its files take (freed when kRemoved, freeable when kStale)
+  std::string reason;  // for kKept and kInUse: why, in a few words
+};
+struct CleanTierDirsOptions {
+  std::string job_name;  // only <job_name>-<pid>-<n>; empty: every tier directory
+  bool dry_run = false;  // report, remove nothing
+};
+// Scans `root` (not recursively) for tier directories. Throws teraio::Error when `root` is not a
+// readable directory; problems with single directories are reported as kKept. Reports nothing for
+// entries that are not tier directories. Thread-safe.
+std::vector<TierDirReport> clean_tier_dirs(const std::string& root,
+                                           const CleanTierDirsOptions& options);
 
 // ---------------------------------------------------------------------------------------------
 // GPUDirect Storage (cuFile, loaded with dlopen).

@@ -30,6 +30,14 @@ struct TensorInfo {
   std::string name;
 };
 
+// Bounds every trace keeps (docs/formats.md, "Bounds"), checked by the reader and by validate():
+// the bytes of all tensors together are at most 2^53 (8 PiB; exact as a double, and any sum the
+// analysis, planner or simulator makes stays far below 2^63), and the kernel times together at most
+// 1e15 us (about 31.7 years; finite however many iterations are simulated). So no sum of bytes or
+// times overflows or becomes inf anywhere, and none needs checked arithmetic.
+constexpr uint64_t kMaxTraceBytes = 1ull << 53;
+constexpr double kMaxTraceTimeUs = 1e15;
+
 class Trace {
  public:
   // Free-form metadata ("model", "device", ...) as (key, raw JSON value) pairs in file order.
@@ -62,8 +70,12 @@ class Trace {
   // Sum of all kernel times.
   double total_time_us() const;
 
-  // Throws teraio::Error on ids out of range, negative or non-finite times.
+  // Throws teraio::Error on ids out of range, negative or non-finite times, and traces beyond the
+  // bounds above, naming the field ("tensors[3].bytes: ...").
   void validate() const;
+  // The messages of the two bounds, shared by validate() and the reader.
+  static std::string bytes_bound_message(uint64_t bytes);
+  static std::string time_bound_message(double time_us);
 
  private:
   std::vector<std::string> names_;

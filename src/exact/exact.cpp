@@ -461,6 +461,7 @@ void callback(glp_tree* tree, void* info) {
 
 void check_options(const Trace& trace, const ExactOptions& opts) {
   TERAIO_CHECK(!opts.tiers.empty(), "exact: at least one tier is required (--tier NAME:CAPACITY:READ:WRITE)");
+  check_tier_names(opts.tiers, "exact");
   for (const TierSpec& t : opts.tiers) {
     TERAIO_CHECK(std::isfinite(t.read_gbps) && t.read_gbps > 0 && std::isfinite(t.write_gbps) && t.write_gbps > 0,
                  "exact: tier '{}' needs positive read and write bandwidth (got {} and {} GB/s)", t.name, t.read_gbps,

@@ -117,7 +117,9 @@ class Planner {
 };
 
 void Planner::check_options() const {
+  trace_.validate();
   TERAIO_CHECK(!opts_.tiers.empty(), "planner: at least one tier is required (--tier NAME:CAPACITY:READ:WRITE)");
+  check_tier_names(opts_.tiers, "planner");
   for (const TierSpec& t : opts_.tiers) {
     TERAIO_CHECK(std::isfinite(t.read_gbps) && t.read_gbps > 0 && std::isfinite(t.write_gbps) && t.write_gbps > 0,
                  "planner: tier '{}' needs positive read and write bandwidth (got {} and {} GB/s)", t.name,

@@ -159,6 +159,7 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts) {
   TERAIO_CHECK(opts.iterations >= 1 && opts.iterations <= 1000,
                "simulate: iterations must be in [1, 1000], got {}", opts.iterations);
+  trace.validate();
   const std::vector<TierSpec>& tiers = opts.actual_tiers.empty() ? plan.tiers : opts.actual_tiers;
   TERAIO_CHECK(tiers.size() == plan.tiers.size(),
                "simulate: {} actual tiers given but the plan has {} tiers", tiers.size(),

@@ -30,7 +30,6 @@ namespace {
 
 constexpr uint64_t kBlock = 4096;
 constexpr int kMaxRetries = 16;
-std::atomic<uint64_t> g_dir_counter{0};
 
 uint64_t round_down(uint64_t x) {
   return x / kBlock * kBlock;
@@ -65,6 +64,8 @@ std::vector<Piece> split(uint64_t stripe, int paths, uint64_t offset, uint64_t s
 
 struct PathFiles {
   std::string dir;
+  std::string lock_file;
+  int lock_fd = -1;      // flock'ed while the tier lives (Note [Tier directory locks])
   std::string file;
   int fd_direct = -1;    // O_DIRECT, when the filesystem accepts it
   int fd_buffered = -1;  // always
@@ -290,11 +291,15 @@ class FileTier final : public Tier {
     struct stat st;
     TERAIO_CHECK(::stat(root.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
                  "file tier: path {} is not a directory ({})", root, std::strerror(errno));
+    remove_stale_dirs(root);
     PathFiles& f = ps.files;
-    f.dir = fmt::format("{}/{}-{}-{}", root, o_.job_name, getpid(), g_dir_counter.fetch_add(1));
-    TERAIO_CHECK(::mkdir(f.dir.c_str(), 0700) == 0, "file tier: cannot create {}: {}", f.dir,
-                 std::strerror(errno));
+    LockedTierDir locked = create_locked_tier_dir(root, o_.job_name);
+    f.dir = locked.dir;
+    f.lock_file = locked.lock_file;
+    f.lock_fd = locked.lock_fd;
     cleanup_register(f.dir);
+    cleanup_register(f.lock_file);
+    if (!locked.note.empty()) notes_.push_back(locked.note);
     f.file = f.dir + "/stripe.dat";
     f.fd_buffered = ::open(f.file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     TERAIO_CHECK(f.fd_buffered >= 0, "file tier: cannot create {}: {}", f.file,
@@ -331,6 +336,23 @@ class FileTier final : public Tier {
                                      std::strerror(errno)));
       }
       f.direct = f.fd_direct >= 0;
+    }
+  }
+
+  // The directories of this job under `root` whose process is gone (docs/storage.md, "Stale tier
+  // directories"): removed, one note each; a failure to scan is a note too, never an error.
+  void remove_stale_dirs(const std::string& root) {
+    try {
+      for (const TierDirReport& r : clean_tier_dirs(root, {o_.job_name, false})) {
+        if (r.state == TierDirState::kRemoved) {
+          notes_.push_back(fmt::format("removed stale tier directory {} ({} freed; its process is gone)",
+                                       r.path, format_bytes(static_cast<double>(r.bytes))));
+        } else if (r.state == TierDirState::kKept) {
+          notes_.push_back(fmt::format("left stale tier directory {}: {}", r.path, r.reason));
+        }
+      }
+    } catch (const teraio::Error& e) {
+      notes_.push_back(fmt::format("cannot look for stale tier directories: {}", e.what()));
     }
   }
 
@@ -423,10 +445,16 @@ class FileTier final : public Tier {
         ::unlink(f.file.c_str());
         cleanup_unregister(f.file);
       }
+      if (!f.lock_file.empty()) {
+        ::unlink(f.lock_file.c_str());
+        cleanup_unregister(f.lock_file);
+      }
       if (!f.dir.empty()) {
         ::rmdir(f.dir.c_str());
         cleanup_unregister(f.dir);
       }
+      if (f.lock_fd >= 0) ::close(f.lock_fd);  // last: the directory is gone while we hold it
+      f.lock_fd = -1;
     }
     for (auto& [dev, s] : h2d_streams_) cuda::stream_destroy(s);
     h2d_streams_.clear();

@@ -131,4 +131,16 @@ IoResult failure(int error_code, std::string message);
 // Host memory aligned to 4 KiB (posix_memalign); throws teraio::Error naming `what` on failure.
 void* aligned_host_alloc(uint64_t size_bytes, const char* what);
 
+// A file tier's private directory <root>/<job>-<pid>-<n>/ and its lock (tier_dirs.cpp, Note [Tier
+// directory locks]). lock_fd holds flock(LOCK_EX) until closed; `note` says why when the
+// filesystem refused the lock (the directory then looks foreign to clean_tier_dirs: never removed).
+struct LockedTierDir {
+  std::string dir;
+  std::string lock_file;
+  int lock_fd = -1;
+  std::string note;
+};
+// Creates and locks a fresh tier directory under `root`. Throws teraio::Error naming the path.
+LockedTierDir create_locked_tier_dir(const std::string& root, const std::string& job_name);
+
 }  // namespace teraio::storage

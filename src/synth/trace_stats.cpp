@@ -24,8 +24,8 @@ constexpr const char* kLengthLabels[kNumLengthBuckets] = {"<1ms", "1-10ms", "10-
 
 double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
-// JSON number: finite doubles printed shortest round-trip, integers exactly.
-std::string num(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "0"; }
+// JSON number (never inf or NaN: the trace's bounds keep every sum finite).
+std::string num(double v) { return json_number(v); }
 
 
 template <size_t N>

@@ -1,13 +1,9 @@
-// Typed access to simdjson's DOM with precise error messages; file loading and atomic writes.
+// Typed access to simdjson's DOM with precise error messages; file loading.
 #include "json_util.h"
-
-#include "teraio/json_text.h"
 
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
 
 namespace teraio::json {
 
@@ -135,35 +131,6 @@ simdjson::padded_string load_file(const std::string& path) {
                             errno ? std::strerror(errno) : simdjson::error_message(err)));
   }
   return text;
-}
-
-void write_file(const std::string& path, std::string_view text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(fmt::format("{}: cannot write ({})", path, std::strerror(errno)));
-  const size_t written = std::fwrite(text.data(), 1, text.size(), f);
-  const int close_rc = std::fclose(f);
-  if (written != text.size() || close_rc != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: write failed after {} of {} bytes ({})", path, written, text.size(),
-                            std::strerror(e)));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot rename {} into place ({})", path, tmp, std::strerror(e)));
-  }
-}
-
-void append_escaped(std::string& out, std::string_view s) { append_json_quoted(out, s); }
-
-void append_double(std::string& out, double v) {
-  if (v == std::floor(v) && std::fabs(v) < 1e15) {
-    fmt::format_to(std::back_inserter(out), "{}", static_cast<int64_t>(v));
-  } else {
-    fmt::format_to(std::back_inserter(out), "{}", v);
-  }
 }
 
 }  // namespace teraio::json

@@ -1,5 +1,6 @@
-// Private helpers for the v1 JSON readers and writers: typed field access over a simdjson DOM with
-// errors that name the source, the field path and what was expected, and JSON string escaping.
+// Private helpers for the v1 JSON readers: typed field access over a simdjson DOM with errors that
+// name the source, the field path and what was expected. The writers use teraio/json_text.h and
+// teraio/output_file.h.
 #pragma once
 
 #include <simdjson.h>
@@ -21,7 +22,8 @@ struct Path {
   size_t index = 0;
 
   std::string str() const {
-    std::string out = parent ? parent->str() : std::string();
+    if (parent == nullptr) return std::string(key);  // the document itself: ""
+    std::string out = parent->str();
     if (!key.empty()) {
       if (!out.empty()) out += '.';
       out += key;
@@ -66,11 +68,5 @@ simdjson::dom::element parse_document(simdjson::dom::parser& parser, std::string
                                       std::string_view source);
 // Reads a whole file into a padded string, throwing teraio::Error naming the path.
 simdjson::padded_string load_file(const std::string& path);
-// Writes `text` to `path` atomically (temporary file + rename). Throws teraio::Error.
-void write_file(const std::string& path, std::string_view text);
-
-void append_escaped(std::string& out, std::string_view s);
-// Shortest representation that reads back to the same double.
-void append_double(std::string& out, double v);
 
 }  // namespace teraio::json

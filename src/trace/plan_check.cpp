@@ -223,6 +223,7 @@ PlanCheck check_plan(const Trace& trace, const Lifetimes& lifetimes, const Plan&
                      size_t max_errors) {
   if (trace.num_kernels() == 0) {
     PlanCheck c;
+    c.tier_peak_bytes.assign(plan.tiers.size(), 0);  // one entry per tier, as for any trace
     if (!plan.moves.empty()) {
       c.valid = false;
       c.error_count = 1;

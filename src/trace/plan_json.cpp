@@ -3,6 +3,8 @@
 #include <vector>
 
 #include "json_util.h"
+#include "teraio/json_text.h"
+#include "teraio/output_file.h"
 #include "teraio/plan.h"
 #include "teraio/units.h"
 
@@ -28,6 +30,24 @@ TierSpec parse_tier_spec(std::string_view text) {
   spec.read_gbps = parse_positive_double(parts[2], fmt::format("--tier {} read GB/s", spec.name));
   spec.write_gbps = parse_positive_double(parts[3], fmt::format("--tier {} write GB/s", spec.name));
   return spec;
+}
+
+std::vector<TierSpec> parse_tier_specs(const std::vector<std::string>& texts) {
+  std::vector<TierSpec> tiers;
+  tiers.reserve(texts.size());
+  for (const std::string& text : texts) tiers.push_back(parse_tier_spec(text));
+  check_tier_names(tiers, "--tier");
+  return tiers;
+}
+
+void check_tier_names(const std::vector<TierSpec>& tiers, std::string_view what) {
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      TERAIO_CHECK(tiers[i].name != tiers[j].name,
+                   "{}: two tiers are named {}; each tier needs its own name", what,
+                   json_quote(tiers[i].name));
+    }
+  }
 }
 
 Plan parse_plan(std::string_view text, std::string_view source) {
@@ -123,6 +143,7 @@ Plan read_plan(const std::string& path) {
 }
 
 std::string plan_to_json(const Plan& plan) {
+  check_tier_names(plan.tiers, "plan");
   std::string out;
   out.reserve(256 + plan.moves.size() * 80);
   fmt::format_to(std::back_inserter(out),
@@ -131,11 +152,11 @@ std::string plan_to_json(const Plan& plan) {
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     const TierSpec& t = plan.tiers[i];
     out += i ? ",\n    {\"name\": " : "\n    {\"name\": ";
-    json::append_escaped(out, t.name);
+    append_json_quoted(out, t.name);
     fmt::format_to(std::back_inserter(out), ", \"capacity_bytes\": {}, \"read_gbps\": ", t.capacity_bytes);
-    json::append_double(out, t.read_gbps);
+    append_json_number(out, t.read_gbps, "a tier's read_gbps");
     out += ", \"write_gbps\": ";
-    json::append_double(out, t.write_gbps);
+    append_json_number(out, t.write_gbps, "a tier's write_gbps");
     out += '}';
   }
   out += plan.tiers.empty() ? "],\n  \"moves\": [" : "\n  ],\n  \"moves\": [";
@@ -144,22 +165,22 @@ std::string plan_to_json(const Plan& plan) {
     out += i ? ",\n    {\"tensor\": " : "\n    {\"tensor\": ";
     fmt::format_to(std::back_inserter(out), "{}, \"op\": \"{}\", \"tier\": ", m.tensor, to_string(m.op));
     TERAIO_CHECK(m.tier < plan.tiers.size(), "moves[{}]: tier index {} is out of range", i, m.tier);
-    json::append_escaped(out, plan.tiers[m.tier].name);
+    append_json_quoted(out, plan.tiers[m.tier].name);
     fmt::format_to(std::back_inserter(out), ", \"start\": {}, \"deadline\": {}}}", m.start, m.deadline);
   }
   out += plan.moves.empty() ? "],\n  \"predicted\": {" : "\n  ],\n  \"predicted\": {";
   out += "\"iteration_us\": ";
-  json::append_double(out, plan.predicted.iteration_us);
+  append_json_number(out, plan.predicted.iteration_us, "predicted.iteration_us");
   out += ", \"ideal_us\": ";
-  json::append_double(out, plan.predicted.ideal_us);
+  append_json_number(out, plan.predicted.ideal_us, "predicted.ideal_us");
   out += ", \"stall_us\": ";
-  json::append_double(out, plan.predicted.stall_us);
+  append_json_number(out, plan.predicted.stall_us, "predicted.stall_us");
   out += ", \"peak_bytes\": ";
-  json::append_double(out, plan.predicted.peak_bytes);
+  append_json_number(out, plan.predicted.peak_bytes, "predicted.peak_bytes");
   out += '}';
   for (const auto& [key, value] : plan.extra) {
     out += ",\n  ";
-    json::append_escaped(out, key);
+    append_json_quoted(out, key);
     out += ": ";
     out += value;
   }
@@ -168,7 +189,7 @@ std::string plan_to_json(const Plan& plan) {
 }
 
 void write_plan(const Plan& plan, const std::string& path) {
-  json::write_file(path, plan_to_json(plan));
+  write_file_atomically(path, plan_to_json(plan));
 }
 
 }  // namespace teraio

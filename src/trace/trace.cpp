@@ -79,12 +79,34 @@ double Trace::total_time_us() const {
   return total;
 }
 
+std::string Trace::bytes_bound_message(uint64_t bytes) {
+  return fmt::format("the tensors' bytes add up to more than 2^53 (8 PiB) with this tensor's {}; "
+                     "no trace may hold more (docs/formats.md, \"Bounds\")",
+                     bytes);
+}
+
+std::string Trace::time_bound_message(double time_us) {
+  return fmt::format("the kernels' times add up to more than 1e15 us (31.7 years) with this "
+                     "kernel's {} us; no trace may take longer (docs/formats.md, \"Bounds\")",
+                     time_us);
+}
+
 void Trace::validate() const {
   const size_t n = tensors.size();
+  uint64_t total_bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t b = tensors[i].bytes;
+    TERAIO_CHECK(b <= kMaxTraceBytes && total_bytes + b <= kMaxTraceBytes, "tensors[{}].bytes: {}", i,
+                 bytes_bound_message(b));
+    total_bytes += b;
+  }
+  double total_us = 0;
   for (size_t k = 0; k < num_kernels(); ++k) {
     const double t = kernel_time_us_[k];
     TERAIO_CHECK(std::isfinite(t) && t >= 0, "kernels[{}].time_us: must be a finite number >= 0, got {}",
                  k, t);
+    total_us += t;
+    TERAIO_CHECK(total_us <= kMaxTraceTimeUs, "kernels[{}].time_us: {}", k, time_bound_message(t));
     for (TensorId id : kernel_tensors(static_cast<KernelIndex>(k))) {
       TERAIO_CHECK(id < n, "kernels[{}].tensors: tensor id {} is out of range (the trace has {} tensors)",
                    k, id, n);

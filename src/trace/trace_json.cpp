@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "json_util.h"
+#include "teraio/json_text.h"
+#include "teraio/output_file.h"
 #include "teraio/trace.h"
 
 namespace teraio {
@@ -27,6 +29,7 @@ Trace parse_trace(std::string_view text, std::string_view source) {
   auto tensors = r.array(r.field(root, "tensors", top), tp);
   trace.tensors.reserve(tensors.size());
   size_t i = 0;
+  uint64_t total_bytes = 0;
   for (auto e : tensors) {
     const json::Path p = tp.at(i);
     auto o = r.object(e, p);
@@ -34,6 +37,10 @@ Trace parse_trace(std::string_view text, std::string_view source) {
     if (id != i) r.fail(p.field("id"), fmt::format("must equal its position {}, got {}", i, id));
     TensorInfo info;
     info.bytes = r.u64(r.field(o, "bytes", p), p.field("bytes"));
+    if (info.bytes > kMaxTraceBytes || total_bytes + info.bytes > kMaxTraceBytes) {
+      r.fail(p.field("bytes"), Trace::bytes_bound_message(info.bytes));
+    }
+    total_bytes += info.bytes;
     const std::string_view kind = r.string(r.field(o, "kind", p), p.field("kind"));
     if (!parse_tensor_kind(kind, &info.kind)) {
       r.fail(p.field("kind"),
@@ -53,11 +60,14 @@ Trace parse_trace(std::string_view text, std::string_view source) {
   std::vector<TensorId> ids;
   const uint64_t num_tensors = trace.tensors.size();
   size_t k = 0;
+  double total_us = 0;
   for (auto e : kernels) {
     const json::Path p = kp.at(k);
     auto o = r.object(e, p);
     const std::string_view name = r.string(r.field(o, "name", p), p.field("name"));
     const double time_us = r.non_negative(r.field(o, "time_us", p), p.field("time_us"));
+    total_us += time_us;
+    if (total_us > kMaxTraceTimeUs) r.fail(p.field("time_us"), Trace::time_bound_message(time_us));
     const json::Path lp = p.field("tensors");
     ids.clear();
     size_t j = 0;
@@ -87,7 +97,7 @@ std::string trace_to_json(const Trace& trace) {
   out += "{\n  \"format\": \"teraio.trace\", \"version\": 1,\n  \"meta\": {";
   for (size_t i = 0; i < trace.meta.size(); ++i) {
     if (i) out += ", ";
-    json::append_escaped(out, trace.meta[i].first);
+    append_json_quoted(out, trace.meta[i].first);
     out += ": ";
     out += trace.meta[i].second;
   }
@@ -97,7 +107,7 @@ std::string trace_to_json(const Trace& trace) {
     out += i ? ",\n    " : "\n    ";
     fmt::format_to(std::back_inserter(out), "{{\"id\": {}, \"bytes\": {}, \"kind\": \"{}\", \"persistent\": {}, \"name\": ",
                    i, t.bytes, to_string(t.kind), t.persistent ? "true" : "false");
-    json::append_escaped(out, t.name);
+    append_json_quoted(out, t.name);
     out += '}';
   }
   out += trace.num_tensors() ? "\n  ],\n  \"kernels\": [" : "],\n  \"kernels\": [";
@@ -105,9 +115,9 @@ std::string trace_to_json(const Trace& trace) {
     const auto ki = static_cast<KernelIndex>(k);
     out += k ? ",\n    " : "\n    ";
     out += "{\"name\": ";
-    json::append_escaped(out, trace.kernel_name(ki));
+    append_json_quoted(out, trace.kernel_name(ki));
     out += ", \"time_us\": ";
-    json::append_double(out, trace.kernel_time_us(ki));
+    append_json_number(out, trace.kernel_time_us(ki), "a kernel time");
     out += ", \"tensors\": [";
     bool first = true;
     for (TensorId t : trace.kernel_tensors(ki)) {
@@ -123,7 +133,7 @@ std::string trace_to_json(const Trace& trace) {
 
 void write_trace(const Trace& trace, const std::string& path) {
   trace.validate();
-  json::write_file(path, trace_to_json(trace));
+  write_file_atomically(path, trace_to_json(trace));
 }
 
 }  // namespace teraio

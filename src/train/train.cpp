@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,8 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <unistd.h>
@@ -28,6 +32,7 @@
 
 #include "model.h"
 #include "teraio/error.h"
+#include "teraio/output_file.h"
 #include "teraio/plan.h"
 #include "teraio/simulator.h"
 #include "teraio/trace.h"
@@ -49,10 +54,11 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 struct Args {
   std::string model = "tiny";
   int64_t steps = 200;
-  int64_t batch = 0;          // 0: the preset's
-  int64_t seq = 0;            // 0: the preset's
-  double lr = 0;              // 0: the preset's
-  int64_t warmup_steps = -1;  // -1: the preset's
+  int64_t batch = 0;          // the preset's unless given
+  int64_t seq = 0;            // the preset's unless given
+  double lr = 0;              // the preset's unless given
+  int64_t warmup_steps = 0;   // the preset's unless given
+  bool batch_given = false, seq_given = false, lr_given = false, warmup_given = false;
   double weight_decay = 0.1;
   double grad_clip = 1.0;
   std::string dtype = "fp32";
@@ -393,6 +399,13 @@ uint64_t model_state_bytes(Llama& model, torch::optim::AdamW& opt) {
   return bytes;
 }
 
+// Flushes the progress lines now; a failure is reported like fmt::print's own (std::system_error).
+void flush_stdout() {
+  if (std::fflush(stdout) != 0) {
+    throw std::system_error(errno, std::generic_category(), "cannot write to file");
+  }
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -414,21 +427,31 @@ struct StepRecord {
 int run(Args args) {
   const LlamaConfig config = llama_preset(args.model);
   const PresetRun preset = preset_run(args.model);
-  if (args.batch == 0) args.batch = preset.batch;
-  if (args.seq == 0) args.seq = preset.seq;
-  if (args.lr == 0) args.lr = preset.lr;
-  if (args.warmup_steps < 0) args.warmup_steps = preset.warmup_steps;
-  TERAIO_CHECK(args.steps > 0, "--steps {}: must be positive", args.steps);
-  TERAIO_CHECK(args.batch > 0, "--batch {}: must be positive", args.batch);
+  // A given value is checked, never replaced: --batch 0 is an error, not the preset's batch.
+  if (!args.batch_given) args.batch = preset.batch;
+  if (!args.seq_given) args.seq = preset.seq;
+  if (!args.lr_given) args.lr = preset.lr;
+  if (!args.warmup_given) args.warmup_steps = preset.warmup_steps;
+  TERAIO_CHECK(args.steps > 0 && args.steps <= 1'000'000'000, "--steps {}: must be in [1, 1e9]",
+               args.steps);
+  TERAIO_CHECK(args.batch > 0 && args.batch <= 1'000'000, "--batch {}: must be in [1, 1000000]",
+               args.batch);
   TERAIO_CHECK(args.seq > 0 && args.seq <= config.max_seq, "--seq {}: must be in [1, {}]", args.seq,
                config.max_seq);
-  TERAIO_CHECK(args.lr > 0, "--lr {}: must be positive", args.lr);
+  TERAIO_CHECK(std::isfinite(args.lr) && args.lr > 0, "--lr {}: must be a positive number", args.lr);
+  TERAIO_CHECK(args.warmup_steps >= 0, "--warmup-steps {}: must be >= 0", args.warmup_steps);
+  TERAIO_CHECK(std::isfinite(args.weight_decay) && args.weight_decay >= 0,
+               "--weight-decay {}: must be a number >= 0", args.weight_decay);
+  TERAIO_CHECK(std::isfinite(args.grad_clip) && args.grad_clip >= 0,
+               "--grad-clip {}: must be a number >= 0 (0: off)", args.grad_clip);
+  TERAIO_CHECK(args.threads >= 0 && args.threads <= 4096,
+               "--threads {}: must be in [0, 4096] (0: PyTorch's default)", args.threads);
   TERAIO_CHECK(args.dtype == "fp32" || args.dtype == "bf16",
                "--dtype \"{}\": expected fp32 or bf16", args.dtype);
   TERAIO_CHECK(args.device == "cpu" || args.device == "cuda",
                "--device \"{}\": expected cpu or cuda", args.device);
-  TERAIO_CHECK(args.profile_steps >= 1, "--profile-steps {}: must be at least 1",
-               args.profile_steps);
+  TERAIO_CHECK(args.profile_steps >= 1 && args.profile_steps <= 1000,
+               "--profile-steps {}: must be in [1, 1000]", args.profile_steps);
   TERAIO_CHECK(args.tiers.empty() || !args.budget.empty(),
                "--tier needs --budget (the resident bytes allowed)");
   TERAIO_CHECK(args.budget.empty() || !args.tiers.empty() || !kSessionBuilt,
@@ -480,7 +503,7 @@ int run(Args args) {
     fmt::print("teraio-train: offloading: {}\n",
                kSessionBuilt ? "off (no --budget)" : "unavailable in this build");
   }
-  std::fflush(stdout);
+  flush_stdout();
 
   std::vector<StepRecord> records;
   OffloadCounters before = offload.counters();
@@ -521,8 +544,8 @@ int run(Args args) {
       // Only writes failed: the step's numbers are what they would have been; say so and go on.
       // Anything else (a read that failed, lost bytes) ends the run with the error.
       if (!e.results_intact()) throw;
-      fmt::print(stderr, "teraio-train: step {}: {}; continuing\n", step, e.what());
-      std::fflush(stderr);
+      std::fprintf(stderr, "teraio-train: step %lld: %s; continuing\n", static_cast<long long>(step),
+                   e.what());
     }
     const double time_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (step == 1) {
@@ -560,7 +583,7 @@ int run(Args args) {
         "step {:>{}}/{}  loss {:.4f}  tokens/s {:.0f}  resident {:.3f}/{} GiB  {}  {}  [{}]\n",
         step, fmt::formatted_size("{}", args.steps), args.steps, loss_value,
         double(tokens_per_step) / secs, double(r.resident_bytes) / kGiB, budget, io, stall, r.mode);
-    std::fflush(stdout);
+    flush_stdout();
   }
   const double wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
 
@@ -697,10 +720,7 @@ int run(Args args) {
        {{"first", first_loss}, {"last", last_loss}, {"window", k}, {"history", loss_history}}},
       {"steps", steps},
   };
-  std::ofstream out(args.report);
-  TERAIO_CHECK(out.good(), "--report \"{}\": cannot write the file", args.report);
-  out << report.dump(2) << "\n";
-  TERAIO_CHECK(out.good(), "--report \"{}\": write failed", args.report);
+  write_file_atomically(args.report, report.dump(2) + "\n");
   fmt::print("teraio-train: run report written to {}\n", args.report);
   return 0;
 }
@@ -716,6 +736,9 @@ int main(int argc, char** argv) {
       "Session (docs/train.md)",
       "teraio-train"};
   app.get_formatter()->column_width(34);
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("teraio-train: error: {} (see --help)\n", e.what());
+  });
   app.add_option("--model", a.model, "tiny (CPU), llama-1b, llama-3b or llama-8b")
       ->capture_default_str();
   app.add_option("--steps", a.steps, "training steps")->capture_default_str();
@@ -760,21 +783,46 @@ int main(int argc, char** argv) {
   app.add_option("--inject-fault", a.inject_faults,
                  "testing: STEP:ERROR:DIRECTION[:COUNT] makes transfers of the first tier fail "
                  "from that step on (repeatable; docs/train.md)");
+  // Standard output that did not arrive (a full disk, a closed pipe) is an error.
+  const auto stdout_failed = [](int error) {
+    std::fprintf(stderr, "teraio-train: cannot write to standard output: %s\n",
+                 std::strerror(error != 0 ? error : EIO));
+    return 1;
+  };
+  const auto finish_stdout = [&](int status, int earlier_error) {
+    errno = 0;
+    const bool flushed = std::fflush(stdout) == 0;
+    const int error = errno != 0 ? errno : earlier_error;
+    if (status == 0 && (!flushed || std::ferror(stdout))) return stdout_failed(error);
+    return status;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    errno = 0;
+    const int status = app.exit(e) == 0 ? 0 : 2;
+    return finish_stdout(status, errno);
   }
+  a.batch_given = app.count("--batch") > 0;
+  a.seq_given = app.count("--seq") > 0;
+  a.lr_given = app.count("--lr") > 0;
+  a.warmup_given = app.count("--warmup-steps") > 0;
   try {
-    return teraio::train::run(a);
+    return finish_stdout(teraio::train::run(a), 0);
+  } catch (const std::system_error& e) {  // fmt::print's failed write to stdout
+    if (std::string_view(e.what()).starts_with("cannot write to file")) {
+      return stdout_failed(e.code().value());
+    }
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what());
+    return 1;
   } catch (const teraio::Error& e) {
-    fmt::print(stderr, "teraio-train: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what());
     return 1;
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "teraio-train: error: {}\n", e.what_without_backtrace());
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "teraio-train: error: {}\n", e.what());
+    std::fprintf(stderr, "teraio-train: error: %s\n", e.what());
     return 1;
   }
 }

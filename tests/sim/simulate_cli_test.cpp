@@ -3,39 +3,22 @@
 // the sweep's JSON array, and the exit status on an invalid plan.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
 #include <unistd.h>
-#include <cstdio>
 #include <filesystem>
 #include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "../common/run_teraio.h"
 #include "sim_test_util.h"
 
 namespace teraio {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CmdResult {
-  int status = -1;
-  std::string out;
-};
-
-CmdResult run_teraio(const std::string& args) {
-  const std::string cmd = std::string(TERAIO_BINARY_DIR) + "/bin/teraio " + args + " 2>&1";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t got = 0;
-  while ((got = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, got);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+using test::CmdResult;
+using test::run_teraio;
 
 class SimulateCli : public ::testing::Test {
  protected:

@@ -250,13 +250,19 @@ TEST_P(Conformance, CancelShutdownFailsQueuedRequestsWithEcanceled) {
 TEST_P(Conformance, FilesArePrivateAndRemovedOnShutdown) {
   if (!backend().is_file) GTEST_SKIP() << "not a file tier";
   for (auto& d : dirs_) {
-    auto files = d->files();
-    ASSERT_EQ(files.size(), 1u) << d->path();
+    auto files = d->files();  // stripe.dat and the directory's lock
+    std::sort(files.begin(), files.end());
+    ASSERT_EQ(files.size(), 2u) << d->path();
+    EXPECT_TRUE(files[0].ends_with("/lock")) << files[0];
+    EXPECT_TRUE(files[1].ends_with("/stripe.dat")) << files[1];
     struct stat st;
-    ASSERT_EQ(::stat(files[0].c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0600u) << files[0];
+    for (const std::string& f : files) {
+      ASSERT_EQ(::stat(f.c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 0777, 0600u) << f;
+    }
+    ASSERT_EQ(::stat(files[1].c_str(), &st), 0);
     EXPECT_GE(static_cast<uint64_t>(st.st_size), kCapacity / dirs_.size()) << "space not reserved";
-    std::string dir = files[0].substr(0, files[0].rfind('/'));
+    std::string dir = files[1].substr(0, files[1].rfind('/'));
     ASSERT_EQ(::stat(dir.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u) << dir;
   }

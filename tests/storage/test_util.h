@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "teraio/storage.h"
+
 namespace teraio::storage::test {
 
 class TempDir {
@@ -44,6 +46,16 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A small file tier on one directory (4 MiB, 64 KiB stripes, queue depth 2).
+inline FileTierOptions small_file(const std::string& dir) {
+  FileTierOptions o;
+  o.paths = {dir};
+  o.capacity_bytes = 4 << 20;
+  o.stripe_bytes = 64 * 1024;
+  o.queue_depth = 2;
+  return o;
+}
 
 inline std::vector<unsigned char> pattern(uint64_t n, uint64_t seed) {
   std::vector<unsigned char> v(n);

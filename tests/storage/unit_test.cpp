@@ -19,6 +19,7 @@ namespace teraio::storage {
 namespace {
 
 using test::pattern;
+using test::small_file;
 using test::TempDir;
 
 TEST(ExtentAllocator, AllocatesAlignedFirstFitAndCoalesces) {
@@ -77,15 +78,6 @@ TEST(HostTier, CapExceededIsAClearErrorNotAnOom) {
   tier->write(BufferView::host(data.data(), data.size()), (1 << 20) - 4096);  // still usable
 }
 
-FileTierOptions small_file(const std::string& dir) {
-  FileTierOptions o;
-  o.paths = {dir};
-  o.capacity_bytes = 4 << 20;
-  o.stripe_bytes = 64 * 1024;
-  o.queue_depth = 2;
-  return o;
-}
-
 TEST(FileTier, ChecksumMismatchIsReportedOnRead) {
   TempDir dir;
   auto o = small_file(dir.path());
@@ -93,7 +85,10 @@ TEST(FileTier, ChecksumMismatchIsReportedOnRead) {
   auto tier = make_file_tier(o);
   auto data = pattern(20000, 5);
   tier->write(BufferView::host(data.data(), data.size()), 8192);
-  auto files = dir.files();
+  std::vector<std::string> files;
+  for (const std::string& f : dir.files()) {
+    if (f.ends_with("/stripe.dat")) files.push_back(f);
+  }
   ASSERT_EQ(files.size(), 1u);
   int fd = ::open(files[0].c_str(), O_WRONLY);
   ASSERT_GE(fd, 0);

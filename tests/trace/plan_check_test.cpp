@@ -38,6 +38,16 @@ std::string all_errors(const PlanCheck& c) {
   return s;
 }
 
+TEST(PlanCheck, ATraceWithoutKernelsHasAPeakOfZeroOnEveryTier) {
+  Trace t;
+  t.add_tensor({100, TensorKind::parameter, true, "w"});
+  Plan p;
+  p.tiers = {{"ssd", 1 << 20, 1, 1}, {"host", 1 << 20, 1, 1}};
+  const PlanCheck c = check_plan(t, Lifetimes(t), p);
+  EXPECT_TRUE(c.valid);
+  EXPECT_EQ(c.tier_peak_bytes, (std::vector<uint64_t>{0, 0}));  // it was empty: `plan` crashed
+}
+
 TEST(PlanCheck, EmptyPlanIsTheMemoryCurve) {
   const Trace t = make_trace();
   const PlanCheck c = check(t, make_plan(160, {}));

@@ -82,7 +82,8 @@ TEST(TraceFormat, RoundTripsThroughAFile) {
 TEST(TraceFormat, TimesRoundTripExactly) {
   Trace t;
   t.add_tensor({8, TensorKind::other, false, "x"});
-  const double times[] = {0.1, 1.0 / 3.0, 1e-9, 123456789.123, 2.5e17, 0};
+  // Large ones too, within the bound on the total (kMaxTraceTimeUs).
+  const double times[] = {0.1, 1.0 / 3.0, 1e-9, 123456789.123, 9e14, 4.5e13 + 0.25, 0};
   for (double v : times) t.add_kernel("k", v, std::vector<TensorId>{0});
   const Trace b = parse_trace(trace_to_json(t));
   for (KernelIndex k = 0; k < t.num_kernels(); ++k) EXPECT_EQ(b.kernel_time_us(k), t.kernel_time_us(k));
@@ -115,11 +116,19 @@ TEST(TraceFormat, RejectsMalformedInputNamingTheField) {
       {"", "t.json: not valid JSON"},
       {"[1,2]", "expected a JSON object at the top level"},
       {with(t, "\"tensors\": [\n", "\"tensorz\": [\n"), "tensors: required field is missing"},
+      // The bounds (docs/formats.md, "Bounds"): no sum of bytes or times can overflow.
+      {with(t, "\"bytes\": 1024", "\"bytes\": 9007199254740992"),
+       "tensors[1].bytes: the tensors' bytes add up to more than 2^53 (8 PiB)"},
+      {with(t, "\"bytes\": 1024", "\"bytes\": 18446744073709551615"), "tensors[1].bytes: the tensors' bytes"},
+      {with(t, "\"time_us\": 3,", "\"time_us\": 1e15,"),
+       "kernels[1].time_us: the kernels' times add up to more than 1e15 us"},
+      {with(t, "\"time_us\": 3,", "\"time_us\": 1.7e308,"), "kernels[1].time_us: the kernels' times"},
   };
   for (const Case& c : cases) {
     const std::string msg = parse_error(c.text);
-    EXPECT_NE(msg.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in '" << msg << "'";
-    EXPECT_EQ(msg.rfind("t.json", 0), 0u) << msg;
+    // The message starts with the file, then the field path from the document's top.
+    const std::string full = c.expected.starts_with("t.json") ? c.expected : "t.json: " + c.expected;
+    EXPECT_EQ(msg.rfind(full, 0), 0u) << "expected '" << full << "' at the start of '" << msg << "'";
   }
 }
 
@@ -182,8 +191,43 @@ TEST(PlanFormat, RejectsMalformedInputNamingTheField) {
     } catch (const Error& e) {
       msg = e.what();
     }
-    EXPECT_NE(msg.find(expected), std::string::npos) << "expected '" << expected << "' in '" << msg << "'";
+    EXPECT_EQ(msg.rfind("p.json: " + expected, 0), 0u) << "expected 'p.json: " << expected << "' in '" << msg << "'";
   }
+}
+
+TEST(PlanFormat, TierNamesAreEscapedAndMustDiffer) {
+  Plan plan;
+  plan.tiers = {{"my \"ssd\"\\", 1 << 20, 1, 1}};
+  plan.moves = {{0, MoveOp::offload, 0, 0, 1}};
+  EXPECT_EQ(parse_plan(plan_to_json(plan)).tiers[0].name, "my \"ssd\"\\");
+  plan.tiers.push_back(plan.tiers[0]);
+  try {
+    plan_to_json(plan);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("two tiers are named"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_tier_specs({"a:1GiB:1:1", "b:1GiB:1:1", "a:2GiB:2:2"}), Error);
+  EXPECT_EQ(parse_tier_specs({"a:1GiB:1:1", "b:1GiB:1:1"}).size(), 2u);
+}
+
+TEST(TraceBounds, ValidateRefusesTracesWhoseSumsCouldOverflow) {
+  Trace t;
+  t.add_tensor({kMaxTraceBytes, TensorKind::activation, false, "a"});
+  t.add_kernel("k", 1, std::vector<TensorId>{0});
+  EXPECT_NO_THROW(t.validate());
+  t.add_tensor({1, TensorKind::activation, false, "b"});
+  try {
+    t.validate();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tensors[1].bytes: the tensors' bytes add up", 0), 0u) << e.what();
+  }
+  Trace slow;
+  slow.add_kernel("k", kMaxTraceTimeUs, {});
+  EXPECT_NO_THROW(slow.validate());
+  slow.add_kernel("k", 1e300, {});
+  EXPECT_THROW(slow.validate(), Error);
 }
 
 TEST(PlanFormat, ParsesTierSpecs) {

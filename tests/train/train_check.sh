@@ -103,4 +103,32 @@ expect_error 'cannot open the file' --data "$work/missing.txt"
 expect_error 'exclude each other' --synthetic --data "$work/run.json"
 expect_error '--inject-fault "3:EWHAT:read": unknown error' --budget 8MiB --tier host:64MiB --inject-fault 3:EWHAT:read
 expect_error 'expected STEP:ERROR:DIRECTION' --budget 8MiB --tier host:64MiB --inject-fault 3
+# A given number is checked, never replaced by a default (--batch 0 trained with 16).
+expect_error '--batch 0: must be in \[1, 1000000\]' --batch 0
+expect_error '--seq 0: must be in' --seq 0
+expect_error '--threads -1: must be in \[0, 4096\]' --threads -1
+expect_error '--grad-clip -1: must be a number >= 0' --grad-clip -1
+expect_error '--weight-decay nan' --weight-decay nan
+expect_error '--lr 0: must be a positive number' --lr 0
+expect_error '--warmup-steps -1: must be >= 0' --warmup-steps -1
+for bad in "--batch 0" "--threads -1" "--frobnicate"; do
+  # shellcheck disable=SC2086
+  "$train" $bad > /dev/null 2> "$work/err.log" || true
+  [[ $(wc -l < "$work/err.log") -eq 1 ]] || { cat "$work/err.log"; fail "not one line: $bad"; }
+done
+
+# 6. Outputs: a full standard output is an error; a run report that cannot be written leaves the
+#    old one whole.
+one_step=(--model tiny --steps 1 --batch 4 --seq 64 --threads 1)
+if "$train" "${one_step[@]}" > /dev/full 2> "$work/err.log"; then fail "exit 0 on a full stdout"; fi
+grep -q 'teraio-train: cannot write to standard output: No space left on device' "$work/err.log" ||
+  { cat "$work/err.log"; fail "message for a full stdout"; }
+echo old > "$work/old.json"
+# (stderr through a pipe: under `ulimit -f 0` no regular file can be written, err.log included)
+if err=$( (ulimit -f 0; trap '' XFSZ; "$train" "${one_step[@]}" --report "$work/old.json" > /dev/null) 2>&1); then
+  fail "exit 0 when the run report cannot be written"
+fi
+grep -q "cannot write $work/old.json: File too large" <<< "$err" || { echo "$err"; fail "report error"; }
+[[ $(cat "$work/old.json") == old ]] || fail "the old run report was overwritten"
+[[ $(find "$work" -maxdepth 1 -name '*.tmp-*' | wc -l) -eq 0 ]] || fail "a temporary file was left"
 echo "train_check: all passed"
