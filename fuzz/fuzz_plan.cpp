@@ -13,7 +13,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const teraio::Trace trace = [] {
     teraio::Trace t;
     t.add_tensor({100, teraio::TensorKind::parameter, true, "w"});
-    t.add_tensor({50, teraio::TensorKind::activation, false, "a"});
+    teraio::TensorInfo a{50, teraio::TensorKind::activation, false, "a"};
+    a.alive_until = 7;  // a tail over kernels 7..7
+    t.add_tensor(a);
+    t.add_tensor({30, teraio::TensorKind::parameter, true, "idle"});  // no kernel uses it
     for (teraio::KernelIndex k = 0; k < 8; ++k) {
       std::vector<teraio::TensorId> ids;
       if (k % 3 == 0) ids.push_back(0);

@@ -62,9 +62,12 @@ int run_plan(const PlanArgs& args) {
   plan.predicted.stall_us = sim.stall_us;
   plan.predicted.peak_bytes = static_cast<double>(check.peak_bytes);
 
+  // Bytes written per iteration: an idle persistent tensor's offload moves nothing in steady state.
   std::vector<uint64_t> tier_bytes(plan.tiers.size(), 0);
-  for (const Move& m : plan.moves) {
-    if (m.op == MoveOp::offload) tier_bytes[m.tier] += trace.tensors[m.tensor].bytes;
+  size_t offload_only = 0;
+  for (const MovePair& p : check.pairs) {
+    if (!p.idle) tier_bytes[p.tier] += p.bytes;
+    offload_only += p.one_way();
   }
   std::string tiers_json;
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
@@ -73,9 +76,11 @@ int run_plan(const PlanArgs& args) {
   const std::string stats_json = fmt::format(
       "{{\"candidates\": {}, \"chosen\": {}, \"forced\": {}, \"peak_before_bytes\": {}, "
       "\"peak_after_bytes\": {}, "
-      "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}}}",
+      "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}{}}}",
       stats.candidates, stats.chosen, stats.forced, stats.peak_before_bytes, stats.peak_after_bytes,
-      stats.plan_seconds, tiers_json);
+      stats.plan_seconds, tiers_json,
+      stats.offload_only ? fmt::format(", \"offload_only\": {}", stats.offload_only)
+                         : std::string());
   plan.extra.emplace_back("planner", stats_json);
   write_plan(plan, args.out_path);
   const double total_s =
@@ -94,8 +99,11 @@ int run_plan(const PlanArgs& args) {
   }
   fmt::print("plan                 {} ({} kernels, {} tensors)\n", args.out_path,
              trace.num_kernels(), trace.num_tensors());
-  fmt::print("moves                {} pairs: {} hidden by bandwidth, {} forced (stall)\n",
-             plan.moves.size() / 2, stats.chosen, stats.forced);
+  fmt::print("moves                {} pairs{}: {} hidden by bandwidth, {} forced (stall)\n",
+             check.pairs.size() - offload_only,
+             offload_only ? fmt::format(" and {} offloads without a prefetch", offload_only)
+                          : std::string(),
+             stats.chosen, stats.forced);
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     fmt::print("  to {:<16} {} offloaded per iteration (peak held {})\n", plan.tiers[i].name,
                format_bytes(static_cast<double>(tier_bytes[i])),

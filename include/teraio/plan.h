@@ -35,6 +35,8 @@ std::string_view to_string(MoveOp op);
 // `deadline`; the tensor's device memory is free from then on.
 // prefetch: takes the tensor's device memory when kernel `start` begins, must be complete before
 // kernel `deadline` begins (the kernel that next uses the tensor).
+// An offload no prefetch follows moves a tensor nothing uses again: away until it dies (after its
+// alive_until), or for good (a persistent tensor no kernel uses). docs/formats.md has the rules.
 // Indices are cyclic: deadline < start wraps into the next iteration.
 struct Move {
   TensorId tensor = 0;

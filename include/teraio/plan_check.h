@@ -13,11 +13,19 @@
 
 namespace teraio {
 
+constexpr size_t kNoPrefetch = SIZE_MAX;
+
 // One offload and the prefetch that follows it (same tensor, same tier). All distances are cyclic
 // kernel distances from offload.start: 0 <= offload_done < prefetch_begin <= prefetch_deadline <= N.
+//
+// An offload without a prefetch (docs/formats.md: nothing uses the tensor after it) is a pair with
+// prefetch_index == kNoPrefetch whose prefetch_begin == prefetch_deadline is the distance to the
+// kernel after the tensor's death: alive_until + 1 - start for a tail (absent from offload_done + 1
+// through alive_until), N for an idle persistent tensor, which is `idle`: absent at every kernel
+// and held by the tier at every kernel (steady state: it left in an earlier iteration).
 struct MovePair {
   size_t offload_index = 0;   // into Plan::moves
-  size_t prefetch_index = 0;  // into Plan::moves
+  size_t prefetch_index = 0;  // into Plan::moves, or kNoPrefetch
   TensorId tensor = 0;
   uint32_t tier = 0;
   uint64_t bytes = 0;
@@ -25,13 +33,17 @@ struct MovePair {
   uint32_t offload_done = 0;      // distance to offload.deadline
   uint32_t prefetch_begin = 0;    // distance to prefetch.start (in 1..N)
   uint32_t prefetch_deadline = 0; // distance to prefetch.deadline (in 1..N)
+  bool idle = false;              // offload of a persistent tensor no kernel uses
+
+  bool one_way() const { return prefetch_index == kNoPrefetch; }
 };
 
 struct PlanCheck {
   bool valid = true;
   std::vector<std::string> errors;     // the first `max_errors` problems, each naming the move
   size_t error_count = 0;
-  std::vector<MovePair> pairs;         // valid pairs (invalid moves are left out)
+  // Valid pairs and offloads without a prefetch (invalid moves are left out).
+  std::vector<MovePair> pairs;
   std::vector<uint64_t> resident_bytes;  // per kernel, under the plan
   uint64_t peak_bytes = 0;
   KernelIndex peak_kernel = 0;
@@ -40,7 +52,8 @@ struct PlanCheck {
 
 // Checks every rule of docs/formats.md: indices and tiers in range, offload/prefetch pairing,
 // no use of a tensor while it is away, non-persistent tensors not moved outside their lifetime,
-// resident bytes within budget at every kernel, tier capacities respected.
+// offloads without a prefetch only where nothing uses the tensor again, resident bytes within
+// budget at every kernel, tier capacities respected.
 PlanCheck check_plan(const Trace& trace, const Lifetimes& lifetimes, const Plan& plan,
                      size_t max_errors = 20);
 

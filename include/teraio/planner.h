@@ -24,6 +24,9 @@ struct PlannerStats {
   size_t candidates = 0;        // inactive periods considered
   size_t chosen = 0;            // periods turned into an offload/prefetch pair
   size_t forced = 0;            // pairs added for pressure the bandwidth cannot hide (they stall)
+  // Of chosen + forced: offloads without a prefetch (a tail after a tensor's last use, or a
+  // persistent tensor no kernel uses); each is one move instead of two.
+  size_t offload_only = 0;
   uint64_t peak_before_bytes = 0;
   uint64_t peak_after_bytes = 0;  // planned resident peak (<= budget when the plan fits)
   double plan_seconds = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +29,10 @@ struct TensorInfo {
   // Exists before the iteration starts and after it ends: its unused gap wraps around.
   bool persistent = false;
   std::string name;
+  // Non-persistent tensors only: the last kernel through which the tensor's memory stays allocated
+  // although no kernel after its last use touches it (held by a Python variable, or a gradient
+  // freed at zero_grad). Not a use. Unset means its last use; when set, it is >= the last use.
+  std::optional<KernelIndex> alive_until;
 };
 
 // Bounds every trace keeps (docs/formats.md, "Bounds"), checked by the reader and by validate():
@@ -70,8 +75,9 @@ class Trace {
   // Sum of all kernel times.
   double total_time_us() const;
 
-  // Throws teraio::Error on ids out of range, negative or non-finite times, and traces beyond the
-  // bounds above, naming the field ("tensors[3].bytes: ...").
+  // Throws teraio::Error on ids out of range, negative or non-finite times, traces beyond the
+  // bounds above, and an alive_until that is out of range, before the tensor's last use, on a
+  // persistent tensor or on an unused one, naming the field ("tensors[3].bytes: ...").
   void validate() const;
   // The messages of the two bounds, shared by validate() and the reader.
   static std::string bytes_bound_message(uint64_t bytes);
@@ -85,6 +91,7 @@ class Trace {
   std::vector<TensorId> tensor_ids_;
   std::vector<std::pair<std::string, uint32_t>> name_index_;  // sorted lookup for interning
   uint32_t intern(std::string_view name);
+  void validate_alive_until() const;
 };
 
 // Reads a teraio.trace v1 JSON file. Throws teraio::Error naming the file, the field and the

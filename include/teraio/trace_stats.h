@@ -58,7 +58,8 @@ struct TraceStats {
   // Used tensors by size bucket (the shares in the legend of the paper's Figure 2).
   std::array<uint64_t, kNumSizeBuckets> tensors_by_size{};
 
-  // Inactive periods (analysis.h inactive_periods, wrap-around included).
+  // Inactive periods (analysis.h inactive_periods, wrap-around and tails after the last use
+  // included; the period of a persistent tensor no kernel uses is not: such tensors are unused).
   uint64_t periods = 0;
   uint64_t wrapping_periods = 0;
   double ssd_gbps = 0;

@@ -29,17 +29,24 @@ constexpr double kMB = 1e6;
 constexpr double kPenaltyPerMB = 1e-9;
 
 // An inactive period as the program sees it: distances 1..len-1 from `start` are its kernels.
+// One-way (no next use): the absence runs to len-1 and nothing is read back; idle (a persistent
+// tensor no kernel uses; start 0, len N + 1): absent at every kernel and nothing moves in steady
+// state, as in the greedy planner (docs/planner.md, "Tensors no kernel uses again").
 struct Gap {
   TensorId tensor;
   uint64_t bytes;
   uint32_t start;
   uint32_t end;
   uint32_t len;
+  bool one_way = false;
+  bool idle = false;
 };
 
 // Columns of one (gap, tier) candidate. U[j] (j = 1..len-1): absence has begun by distance j;
 // E[j]: absence has ended by distance j (j is at or after its last kernel). Both are binary step
-// functions; U[len-1] == E[len-1] says whether the period is offloaded to this tier at all.
+// functions; U[len-1] == E[len-1] says whether the period is offloaded to this tier at all. A
+// one-way candidate has no E (absence never ends: all 0) and no prefetch columns; an idle one has a
+// single binary and no transfer columns.
 // wc/ws: offload MB in the kernel / stall slot at distance j; rc/rs: the same for the prefetch.
 struct Cand {
   uint32_t gap;
@@ -128,8 +135,15 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
   glp_set_obj_dir(prob_.get(), GLP_MIN);
   const Lifetimes lifetimes(trace);
   for (const InactivePeriod& p : inactive_periods(trace, lifetimes)) {
-    const uint32_t len = p.end > p.start ? p.end - p.start : p.end + n_ - p.start;
-    if (len >= 2 && p.bytes > 0) gaps_.push_back(Gap{p.tensor, p.bytes, p.start, p.end, len});
+    if (p.bytes == 0) continue;
+    if (p.no_next_use && p.wraps) {
+      gaps_.push_back(Gap{p.tensor, p.bytes, 0, 0, n_ + 1, true, true});
+    } else if (p.no_next_use) {
+      gaps_.push_back(Gap{p.tensor, p.bytes, p.start, (p.end + 1) % n_, p.end + 1 - p.start, true});
+    } else {
+      const uint32_t len = p.end > p.start ? p.end - p.start : p.end + n_ - p.start;
+      if (len >= 2) gaps_.push_back(Gap{p.tensor, p.bytes, p.start, p.end, len});
+    }
   }
   const std::vector<uint64_t> curve = memory_curve(trace, lifetimes);
   const std::span<const double> tau = trace.kernel_times_us();
@@ -184,11 +198,12 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
       // kernel later or its last earlier past a kernel within the budget keeps memory feasible and
       // only widens the transfer windows. So U and E change value only at those kernels; elsewhere
       // they repeat the previous column (0 = the constant zero before the first one).
+      // An idle candidate has one binary: absent everywhere or not at all.
       bool any = false;
       for (uint32_t j = 1; j <= last; ++j) {
-        if (mem_row[at(g, j)]) {
+        if (mem_row[at(g, j)] && !(g.idle && any)) {
           c.U[j] = add_col(0, 1, 0, true);
-          c.E[j] = add_col(0, 1, 0, true);
+          c.E[j] = g.one_way ? 0 : add_col(0, 1, 0, true);
           any = true;
         } else {
           c.U[j] = c.U[j - 1];
@@ -210,11 +225,12 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
           put(r, c.E[j - 1], 1);
           put(r, c.E[j], -1);
         }
+        if (g.one_way) continue;
         const int r = add_row(GLP_UP, 0, 0);  // E[j] - U[j] <= 0
         put(r, c.E[j], 1);
         put(r, c.U[j], -1);
       }
-      {
+      if (!g.one_way) {
         const int r = add_row(GLP_FX, 0, 0);
         put(r, c.U[last], 1);
         put(r, c.E[last], -1);
@@ -228,12 +244,16 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
         }
         put(cap_row[t * n_ + k], c.U[last], b);
       }
+      if (g.idle) {  // moves nothing in steady state: no transfer columns
+        cands_.push_back(std::move(c));
+        continue;
+      }
       // Offload: kernel slot j allowed while j < first absent (U[j] == 0), stall slot j while
       // j <= first absent (U[j-1] == 0). Prefetch: both allowed once E[j-1] == 1.
       const int off_sum = add_row(GLP_FX, 0, 0);
-      const int pre_sum = add_row(GLP_FX, 0, 0);
+      const int pre_sum = g.one_way ? 0 : add_row(GLP_FX, 0, 0);
       put(off_sum, c.U[last], -b);
-      put(pre_sum, c.U[last], -b);
+      if (pre_sum) put(pre_sum, c.U[last], -b);
       for (uint32_t j = 1; j <= g.len; ++j) {
         const uint32_t k = at(g, j);
         if (j <= last - 1) {  // offload kernel slot
@@ -257,7 +277,7 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
           put(r, c.U[last], -b);
           if (j > 1) put(r, c.U[j - 1], b);
         }
-        if (j >= 2) {
+        if (j >= 2 && !g.one_way) {
           if (j <= last) {  // prefetch kernel slot
             const double cap = std::min(b, rmb * tau[k]);
             if (cap > 0) {
@@ -285,6 +305,7 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
         put(r, c.U[j], -b);
         for (uint32_t i = 1; i <= j; ++i) put(r, c.ws[i], 1);
         for (uint32_t i = 1; i < j; ++i) put(r, c.wc[i], 1);
+        if (g.one_way) continue;
         r = add_row(GLP_LO, 0, 0);  // sum_{i>j} (rs[i] + rc[i]) - b (U[last] - E[j]) >= 0
         put(r, c.U[last], -b);
         put(r, c.E[j], b);
@@ -340,18 +361,37 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
                check.errors.empty() ? "" : check.errors.front());
   // Fix every binary: a chosen (gap, tier) gets its window, all others stay at zero.
   std::map<std::pair<TensorId, uint32_t>, uint32_t> gap_by_end;
-  for (uint32_t gi = 0; gi < gaps_.size(); ++gi) gap_by_end[{gaps_[gi].tensor, gaps_[gi].end}] = gi;
+  std::map<TensorId, uint32_t> one_way_gap;  // a tensor has at most one period no use ends
+  for (uint32_t gi = 0; gi < gaps_.size(); ++gi) {
+    if (gaps_[gi].one_way) {
+      one_way_gap[gaps_[gi].tensor] = gi;
+    } else {
+      gap_by_end[{gaps_[gi].tensor, gaps_[gi].end}] = gi;
+    }
+  }
   std::map<std::pair<uint32_t, uint32_t>, std::pair<uint32_t, uint32_t>> window;  // (gap, tier) -> (p, q)
   for (const MovePair& pr : check.pairs) {
-    const Move& pf = plan.moves[pr.prefetch_index];
-    auto it = gap_by_end.find({pr.tensor, pf.deadline});
-    TERAIO_INTERNAL_ASSERT(it != gap_by_end.end(), "exact: pair of tensor {} matches no inactive period",
-                           pr.tensor);
-    const Gap& g = gaps_[it->second];
+    uint32_t gi = 0;
+    if (pr.one_way()) {
+      auto it = one_way_gap.find(pr.tensor);
+      TERAIO_INTERNAL_ASSERT(it != one_way_gap.end(),
+                             "exact: offload of tensor {} matches no inactive period", pr.tensor);
+      gi = it->second;
+    } else {
+      auto it = gap_by_end.find({pr.tensor, plan.moves[pr.prefetch_index].deadline});
+      TERAIO_INTERNAL_ASSERT(it != gap_by_end.end(), "exact: pair of tensor {} matches no inactive period",
+                             pr.tensor);
+      gi = it->second;
+    }
+    const Gap& g = gaps_[gi];
+    if (g.idle) {
+      window[{gi, pr.tier}] = {1, g.len - 1};
+      continue;
+    }
     const uint32_t shift = (pr.start + n_ - g.start) % n_;
     const uint32_t p = shift + pr.offload_done + 1;
-    const uint32_t q = shift + pr.prefetch_begin - 1;
-    window[{it->second, pr.tier}] = {p, q};
+    const uint32_t q = g.one_way ? g.len - 1 : shift + pr.prefetch_begin - 1;
+    window[{gi, pr.tier}] = {p, q};
   }
   GlpQuiet quiet;
   GlpProb lp(glp_create_prob());
@@ -375,8 +415,9 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
       const double u = p <= q && j >= p ? 1.0 : 0.0;
       const double e = p <= q && j >= q ? 1.0 : 0.0;
       glp_set_col_kind(lp.get(), c.U[j], GLP_CV);
-      glp_set_col_kind(lp.get(), c.E[j], GLP_CV);
       glp_set_col_bnds(lp.get(), c.U[j], GLP_FX, u, u);
+      if (c.E[j] == 0) continue;  // one-way: the absence never ends
+      glp_set_col_kind(lp.get(), c.E[j], GLP_CV);
       glp_set_col_bnds(lp.get(), c.E[j], GLP_FX, e, e);
     }
   }
@@ -393,7 +434,7 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
     for (uint32_t j = 1; j < gaps_[c.gap].len; ++j) {
       if (c.U[j] == 0) continue;
       x[static_cast<size_t>(c.U[j])] = std::round(x[static_cast<size_t>(c.U[j])]);
-      x[static_cast<size_t>(c.E[j])] = std::round(x[static_cast<size_t>(c.E[j])]);
+      if (c.E[j] != 0) x[static_cast<size_t>(c.E[j])] = std::round(x[static_cast<size_t>(c.E[j])]);
     }
   }
   if (stall_us) *stall_us = stall_of(x);
@@ -408,13 +449,18 @@ Plan Model::extract(const std::vector<double>& x) const {
     const Gap& g = gaps_[c.gap];
     const uint32_t last = g.len - 1;
     if (x[static_cast<size_t>(c.U[last])] < 0.5) continue;
+    if (g.idle) {  // out for good; the deadline matters only where it is found on the device
+      plan.moves.push_back(Move{g.tensor, MoveOp::offload, c.tier, g.start, g.start});
+      continue;
+    }
     auto val = [&](int col) { return col == 0 ? 0.0 : x[static_cast<size_t>(col)]; };
-    uint32_t p = 1, q = 1;
+    uint32_t p = 1, q = g.one_way ? last : 1;
     while (p < last && val(c.U[p]) < 0.5) ++p;
     while (q < last && val(c.E[q]) < 0.5) ++q;
     if (q < p) continue;  // empty absence: frees nothing
     const uint32_t done = p - 1, begin = q + 1;
     plan.moves.push_back(Move{g.tensor, MoveOp::offload, c.tier, g.start, (g.start + done) % n_});
+    if (g.one_way) continue;
     plan.moves.push_back(Move{g.tensor, MoveOp::prefetch, c.tier, (g.start + begin) % n_, g.end});
   }
   return plan;
@@ -433,6 +479,7 @@ void hoist(const Trace& trace, Plan* plan) {
     return (a.start + a.prefetch_begin) % n < (b.start + b.prefetch_begin) % n;
   });
   for (const MovePair& pr : check.pairs) {
+    if (pr.one_way()) continue;  // no prefetch
     const auto bytes = static_cast<int64_t>(pr.bytes);
     uint32_t begin = pr.prefetch_begin;
     while (begin > pr.offload_done + 2 && res[(pr.start + begin - 1) % n] + bytes <= budget) {

@@ -1,7 +1,8 @@
 // The migration planner: the paper's Algorithm 1 (greedy by critical-pressure time per byte, with
 // per-kernel bandwidth slots), made fast with lazy re-scoring and the structures of structures.h,
 // then a forced pass that resolves the pressure bandwidth cannot hide, a prune pass and prefetch
-// hoisting. docs/planner.md describes the algorithm and every decision.
+// hoisting. Periods that no use ends (tails, idle persistent tensors) become offloads without a
+// prefetch. docs/planner.md describes the algorithm and every decision.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -45,15 +46,22 @@ Pieces pieces(uint32_t num_kernels, uint64_t begin, uint64_t count) {
 }
 
 // Gap geometry of a period: distances from `start`; the gap's kernels are distances 1..len-1.
+// A one-way gap has no next use: its absence runs to distance len-1 and no prefetch ends it (a
+// tail: len-1 is the tensor's alive_until). An idle gap (a persistent tensor no kernel uses) is
+// one-way with start 0 and len N + 1: once chosen the tensor is absent at every kernel and moves no
+// bytes in steady state (docs/planner.md, "Tensors no kernel uses again").
 struct Gap {
   TensorId tensor;
   int64_t bytes;
   uint32_t start;
   uint32_t end;
   uint32_t len;
+  bool one_way = false;
+  bool idle = false;
 };
 
-// A chosen period: offloaded on `tier`, done at distance `done`, prefetch from distance `begin`.
+// A chosen period: offloaded on `tier`, done at distance `done`, prefetch from distance `begin`
+// (`begin` == the gap's len for a one-way gap: no prefetch).
 struct Pair {
   uint32_t gap;
   uint32_t tier;
@@ -106,9 +114,11 @@ class Planner {
   double clipped_time(const Gap& g, uint32_t first, uint32_t count) const;
   bool tier_has_room(uint32_t tier, const Gap& g) const;
   bool evaluate(const Gap& g, uint32_t tier, Window* w) const;
+  bool evaluate_one_way(const Gap& g, uint32_t tier, Window* w) const;
   void subtract(const Gap& g, uint32_t first, uint32_t count);
   void add_back(const Gap& g, uint32_t first, uint32_t count);
   void hold(uint32_t tier, const Gap& g);
+  void take_idle();
   void greedy();
   void force();
   void force_at(uint32_t gi, uint32_t x);
@@ -179,8 +189,10 @@ void Planner::hold(uint32_t tier, const Gap& g) {
 
 // Earliest offload completion filling free write slots forward from distance 1, latest prefetch
 // start filling free read slots backward from the gap's end; false when they do not leave at least
-// one kernel in between.
+// one kernel in between. A one-way gap has no prefetch (absent through its last kernel); an idle
+// gap moves nothing and is absent everywhere.
 bool Planner::evaluate(const Gap& g, uint32_t tier, Window* w) const {
+  if (g.one_way) return evaluate_one_way(g, tier, w);
   if (g.len < 3) return false;
   const uint32_t off = write_[tier].forward_len((g.start + 1) % n_, g.len - 2, g.bytes);
   if (off == 0) return false;
@@ -197,6 +209,22 @@ bool Planner::evaluate(const Gap& g, uint32_t tier, Window* w) const {
   return true;
 }
 
+// evaluate() for a gap no use ends: no prefetch, the absence runs to its last kernel.
+bool Planner::evaluate_one_way(const Gap& g, uint32_t tier, Window* w) const {
+  *w = Window{};
+  w->begin = g.len;
+  if (!g.idle) {
+    if (g.len < 3) return false;
+    w->offload_len = write_[tier].forward_len((g.start + 1) % n_, g.len - 2, g.bytes);
+    if (w->offload_len == 0) return false;
+    w->done = w->offload_len;
+  }
+  const uint32_t count = w->begin - w->done - 1;
+  w->score = (tuning_.clip_benefit ? clipped_time(g, w->done + 1, count) : crit_time(g, w->done + 1, count)) *
+             tier_weight_[tier];
+  return true;
+}
+
 void Planner::subtract(const Gap& g, uint32_t first, uint32_t count) {
   const Pieces p = pieces(n_, uint64_t{g.start} + first, count);
   for (size_t i = 0; i < p.n; ++i) {
@@ -207,6 +235,31 @@ void Planner::subtract(const Gap& g, uint32_t first, uint32_t count) {
 void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
   const Pieces p = pieces(n_, uint64_t{g.start} + first, count);
   for (size_t i = 0; i < p.n; ++i) mem_.range_add(p.lo[i], p.hi[i], g.bytes);
+}
+
+// Idle gaps before the greedy loop (docs/planner.md, "Tensors no kernel uses again"): their score,
+// the critical time of every kernel, is the largest any candidate can have, and they move no bytes
+// in steady state. Largest first (the greedy's tie-break), each on the first tier with room.
+void Planner::take_idle() {
+  std::vector<uint32_t> idle;
+  for (uint32_t i = 0; i < gaps_.size(); ++i) {
+    const Gap& g = gaps_[i];
+    if (g.idle && g.bytes > 0 && static_cast<uint64_t>(g.bytes) >= opts_.min_tensor_bytes) idle.push_back(i);
+  }
+  std::stable_sort(idle.begin(), idle.end(),
+                   [&](uint32_t a, uint32_t b) { return gaps_[a].bytes > gaps_[b].bytes; });
+  for (uint32_t gi : idle) {
+    if (mem_.max_all() <= budget_) return;
+    const Gap& g = gaps_[gi];
+    for (uint32_t t = 0; t < opts_.tiers.size(); ++t) {
+      if (!tier_has_room(t, g)) continue;
+      subtract(g, 1, g.len - 1);
+      hold(t, g);
+      pair_of_[gi] = static_cast<int32_t>(pairs_.size());
+      pairs_.push_back(Pair{gi, t, 0, g.len});
+      break;
+    }
+  }
 }
 
 // Lazy greedy: a candidate's key is an upper bound on its score (scores only fall as M' drops and
@@ -227,6 +280,7 @@ void Planner::greedy() {
   for (uint32_t i = 0; i < gaps_.size(); ++i) {
     const Gap& g = gaps_[i];
     if (g.bytes <= 0 || static_cast<uint64_t>(g.bytes) < opts_.min_tensor_bytes || g.len < 3) continue;
+    if (g.idle) continue;  // taken before the loop (take_idle)
     const double bound = crit_time(g, 1, g.len - 1) * max_weight;
     if (bound > 0) initial.push_back({bound, g.bytes, i});
   }
@@ -238,7 +292,9 @@ void Planner::greedy() {
     Window best;
     int best_tier = -1;
     // No window can include the offload's first slot or the prefetch's last one.
-    const double ceiling = g.len >= 4 ? crit_time(g, 2, g.len - 3) : 0.0;
+    const double ceiling = g.one_way     ? crit_time(g, 2, g.len - 2)
+                           : g.len >= 4 ? crit_time(g, 2, g.len - 3)
+                                        : 0.0;
     for (uint32_t t = 0; t < opts_.tiers.size(); ++t) {
       if (best_tier >= 0 && best.score >= ceiling * tier_weight_[t]) break;  // no later tier can do better
       Window w;
@@ -256,8 +312,8 @@ void Planner::greedy() {
       continue;
     }
     const auto tier = static_cast<uint32_t>(best_tier);
-    write_[tier].reserve_forward((g.start + 1) % n_, best.offload_len, g.bytes);
-    read_[tier].reserve_backward(g.end, best.prefetch_len, g.bytes);
+    if (best.offload_len > 0) write_[tier].reserve_forward((g.start + 1) % n_, best.offload_len, g.bytes);
+    if (best.prefetch_len > 0) read_[tier].reserve_backward(g.end, best.prefetch_len, g.bytes);
     subtract(g, best.done + 1, best.begin - best.done - 1);
     hold(tier, g);
     pair_of_[top.gap] = static_cast<int32_t>(pairs_.size());
@@ -348,7 +404,7 @@ void Planner::force() {
       if (present.empty()) {
         throw Error(fmt::format(
             "planner: kernel {} ({}) keeps {} resident, over the budget of {}, and no tensor resident there "
-            "can be moved (tier capacity exhausted, or tensors that are never used)",
+            "can be moved (tier capacity exhausted)",
             k, trace_.kernel_name(static_cast<KernelIndex>(k)), format_bytes(static_cast<double>(mem_.value(k))),
             format_bytes(static_cast<double>(budget_))));
       }
@@ -425,13 +481,18 @@ void Planner::force_at(uint32_t gi, uint32_t x) {
     // Use whatever bandwidth the tier has left, but be away from x on regardless.
     const auto t = static_cast<uint32_t>(tier);
     const uint32_t off = write_[t].forward_len((g.start + 1) % n_, g.len - 1, g.bytes);
-    const uint32_t pre = read_[t].backward_len(g.end, g.len - 1, g.bytes);
     fit.done = off > 0 ? std::min(off, x - 1) : x - 1;
-    fit.begin = std::max(pre > 0 ? g.len - pre : 0, std::max(x, last_over(x + 1)) + 1);
+    if (g.one_way) {
+      fit.begin = g.len;
+    } else {
+      const uint32_t pre = read_[t].backward_len(g.end, g.len - 1, g.bytes);
+      fit.begin = std::max(pre > 0 ? g.len - pre : 0, std::max(x, last_over(x + 1)) + 1);
+    }
   }
   const auto t = static_cast<uint32_t>(tier);
-  const int64_t out = write_[t].reserve_forward((g.start + 1) % n_, fit.done, g.bytes);
-  const int64_t in = read_[t].reserve_backward(g.end, g.len - fit.begin, g.bytes);
+  // An idle gap moves no bytes, a one-way gap none back: nothing of theirs is left unhidden.
+  const int64_t out = g.idle ? g.bytes : write_[t].reserve_forward((g.start + 1) % n_, fit.done, g.bytes);
+  const int64_t in = g.one_way ? g.bytes : read_[t].reserve_backward(g.end, g.len - fit.begin, g.bytes);
   diag_.unhidden_bytes += static_cast<uint64_t>((g.bytes - out) + (g.bytes - in));
   diag_.estimated_stall_us += static_cast<double>(g.bytes - out) / write_[t].bytes_per_us() +
                               static_cast<double>(g.bytes - in) / read_[t].bytes_per_us();
@@ -470,7 +531,7 @@ void Planner::prune_and_hoist() {
   if (!tuning_.hoist_prefetch) return;
   std::vector<uint32_t> order;
   for (uint32_t i = 0; i < pairs_.size(); ++i) {
-    if (pairs_[i].live) order.push_back(i);
+    if (pairs_[i].live && !gaps_[pairs_[i].gap].one_way) order.push_back(i);  // no prefetch to hoist
   }
   auto prefetch_at = [&](uint32_t i) { return (gaps_[pairs_[i].gap].start + pairs_[i].begin) % n_; };
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return prefetch_at(a) < prefetch_at(b); });
@@ -501,7 +562,16 @@ Plan Planner::emit() const {
   for (const Pair& pr : pairs_) {
     if (!pr.live) continue;
     const Gap& g = gaps_[pr.gap];
+    if (g.idle) {
+      // Moves bytes only when the tensor is found on the device (the first iteration, or after a
+      // drifted one used it): due when the tier's spare write bandwidth would have written it.
+      const uint32_t len = write_[pr.tier].forward_len((g.start + 1) % n_, n_ - 1, g.bytes);
+      const KernelIndex deadline = len > 0 ? (g.start + len) % n_ : n_ - 1;
+      plan.moves.push_back(Move{g.tensor, MoveOp::offload, pr.tier, g.start, deadline});
+      continue;
+    }
     plan.moves.push_back(Move{g.tensor, MoveOp::offload, pr.tier, g.start, (g.start + pr.done) % n_});
+    if (g.one_way) continue;
     plan.moves.push_back(Move{g.tensor, MoveOp::prefetch, pr.tier, (g.start + pr.begin) % n_, g.end});
   }
   std::stable_sort(plan.moves.begin(), plan.moves.end(), [](const Move& a, const Move& b) {
@@ -524,8 +594,14 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
     tau_.assign(trace_.kernel_times_us().begin(), trace_.kernel_times_us().end());
     gaps_.reserve(periods.size());
     for (const InactivePeriod& p : periods) {
-      const uint32_t len = p.end > p.start ? p.end - p.start : p.end + n_ - p.start;
-      gaps_.push_back(Gap{p.tensor, static_cast<int64_t>(p.bytes), p.start, p.end, len});
+      Gap g{p.tensor, static_cast<int64_t>(p.bytes), p.start, p.end,
+            p.end > p.start ? p.end - p.start : p.end + n_ - p.start};
+      if (p.no_next_use && p.wraps) {  // idle: offloaded after kernel 0, absent everywhere
+        g = Gap{p.tensor, g.bytes, 0, 0, n_ + 1, true, true};
+      } else if (p.no_next_use) {  // tail: kernels start+1 .. end, then the tensor dies
+        g = Gap{p.tensor, g.bytes, p.start, (p.end + 1) % n_, p.end + 1 - p.start, true};
+      }
+      gaps_.push_back(g);
       if (p.bytes >= opts_.min_tensor_bytes) ++st.candidates;
     }
     pair_of_.assign(gaps_.size(), -1);
@@ -554,6 +630,7 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
       return s;
     };
     diag_.setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    take_idle();
     greedy();
     diag_.greedy_seconds = lap();
     force();
@@ -569,15 +646,18 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
                               format_bytes(static_cast<double>(peak)), format_bytes(static_cast<double>(budget_))));
     }
     st.peak_after_bytes = static_cast<uint64_t>(std::max<int64_t>(peak, 0));
-    size_t live_chosen = 0, live_forced = 0;
+    size_t live_chosen = 0, live_forced = 0, offload_only = 0;
     for (const Pair& pr : pairs_) {
       if (!pr.live) continue;
       (pr.forced ? live_forced : live_chosen)++;
+      offload_only += gaps_[pr.gap].one_way;
+      if (gaps_[pr.gap].idle) continue;  // moves no bytes in steady state
       diag_.bytes_offloaded += static_cast<uint64_t>(gaps_[pr.gap].bytes);
       diag_.tier_bytes[pr.tier] += static_cast<uint64_t>(gaps_[pr.gap].bytes);
     }
     st.chosen = live_chosen;
     st.forced = live_forced;
+    st.offload_only = offload_only;
   }
   Plan plan = emit();
   st.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,8 +1,9 @@
 // Discrete-event replay of a plan (docs/simulator.md has the model). Kernels run back to back on
 // one compute stream; every tier has a write link (offloads) and a read link (prefetches), each
 // serving one transfer at a time in issue order; a transfer a kernel waits for becomes urgent and
-// preempts its link. Links advance lazily, so the cost is O((kernels + moves) * iterations), no
-// per-byte work.
+// preempts its link. An offload without a prefetch writes and frees, and nothing comes back (that
+// of a persistent tensor no kernel uses moves nothing: in steady state it is already out). Links
+// advance lazily, so the cost is O((kernels + moves) * iterations), no per-byte work.
 #include "teraio/simulator.h"
 
 #include <algorithm>
@@ -217,12 +218,14 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   };
   for (int64_t it = -1; it < iters; ++it) {
     for (const MovePair& p : check.pairs) {
+      if (p.idle) continue;  // out since an earlier iteration: nothing to move
       const int64_t base = it * n + p.start;
       const int64_t off_issue = base;  // at the end of this kernel
       const int64_t off_need = base + p.offload_done + 1;
       const int64_t pre_issue = base + p.prefetch_begin;  // at the beginning of this kernel
       const int64_t pre_need = base + p.prefetch_deadline;
       if (off_issue >= 0) add(p, true, off_issue, off_need);
+      if (p.one_way()) continue;  // dies where it is: nothing comes back
       if (pre_issue >= 0 && pre_issue <= last_g) add(p, false, pre_issue, pre_need);
     }
   }

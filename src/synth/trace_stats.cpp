@@ -106,6 +106,7 @@ TraceStats compute_trace_stats(const Trace& trace, const TraceStatsOptions& opti
 
   const double ssd_bytes_per_us = options.ssd_gbps * 1e3;
   for (const InactivePeriod& p : inactive_periods(trace, lifetimes)) {
+    if (!lifetimes.used(p.tensor)) continue;  // an idle persistent tensor: unused, ignored here
     ++s.periods;
     if (p.wraps) ++s.wrapping_periods;
     const int sb = size_bucket(p.bytes), lb = length_bucket(p.length_us);

@@ -1,5 +1,6 @@
 // Lifetime analysis: uses per tensor (CSR), inactive periods with wrap-around for persistent
-// tensors, the no-offload memory curve M[k] and per-kernel active bytes. All O(kernels + uses).
+// tensors and the periods no use ends (tails, idle persistent tensors), the no-offload memory
+// curve M[k] and per-kernel active bytes. All O(kernels + uses).
 #include "teraio/analysis.h"
 
 #include <algorithm>
@@ -24,6 +25,15 @@ Lifetimes::Lifetimes(const Trace& trace) {
   for (size_t k = 0; k < nk; ++k) {
     for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k))) {
       use_kernels_[fill[t]++] = static_cast<KernelIndex>(k);
+    }
+  }
+  const bool extended = std::any_of(trace.tensors.begin(), trace.tensors.end(),
+                                    [](const TensorInfo& info) { return info.alive_until.has_value(); });
+  if (extended) {
+    trace.validate();  // alive_until: in range, not before the last use, non-persistent, used
+    alive_until_.resize(nt);
+    for (TensorId t = 0; t < nt; ++t) {
+      if (used(t)) alive_until_[t] = trace.tensors[t].alive_until.value_or(last_use(t));
     }
   }
 }
@@ -60,8 +70,14 @@ std::vector<InactivePeriod> inactive_periods(const Trace& trace, const Lifetimes
   std::vector<InactivePeriod> out;
   for (TensorId t = 0; t < trace.num_tensors(); ++t) {
     auto u = lifetimes.uses(t);
-    if (u.empty()) continue;
     const TensorInfo& info = trace.tensors[t];
+    if (u.empty()) {
+      // Idle persistent tensor: resident the whole iteration, and nothing ever needs it.
+      if (info.persistent && n > 0) {
+        out.push_back(InactivePeriod{t, info.bytes, n - 1, n - 1, true, n, prefix[n], true});
+      }
+      continue;
+    }
     for (size_t i = 0; i + 1 < u.size(); ++i) {
       if (u[i + 1] > u[i] + 1) {
         out.push_back(InactivePeriod{t, info.bytes, u[i], u[i + 1], false, u[i + 1] - u[i] - 1,
@@ -76,6 +92,10 @@ std::vector<InactivePeriod> inactive_periods(const Trace& trace, const Lifetimes
         out.push_back(InactivePeriod{t, info.bytes, last, first, true, kernels,
                                      (prefix[n] - prefix[last + 1]) + prefix[first]});
       }
+    } else if (const KernelIndex until = lifetimes.alive_until(t); until > u.back()) {
+      // Tail: allocated but unused after the last use, until it dies after kernel `until`.
+      out.push_back(InactivePeriod{t, info.bytes, u.back(), until, false, until - u.back(),
+                                   prefix[until + 1] - prefix[u.back() + 1], true});
     }
   }
   return out;
@@ -92,7 +112,7 @@ std::vector<uint64_t> memory_curve(const Trace& trace, const Lifetimes& lifetime
       persistent += bytes;
     } else if (lifetimes.used(t)) {
       diff[lifetimes.first_use(t)] += bytes;
-      diff[lifetimes.last_use(t) + 1] -= bytes;
+      diff[lifetimes.alive_until(t) + 1] -= bytes;
     }
   }
   std::vector<uint64_t> m(n);

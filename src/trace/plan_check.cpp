@@ -1,6 +1,7 @@
 // Validity of a plan (docs/formats.md, "When a plan is valid"). Pairs every offload with the first
-// prefetch of the same tensor whose deadline follows it cyclically, checks the ordering and the
-// no-use window of each pair, then sums resident bytes per kernel with a difference array.
+// prefetch of the same tensor whose deadline follows it (cyclically for persistent tensors), checks
+// the ordering and the no-use window of each pair and the offloads no prefetch follows, then sums
+// resident bytes per kernel with a difference array.
 #include "teraio/plan_check.h"
 
 #include <algorithm>
@@ -36,7 +37,16 @@ class Checker {
     const uint32_t d = dist(from, to);
     return d == 0 ? n_ : d;
   }
+  // The fields of a MovePair that the offload moves[oi] alone decides.
+  MovePair offload_part(size_t oi) const;
   void check_pair(size_t oi, size_t pi);
+  // An offload no prefetch follows: valid when nothing uses the tensor after its start.
+  void check_one_way(size_t oi, std::vector<size_t>& one_way_of);
+  std::string lifetime_rule(TensorId t) const {
+    return fmt::format(
+        "tensor {} is not persistent, so its moves must lie within its lifetime [{}, {}] and not wrap",
+        t, life_.first_use(t), life_.last_use(t));
+  }
   // Adds `delta` to diff over the cyclic kernel range [from, from + len).
   static void add_cyclic(std::vector<int64_t>& diff, uint32_t n, uint32_t from, uint32_t len, int64_t delta);
 
@@ -63,19 +73,25 @@ void Checker::add_cyclic(std::vector<int64_t>& diff, uint32_t n, uint32_t from, 
   }
 }
 
+MovePair Checker::offload_part(size_t oi) const {
+  const Move& o = plan_.moves[oi];
+  MovePair pair;
+  pair.offload_index = oi;
+  pair.tensor = o.tensor;
+  pair.tier = o.tier;
+  pair.bytes = trace_.tensors[o.tensor].bytes;
+  pair.start = o.start;
+  pair.offload_done = dist(o.start, o.deadline);
+  return pair;
+}
+
 void Checker::check_pair(size_t oi, size_t pi) {
   const Move& o = plan_.moves[oi];
   const Move& p = plan_.moves[pi];
   const TensorId t = o.tensor;
   const TensorInfo& info = trace_.tensors[t];
-  MovePair pair;
-  pair.offload_index = oi;
+  MovePair pair = offload_part(oi);
   pair.prefetch_index = pi;
-  pair.tensor = t;
-  pair.tier = o.tier;
-  pair.bytes = info.bytes;
-  pair.start = o.start;
-  pair.offload_done = dist(o.start, o.deadline);
   pair.prefetch_begin = dist_nz(o.start, p.start);
   pair.prefetch_deadline = dist_nz(o.start, p.deadline);
   if (p.tier != o.tier) {
@@ -105,12 +121,48 @@ void Checker::check_pair(size_t oi, size_t pi) {
   }
   if (!info.persistent) {
     if (o.start < life_.first_use(t) || o.start + pair.prefetch_deadline >= n_) {
-      error("{}: tensor {} is not persistent, so its moves must lie within its lifetime [{}, {}] and "
-            "not wrap",
-            describe(oi), t, life_.first_use(t), life_.last_use(t));
+      error("{}: {}", describe(oi), lifetime_rule(t));
       return;
     }
   }
+  out_.pairs.push_back(pair);
+}
+
+void Checker::check_one_way(size_t oi, std::vector<size_t>& one_way_of) {
+  const Move& o = plan_.moves[oi];
+  const TensorId t = o.tensor;
+  const TensorInfo& info = trace_.tensors[t];
+  const bool used = life_.used(t);
+  if (used && (info.persistent || o.start < life_.last_use(t))) {
+    KernelIndex next = 0;
+    bool wrapped = false;
+    life_.next_use(t, (o.start + 1) % n_, &next, &wrapped);
+    error("{}: no prefetch brings tensor {} back before kernel {} uses it (an offload without a prefetch "
+          "is valid only after the tensor's last use)",
+          describe(oi), t, next);
+    return;
+  }
+  MovePair pair = offload_part(oi);
+  pair.prefetch_index = kNoPrefetch;
+  if (used) {  // a tail: from the last use through alive_until, then the tensor dies
+    const KernelIndex until = life_.alive_until(t);
+    if (o.start > until || o.deadline < o.start || o.deadline > until) {
+      error("{}: tensor {} is not persistent and no prefetch follows this offload, so it must start and be "
+            "complete within the tensor's life after its last use, kernels [{}, {}] (alive_until {})",
+            describe(oi), t, life_.last_use(t), until, until);
+      return;
+    }
+    pair.prefetch_begin = pair.prefetch_deadline = until + 1 - o.start;
+  } else {  // an idle persistent tensor: out for good
+    pair.prefetch_begin = pair.prefetch_deadline = n_;
+    pair.idle = true;
+  }
+  if (one_way_of[t] != kNoPrefetch) {
+    error("{}: tensor {} is already offloaded without a prefetch by {}; nothing brings it back in between",
+          describe(oi), t, describe(one_way_of[t]));
+    return;
+  }
+  one_way_of[t] = oi;
   out_.pairs.push_back(pair);
 }
 
@@ -133,12 +185,22 @@ PlanCheck Checker::run() {
       continue;
     }
     if (!life_.used(m.tensor)) {
-      error("{}: tensor {} is never used, so it cannot be moved", describe(i), m.tensor);
-      continue;
+      if (!trace_.tensors[m.tensor].persistent) {
+        error("{}: tensor {} is never used, so it cannot be moved", describe(i), m.tensor);
+        continue;
+      }
+      if (m.op == MoveOp::prefetch) {
+        error("{}: tensor {} is never used, so nothing needs it back: it can be offloaded, not prefetched",
+              describe(i), m.tensor);
+        continue;
+      }
     }
     (m.op == MoveOp::offload ? offloads : prefetches)[m.tensor].push_back(i);
   }
-  // Pair each offload with the prefetch whose deadline comes first after the offload's start.
+  // Pair each offload with the prefetch whose deadline comes first after the offload's start
+  // (cyclically for a persistent tensor; a non-persistent one's pairs never wrap). An offload that
+  // no prefetch follows is an offload without a prefetch.
+  std::vector<size_t> one_way_of(nt, kNoPrefetch);
   for (size_t t = 0; t < nt; ++t) {
     auto& pf = prefetches[t];
     if (offloads[t].empty() && pf.empty()) continue;
@@ -150,9 +212,9 @@ PlanCheck Checker::run() {
       auto it = std::upper_bound(pf.begin(), pf.end(), a, [&](KernelIndex v, size_t idx) {
         return v < plan_.moves[idx].deadline;
       });
-      if (it == pf.end()) it = pf.begin();
+      if (it == pf.end() && trace_.tensors[t].persistent) it = pf.begin();
       if (it == pf.end()) {
-        error("{}: no prefetch brings tensor {} back", describe(oi), t);
+        check_one_way(oi, one_way_of);
         continue;
       }
       const size_t j = static_cast<size_t>(it - pf.begin());
@@ -166,7 +228,14 @@ PlanCheck Checker::run() {
       check_pair(oi, pf[j]);
     }
     for (size_t j = 0; j < pf.size(); ++j) {
-      if (!taken[j]) error("{}: no offload precedes this prefetch of tensor {}", describe(pf[j]), t);
+      if (taken[j]) continue;
+      const auto tid = static_cast<TensorId>(t);
+      if (!trace_.tensors[t].persistent && plan_.moves[pf[j]].deadline == life_.first_use(tid)) {
+        error("{}: no offload precedes this prefetch of tensor {}: {}", describe(pf[j]), t,
+              lifetime_rule(tid));
+      } else {
+        error("{}: no offload precedes this prefetch of tensor {}", describe(pf[j]), t);
+      }
     }
   }
 
@@ -176,6 +245,11 @@ PlanCheck Checker::run() {
   std::vector<std::vector<int64_t>> tier_diff(plan_.tiers.size(), std::vector<int64_t>(n_ + 1, 0));
   for (const MovePair& p : out_.pairs) {
     const auto b = static_cast<int64_t>(p.bytes);
+    if (p.idle) {  // out for good: absent, and on the tier, at every kernel
+      add_cyclic(diff, n_, 0, n_, -b);
+      add_cyclic(tier_diff[p.tier], n_, 0, n_, b);
+      continue;
+    }
     add_cyclic(diff, n_, p.start + p.offload_done + 1, p.prefetch_begin - p.offload_done - 1, -b);
     add_cyclic(tier_diff[p.tier], n_, p.start + 1, p.prefetch_deadline - 1, b);
   }

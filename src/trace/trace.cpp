@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "teraio/error.h"
 
@@ -111,6 +112,37 @@ void Trace::validate() const {
       TERAIO_CHECK(id < n, "kernels[{}].tensors: tensor id {} is out of range (the trace has {} tensors)",
                    k, id, n);
     }
+  }
+  validate_alive_until();
+}
+
+void Trace::validate_alive_until() const {
+  if (std::none_of(tensors.begin(), tensors.end(),
+                   [](const TensorInfo& t) { return t.alive_until.has_value(); })) {
+    return;
+  }
+  constexpr KernelIndex kUnused = std::numeric_limits<KernelIndex>::max();
+  std::vector<KernelIndex> last(tensors.size(), kUnused);
+  for (size_t k = 0; k < num_kernels(); ++k) {
+    for (TensorId id : kernel_tensors(static_cast<KernelIndex>(k))) last[id] = static_cast<KernelIndex>(k);
+  }
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (!tensors[t].alive_until) continue;
+    const KernelIndex until = *tensors[t].alive_until;
+    TERAIO_CHECK(!tensors[t].persistent,
+                 "tensors[{}].alive_until: the tensor is persistent (alive the whole iteration); only a "
+                 "non-persistent tensor can have alive_until",
+                 t);
+    TERAIO_CHECK(until < num_kernels(),
+                 "tensors[{}].alive_until: kernel {} is out of range (the trace has {} kernels)", t,
+                 until, num_kernels());
+    TERAIO_CHECK(last[t] != kUnused,
+                 "tensors[{}].alive_until: no kernel uses the tensor, so it is never allocated and has no "
+                 "life to extend",
+                 t);
+    TERAIO_CHECK(until >= last[t],
+                 "tensors[{}].alive_until: kernel {} is before the tensor's last use (kernel {})", t,
+                 until, last[t]);
   }
 }
 

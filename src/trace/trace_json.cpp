@@ -1,5 +1,8 @@
 // teraio.trace v1: the JSON reader (simdjson DOM; a 250k-kernel trace parses in well under a
-// second) and writer (one kernel per line so diffs and greps stay readable).
+// second) and writer (one kernel per line so diffs and greps stay readable). A tensor's optional
+// alive_until is checked against its uses once all kernels are read.
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,7 @@ Trace parse_trace(std::string_view text, std::string_view source) {
   const json::Path tp = top.field("tensors");
   auto tensors = r.array(r.field(root, "tensors", top), tp);
   trace.tensors.reserve(tensors.size());
+  bool with_alive_until = false;
   size_t i = 0;
   uint64_t total_bytes = 0;
   for (auto e : tensors) {
@@ -49,7 +53,19 @@ Trace parse_trace(std::string_view text, std::string_view source) {
                          kind));
     }
     info.persistent = r.boolean(r.field(o, "persistent", p), p.field("persistent"));
-    if (r.has(o, "name")) info.name = std::string(r.string(r.field(o, "name", p), p.field("name")));
+    size_t fields = 4;  // id, bytes, kind, persistent
+    if (r.has(o, "name")) {
+      info.name = std::string(r.string(r.field(o, "name", p), p.field("name")));
+      ++fields;
+    }
+    if (o.size() > fields && r.has(o, "alive_until")) {  // looked up only when there is more
+      const uint64_t until = r.u64(r.field(o, "alive_until", p), p.field("alive_until"));
+      if (until > std::numeric_limits<KernelIndex>::max()) {
+        r.fail(p.field("alive_until"), fmt::format("kernel {} is out of range", until));
+      }
+      info.alive_until = static_cast<KernelIndex>(until);
+      with_alive_until = true;
+    }
     trace.tensors.push_back(std::move(info));
     ++i;
   }
@@ -83,6 +99,13 @@ Trace parse_trace(std::string_view text, std::string_view source) {
     trace.add_kernel(name, time_us, ids);
     ++k;
   }
+  if (with_alive_until) {  // checked against the uses, which are known only now
+    try {
+      trace.validate();
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", source, e.what()));
+    }
+  }
   return trace;
 }
 
@@ -102,12 +125,26 @@ std::string trace_to_json(const Trace& trace) {
     out += trace.meta[i].second;
   }
   out += "},\n  \"tensors\": [";
+  // alive_until is written only where it differs from the tensor's last use.
+  std::vector<int64_t> last_use;
+  if (std::any_of(trace.tensors.begin(), trace.tensors.end(),
+                  [](const TensorInfo& t) { return t.alive_until.has_value(); })) {
+    last_use.assign(trace.num_tensors(), -1);
+    for (size_t k = 0; k < trace.num_kernels(); ++k) {
+      for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k))) {
+        last_use[t] = static_cast<int64_t>(k);
+      }
+    }
+  }
   for (size_t i = 0; i < trace.num_tensors(); ++i) {
     const TensorInfo& t = trace.tensors[i];
     out += i ? ",\n    " : "\n    ";
     fmt::format_to(std::back_inserter(out), "{{\"id\": {}, \"bytes\": {}, \"kind\": \"{}\", \"persistent\": {}, \"name\": ",
                    i, t.bytes, to_string(t.kind), t.persistent ? "true" : "false");
     append_json_quoted(out, t.name);
+    if (t.alive_until && static_cast<int64_t>(*t.alive_until) != last_use[i]) {
+      fmt::format_to(std::back_inserter(out), ", \"alive_until\": {}", *t.alive_until);
+    }
     out += '}';
   }
   out += trace.num_tensors() ? "\n  ],\n  \"kernels\": [" : "],\n  \"kernels\": [";

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 
 #include "planner_tuning.h"
 #include "random_trace.h"
@@ -11,6 +12,7 @@
 #include "teraio/error.h"
 #include "teraio/plan_check.h"
 #include "teraio/planner.h"
+#include "teraio/simulator.h"
 #include "teraio/units.h"
 
 namespace teraio {
@@ -176,6 +178,97 @@ TEST(PlannerRefusal, BadOptions) {
   EXPECT_THROW(make_plan(trace, o), Error);
 }
 
+// Six layers: weight W_i (persistent, 50 MiB) used by forward kernel i, backward kernel 6 + i and
+// optimizer kernel 12 + i; gradient G_i (100 MiB) made by backward kernel 6 + i and read by the
+// optimizer kernel 12 + i, then held until zero_grad (kernel 18, which touches no tensor). Without
+// alive_until a trace could only fake the held gradients as uses of kernel 18.
+Trace gradients_trace(bool fake_uses_at_zero_grad) {
+  constexpr uint32_t kLayers = 6;
+  Trace trace;
+  std::vector<std::vector<KernelIndex>> uses;
+  for (uint32_t i = 0; i < kLayers; ++i) {
+    tensor(trace, ("W" + std::to_string(i)).c_str(), 50 * kMiB, true);
+    uses.push_back({i, kLayers + i, 2 * kLayers + i});
+  }
+  for (uint32_t i = 0; i < kLayers; ++i) {
+    TensorInfo g;
+    g.bytes = 100 * kMiB;
+    g.kind = TensorKind::gradient;
+    g.name = "G" + std::to_string(i);
+    if (!fake_uses_at_zero_grad) g.alive_until = 3 * kLayers;
+    trace.add_tensor(g);
+    uses.push_back({kLayers + i, 2 * kLayers + i});
+    if (fake_uses_at_zero_grad) uses.back().push_back(3 * kLayers);
+  }
+  kernels(trace, 3 * kLayers + 1, 1000, uses);
+  return trace;
+}
+
+// Case (a) of the brief of issues 13/17: at zero_grad all 600 MiB of gradients are alive, above the
+// 500 MiB budget. Faked as uses, kernel 18 "touches" them all and no plan can exist; with
+// alive_until the gradients leave after their optimizer kernel (an offload without a prefetch).
+TEST(PlannerGolden, GradientsAliveUntilTheLastKernel) {
+  const PlannerOptions o = options(500 * kMiB, 100);
+  try {
+    make_plan(gradients_trace(true), o);
+    FAIL() << "the faked trace must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kernel 18 (k18) alone touches"), std::string::npos) << e.what();
+  }
+  const Trace trace = gradients_trace(false);
+  PlannerStats stats;
+  const Plan plan = make_plan(trace, o, &stats);
+  const PlanCheck c = check(trace, plan);
+  ASSERT_TRUE(c.valid) << describe(c);
+  EXPECT_LE(c.peak_bytes, 500 * kMiB);
+  EXPECT_EQ(stats.peak_before_bytes, 900 * kMiB);
+  EXPECT_GT(stats.offload_only, 0u);
+  EXPECT_EQ(plan.moves.size(), 2 * (stats.chosen + stats.forced) - stats.offload_only);
+  for (const Move& m : plan.moves) {
+    // A gradient is never brought back after its optimizer kernel: it only leaves.
+    if (m.tensor >= 6 && m.op == MoveOp::prefetch) {
+      EXPECT_LE(m.deadline, 12 + (m.tensor - 6)) << m.tensor;
+    }
+  }
+  const SimResult sim = simulate(trace, plan);
+  EXPECT_EQ(sim.peak_bytes, c.peak_bytes);
+  EXPECT_EQ(sim.tiers[0].prefetch_bytes + stats.offload_only * 100 * kMiB, sim.tiers[0].offload_bytes);
+}
+
+// Case (b): an MoE layer whose expert E3 got no token in the profiled iteration. Every kernel uses
+// experts E0..E2 (a grouped expert GEMM) and activation X lives over kernels 1..4, so at 1..4 only
+// E3 can make room. Before offloads without a prefetch the planner refused this trace.
+TEST(PlannerGolden, IdleExpertOffloadedToFit) {
+  Trace trace;
+  for (int e = 0; e < 4; ++e) tensor(trace, ("E" + std::to_string(e)).c_str(), 200 * kMiB, true);
+  tensor(trace, "X", 100 * kMiB, false);
+  kernels(trace, 6, 1000, {{0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}, {}, {1, 2, 3, 4}});
+  PlannerStats stats;
+  const Plan plan = make_plan(trace, options(700 * kMiB, 1), &stats);
+  ASSERT_EQ(plan.moves.size(), 1u);
+  EXPECT_EQ(plan.moves[0].tensor, 3u);
+  EXPECT_EQ(plan.moves[0].op, MoveOp::offload);
+  EXPECT_EQ(plan.moves[0].start, 0u);  // offloaded after the iteration's first kernel
+  EXPECT_EQ(stats.offload_only, 1u);
+  EXPECT_EQ(stats.forced, 0u);  // it moves no bytes in steady state: nothing to hide
+  const PlanCheck c = check(trace, plan);
+  ASSERT_TRUE(c.valid) << describe(c);
+  EXPECT_EQ(c.resident_bytes, (std::vector<uint64_t>{600 * kMiB, 700 * kMiB, 700 * kMiB, 700 * kMiB, 700 * kMiB,
+                                                     600 * kMiB}));
+  const SimResult sim = simulate(trace, plan);
+  EXPECT_EQ(sim.stall_us, 0.0);
+  EXPECT_EQ(sim.tiers[0].offload_bytes, 0u);  // in steady state E3 is already out
+  // Preferred over a round trip that would relieve the same kernels (E0 over 1..18): it relieves
+  // the whole iteration and costs no bandwidth.
+  Trace loose;
+  for (int e = 0; e < 4; ++e) tensor(loose, ("E" + std::to_string(e)).c_str(), 200 * kMiB, true);
+  tensor(loose, "X", 100 * kMiB, false);
+  kernels(loose, 20, 1000, {{0, 19}, {1, 19}, {2, 19}, {}, {5, 6, 7, 8, 9, 10, 11, 12, 13, 14}});
+  const Plan p2 = make_plan(loose, options(800 * kMiB, 1000));
+  ASSERT_EQ(p2.moves.size(), 1u);
+  EXPECT_EQ(p2.moves[0].tensor, 3u);
+}
+
 struct RandomCase {
   Trace trace;
   PlannerOptions opts;
@@ -205,37 +298,50 @@ uint64_t budget_between(const RandomCase& rc, double f) {
   return rc.max_active + static_cast<uint64_t>(f * static_cast<double>(rc.peak - rc.max_active));
 }
 
+// make_plan's plan: valid, within the budget, its peak and move count as its stats say.
+Plan expect_plan_fits(const Trace& trace, const PlannerOptions& opts, PlannerStats* stats, const std::string& where) {
+  const Plan plan = make_plan(trace, opts, stats);
+  const PlanCheck c = check(trace, plan);
+  EXPECT_TRUE(c.valid) << where << "\n" << describe(c);
+  EXPECT_LE(c.peak_bytes, opts.budget_bytes) << where;
+  EXPECT_EQ(c.peak_bytes, stats->peak_after_bytes) << where;
+  EXPECT_EQ(plan.moves.size(), 2 * (stats->chosen + stats->forced) - stats->offload_only) << where;
+  return plan;
+}
+
+// Every tuning variant measured in docs/planner.md (clipped benefit, cost per time, neither prune
+// nor hoisting) makes valid plans.
+void expect_tunings_valid(const Trace& trace, const PlannerOptions& opts, const std::string& where) {
+  for (int v = 0; v < 4; ++v) {
+    planner_detail::PlannerTuning t;
+    t.clip_benefit = v & 1;
+    t.cost_per_time = v & 2;
+    t.prune = v != 3;
+    t.hoist_prefetch = v != 3;
+    const PlanCheck c = check(trace, planner_detail::make_plan_tuned(trace, opts, t, nullptr, nullptr));
+    EXPECT_TRUE(c.valid) << where << " variant " << v << "\n" << describe(c);
+  }
+}
+
 TEST(PlannerProperties, EveryPlanIsValidAndFits) {
   for (uint64_t seed = 1; seed <= 250; ++seed) {
     RandomCase rc = random_case(seed);
     for (double f : {0.0, 0.3, 0.7}) {
       rc.opts.budget_bytes = budget_between(rc, f);
       PlannerStats stats;
-      const Plan plan = make_plan(rc.trace, rc.opts, &stats);
-      const PlanCheck c = check(rc.trace, plan);
-      ASSERT_TRUE(c.valid) << "seed " << seed << " f " << f << "\n" << describe(c);
-      ASSERT_LE(c.peak_bytes, rc.opts.budget_bytes) << "seed " << seed;
-      ASSERT_EQ(c.peak_bytes, stats.peak_after_bytes) << "seed " << seed;
-      ASSERT_EQ(plan.moves.size(), 2 * (stats.chosen + stats.forced)) << "seed " << seed;
+      expect_plan_fits(rc.trace, rc.opts, &stats, fmt::format("seed {} f {}", seed, f));
+      ASSERT_EQ(stats.offload_only, 0u);  // no alive_until, every tensor used
+      if (HasFailure()) return;
     }
   }
 }
 
-// Every tuning variant must stay valid too (they are measured in docs/planner.md).
 TEST(PlannerProperties, TuningVariantsAreValid) {
   for (uint64_t seed = 300; seed < 400; ++seed) {
     RandomCase rc = random_case(seed);
     rc.opts.budget_bytes = budget_between(rc, 0.2);
-    for (int v = 0; v < 4; ++v) {
-      planner_detail::PlannerTuning t;
-      t.clip_benefit = v & 1;
-      t.cost_per_time = v & 2;
-      t.prune = v != 3;
-      t.hoist_prefetch = v != 3;
-      const Plan plan = planner_detail::make_plan_tuned(rc.trace, rc.opts, t, nullptr, nullptr);
-      const PlanCheck c = check(rc.trace, plan);
-      ASSERT_TRUE(c.valid) << "seed " << seed << " variant " << v << "\n" << describe(c);
-    }
+    expect_tunings_valid(rc.trace, rc.opts, fmt::format("seed {}", seed));
+    if (HasFailure()) return;
   }
 }
 
@@ -270,6 +376,53 @@ TEST(PlannerProperties, MoreBudgetMovesFewerBytesOverall) {
     loose += moved(0.6);
   }
   EXPECT_LT(loose, tight);
+}
+
+// Random traces where transient tensors stay alive past their last use and some persistent tensors
+// are never used: every plan is valid and within the budget, also as the simulator replays it.
+TEST(PlannerProperties, AliveUntilAndIdleTensorsPlansAreValidAndFit) {
+  size_t one_way = 0;
+  for (uint64_t seed = 1000; seed < 1150; ++seed) {
+    RandomCase rc = random_case(seed);
+    std::mt19937_64 rng(seed);
+    const Lifetimes before(rc.trace);
+    const auto n = static_cast<KernelIndex>(rc.trace.num_kernels());
+    for (TensorId t = 0; t < rc.trace.num_tensors(); ++t) {
+      TensorInfo& info = rc.trace.tensors[t];
+      if (!info.persistent && rng() % 2 == 0) {
+        const KernelIndex last = before.last_use(t);
+        info.alive_until = last + static_cast<KernelIndex>(rng() % (n - last));
+      }
+    }
+    // A few idle persistent tensors (no kernel uses them).
+    for (int i = 0; i < static_cast<int>(rng() % 4); ++i) {
+      tensor(rc.trace, "idle", kMiB / 2 + rng() % (64 * kMiB), true);
+    }
+    const std::vector<uint64_t> active = active_bytes(rc.trace);
+    const uint64_t max_active = *std::max_element(active.begin(), active.end());
+    const Lifetimes lifetimes(rc.trace);
+    const std::vector<uint64_t> m = memory_curve(rc.trace, lifetimes);
+    const uint64_t peak = *std::max_element(m.begin(), m.end());
+    for (double f : {0.0, 0.3, 0.7}) {
+      rc.opts.budget_bytes = max_active + static_cast<uint64_t>(f * static_cast<double>(peak - max_active));
+      PlannerStats stats;
+      const Plan plan = expect_plan_fits(rc.trace, rc.opts, &stats, fmt::format("seed {} f {}", seed, f));
+      const SimResult sim = simulate(rc.trace, plan);
+      EXPECT_LE(sim.peak_bytes, rc.opts.budget_bytes) << "seed " << seed;
+      EXPECT_GE(sim.stall_us, 0.0);
+      if (HasFailure()) return;
+      one_way += stats.offload_only;
+    }
+    if (seed % 5 != 0) continue;  // every tuning variant, and the --search variants, on some
+    rc.opts.budget_bytes = max_active + (peak - max_active) / 5;
+    expect_tunings_valid(rc.trace, rc.opts, fmt::format("seed {}", seed));
+    for (const PlanVariant& v : make_plan_variants(rc.trace, rc.opts)) {
+      const PlanCheck c = check(rc.trace, v.plan);
+      ASSERT_TRUE(c.valid) << "seed " << seed << " " << v.name << "\n" << describe(c);
+      ASSERT_LE(c.peak_bytes, rc.opts.budget_bytes) << "seed " << seed << " " << v.name;
+    }
+  }
+  EXPECT_GT(one_way, 100u);  // the cases exercise offloads without a prefetch
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Helpers for the simulator tests: small hand-built traces and a generator of random valid plans
-// (every chosen inactive period gets an offload/prefetch pair with random inner points).
+// (every chosen inactive period gets an offload/prefetch pair with random inner points, or an
+// offload alone when no use follows the period).
 #pragma once
 
 #include <algorithm>
@@ -70,6 +71,20 @@ inline Trace random_trace(std::mt19937_64& rng, bool heavy = false) {
   return make_trace(times, tensors, uses);
 }
 
+// Gives about half of the non-persistent tensors a random alive_until after their last use and
+// adds 0-2 persistent tensors no kernel uses.
+inline void add_alive_until_and_idle(Trace& trace, std::mt19937_64& rng) {
+  const Lifetimes lt(trace);
+  const auto n = static_cast<KernelIndex>(trace.num_kernels());
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    if (trace.tensors[t].persistent || !lt.used(t) || rng() % 2) continue;
+    trace.tensors[t].alive_until = lt.last_use(t) + static_cast<KernelIndex>(rng() % (n - lt.last_use(t)));
+  }
+  for (uint64_t i = rng() % 3; i > 0; --i) {
+    trace.add_tensor(TensorInfo{1000 + rng() % 100000, TensorKind::parameter, true, "idle"});
+  }
+}
+
 // A random valid plan over 1-2 tiers: each inactive period is moved with probability 0.6, with a
 // random offload deadline and prefetch start inside it (sometimes forced: deadline == start, or
 // prefetch start == deadline). The budget is the plan's resident peak.
@@ -83,6 +98,13 @@ inline Plan random_plan(const Trace& trace, std::mt19937_64& rng) {
     plan.tiers.push_back(tier(i == 0 ? "ssd" : "host", bw(rng), bw(rng)));
   for (const InactivePeriod& p : inactive_periods(trace, lt)) {
     if (rng() % 10 >= 6) continue;
+    if (p.no_next_use) {  // an offload alone: anywhere for an idle tensor, else done by `end`
+      const auto ti = static_cast<uint32_t>(rng() % tiers);
+      const auto start = static_cast<KernelIndex>(p.wraps ? rng() % n : p.start);
+      const auto deadline = static_cast<KernelIndex>(p.wraps ? rng() % n : start + rng() % (p.end - start + 1));
+      plan.moves.push_back(offload(p.tensor, start, deadline, ti));
+      continue;
+    }
     const uint32_t len =
         p.end == p.start ? n : (p.end + n - p.start) % n;    // cyclic distance to next use
     const uint32_t dd = static_cast<uint32_t>(rng() % len);  // [0, len-1]

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <random>
+#include <tuple>
 
 #include "sim_test_util.h"
 #include "teraio/error.h"
@@ -171,6 +172,37 @@ TEST(SimGolden, WrapAroundPairReachesSteadyState) {
   EXPECT_EQ(r2.tiers[0].offload_bytes, 30000u);
 }
 
+TEST(SimGolden, OffloadWithoutPrefetchWritesAndFrees) {
+  // Tensor 0 (20 us of transfer) is used at kernel 0 only and alive through kernel 4; tensor 1
+  // (persistent) is used by no kernel. Tensor 0 leaves after kernel 0 and must be gone before
+  // kernel 2: written 10..30, kernel 2 waits 20..30; nothing comes back. Tensor 1 is out for good:
+  // in steady state its offload moves nothing.
+  Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}, {10000, true}}, {{0}});
+  tr.tensors[0].alive_until = 4;
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 1), offload(1, 2, 2)};
+  test::fit_budget(tr, plan);
+  EXPECT_EQ(plan.budget_bytes, 20000u);  // 30000 without the moves
+  SimOptions timeline;
+  timeline.record_timeline = true;
+  const SimResult r = simulate(tr, plan, timeline);
+  // (ideal, stall, last iteration, start of kernel 2) in us, exactly.
+  EXPECT_EQ(std::make_tuple(r.ideal_us, r.stall_us, r.last_iteration_us, r.kernel_start_us[2]),
+            std::make_tuple(50.0, 10.0, 60.0, 30.0));
+  EXPECT_EQ(r.urgent_fetches, 1u);
+  EXPECT_EQ(r.peak_bytes, 20000u);
+  // Written once per iteration, never read back.
+  const TierTraffic& ssd = r.tiers[0];
+  EXPECT_EQ(std::make_tuple(ssd.offload_bytes, ssd.prefetch_bytes, ssd.write_busy_us, ssd.read_busy_us),
+            std::make_tuple(uint64_t{20000}, uint64_t{0}, 20.0, 0.0));
+  ASSERT_EQ(r.transfers.size(), 1u);
+  EXPECT_TRUE(r.transfers[0].offload);
+  // With the offload's deadline at kernel 4 (the tensor's last kernel) nothing waits.
+  plan.moves = {offload(0, 0, 4), offload(1, 2, 2)};
+  EXPECT_DOUBLE_EQ(simulate(tr, plan).stall_us, 0);
+}
+
 TEST(SimGolden, EmptyPlanIsIdeal) {
   const Trace tr =
       make_trace({1.5, 2.25, 0, 7.125}, {{100, true}, {200, false}}, {{0, 1}, {1}, {}, {0}});
@@ -225,6 +257,45 @@ std::vector<TierSpec> scaled(const std::vector<TierSpec>& tiers, std::mt19937_64
   return out;
 }
 
+// The properties every valid plan has in the simulator (docs/simulator.md, "Guarantees"); returns
+// whether the plan stalled.
+bool check_random_plan(const Trace& tr, const Plan& plan, const SimOptions& o, std::mt19937_64& rng, int trial) {
+  const SimResult r = simulate(tr, plan, o);
+  EXPECT_GE(r.iteration_us, r.ideal_us) << "trial " << trial;
+  EXPECT_GE(r.stall_us, 0);
+  EXPECT_NEAR(r.iteration_us, r.ideal_us + r.stall_us, 1e-9 * r.iteration_us);
+  // The plan's resident accounting.
+  const Lifetimes lt(tr);
+  EXPECT_EQ(r.peak_bytes, check_plan(tr, lt, plan).peak_bytes);
+  // Per-iteration traffic equals the plan's moves (an idle tensor's offload moves nothing), busy
+  // time bytes / bandwidth.
+  for (size_t i = 0; i < plan.tiers.size(); ++i) {
+    uint64_t off = 0, pre = 0;
+    for (const Move& m : plan.moves) {
+      if (m.tier == i && lt.used(m.tensor)) (m.op == MoveOp::offload ? off : pre) += tr.tensors[m.tensor].bytes;
+    }
+    EXPECT_EQ(r.tiers[i].offload_bytes, off) << "trial " << trial;
+    EXPECT_EQ(r.tiers[i].prefetch_bytes, pre) << "trial " << trial;
+    EXPECT_NEAR(r.tiers[i].write_busy_us, off / (plan.tiers[i].write_gbps * 1e3), 1e-6);
+  }
+  EXPECT_LE(r.overlap_us, r.ideal_us * 2 * static_cast<double>(plan.tiers.size()) + 1e-6);
+  EXPECT_GE(r.overlap_us, 0);
+
+  // More bandwidth (any tier, any direction) never makes the same plan slower.
+  SimOptions up = o;
+  up.actual_tiers = scaled(plan.tiers, rng, true);
+  const SimResult faster = simulate(tr, plan, up);
+  EXPECT_LE(faster.iteration_us, r.iteration_us * (1 + 1e-12) + 1e-9)
+      << "trial " << trial << ": " << faster.iteration_us << " > " << r.iteration_us;
+
+  // With (practically) unlimited bandwidth every move hides: iteration == ideal.
+  SimOptions inf = o;
+  inf.actual_tiers = plan.tiers;
+  for (TierSpec& t : inf.actual_tiers) t.read_gbps = t.write_gbps = 1e12;
+  EXPECT_NEAR(simulate(tr, plan, inf).stall_us, 0, 1e-3);
+  return r.stall_us > 0;
+}
+
 TEST(SimProperty, RandomPlans) {
   std::mt19937_64 rng(12345);
   int with_stall = 0;
@@ -233,44 +304,30 @@ TEST(SimProperty, RandomPlans) {
     const Plan plan = test::random_plan(tr, rng);
     SimOptions o;
     o.iterations = 1 + trial % 3;
-    const SimResult r = simulate(tr, plan, o);
-    ASSERT_GE(r.iteration_us, r.ideal_us) << "trial " << trial;
-    ASSERT_GE(r.stall_us, 0);
-    ASSERT_NEAR(r.iteration_us, r.ideal_us + r.stall_us, 1e-9 * r.iteration_us);
-    with_stall += r.stall_us > 0;
-    // The plan's resident accounting.
-    const Lifetimes lt(tr);
-    ASSERT_EQ(r.peak_bytes, check_plan(tr, lt, plan).peak_bytes);
-    // Per-iteration traffic equals the plan's moves, busy time bytes / bandwidth.
-    double busy = 0;
-    for (size_t i = 0; i < plan.tiers.size(); ++i) {
-      uint64_t off = 0, pre = 0;
-      for (const Move& m : plan.moves) {
-        if (m.tier == i) (m.op == MoveOp::offload ? off : pre) += tr.tensors[m.tensor].bytes;
-      }
-      ASSERT_EQ(r.tiers[i].offload_bytes, off);
-      ASSERT_EQ(r.tiers[i].prefetch_bytes, pre);
-      ASSERT_NEAR(r.tiers[i].write_busy_us, off / (plan.tiers[i].write_gbps * 1e3), 1e-6);
-      busy += r.tiers[i].write_busy_us + r.tiers[i].read_busy_us;
-    }
-    ASSERT_LE(r.overlap_us, r.ideal_us * 2 * static_cast<double>(plan.tiers.size()) + 1e-6);
-    ASSERT_GE(r.overlap_us, 0);
-    (void)busy;
-
-    // More bandwidth (any tier, any direction) never makes the same plan slower.
-    SimOptions up = o;
-    up.actual_tiers = scaled(plan.tiers, rng, true);
-    const SimResult faster = simulate(tr, plan, up);
-    ASSERT_LE(faster.iteration_us, r.iteration_us * (1 + 1e-12) + 1e-9)
-        << "trial " << trial << ": " << faster.iteration_us << " > " << r.iteration_us;
-
-    // With (practically) unlimited bandwidth every move hides: iteration == ideal.
-    SimOptions inf = o;
-    inf.actual_tiers = plan.tiers;
-    for (TierSpec& t : inf.actual_tiers) t.read_gbps = t.write_gbps = 1e12;
-    ASSERT_NEAR(simulate(tr, plan, inf).stall_us, 0, 1e-3);
+    with_stall += check_random_plan(tr, plan, o, rng, trial);
+    if (::testing::Test::HasFailure()) return;
   }
   EXPECT_GT(with_stall, 1000);  // the generator exercises stalls and urgent transfers
+}
+
+// The same with tensors alive after their last use and persistent tensors no kernel uses, whose
+// periods get offloads without a prefetch.
+TEST(SimProperty, RandomPlansWithOffloadsWithoutPrefetch) {
+  std::mt19937_64 rng(4242);
+  int with_stall = 0, one_way = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    Trace tr = test::random_trace(rng, trial % 2 == 1);
+    test::add_alive_until_and_idle(tr, rng);
+    const Plan plan = test::random_plan(tr, rng);
+    const Lifetimes lt(tr);
+    for (const MovePair& p : check_plan(tr, lt, plan).pairs) one_way += p.one_way();
+    SimOptions o;
+    o.iterations = 1 + trial % 3;
+    with_stall += check_random_plan(tr, plan, o, rng, trial);
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(with_stall, 500);
+  EXPECT_GT(one_way, 1000);
 }
 
 TEST(SimProperty, BandwidthCurveOfOnePlanIsMonotone) {

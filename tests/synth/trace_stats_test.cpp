@@ -102,6 +102,23 @@ TEST(TraceStats, HandComputedTrace) {
   EXPECT_EQ(j["top_kernels"][4]["name"], "opt");
 }
 
+// The hand trace with T alive through kernel 4 (a tail over k3..k4, 3.5 ms) and U made persistent
+// (no kernel uses it: still an unused tensor, its whole-iteration period not counted).
+TEST(TraceStats, TailsCountIdleTensorsDoNot) {
+  Trace t = hand_trace();
+  t.tensors[2].alive_until = 4;
+  t.tensors[3].persistent = true;
+  const auto j = nlohmann::json::parse(trace_stats_to_json(compute_trace_stats(t)));
+  EXPECT_EQ(j["unused_tensors"], 1);
+  EXPECT_EQ(j["periods"], 5);
+  EXPECT_EQ(j["wrapping_periods"], 2);
+  EXPECT_EQ(j["periods_by_size_and_length"]["10-100MB"]["1-10ms"], 1);
+  // M: + T over k3..k4 and U (7 bytes) everywhere.
+  EXPECT_EQ(j["peak_bytes"], 1'552'500'007u);
+  EXPECT_DOUBLE_EQ(j["mean_memory_bytes"].get<double>(),
+                   (1'502'500'007.0 + 1'552'500'007.0 * 3 + 1'552'000'007.0) / 5);
+}
+
 TEST(TraceStats, SsdBandwidthOption) {
   TraceStatsOptions o;
   o.ssd_gbps = 0.01;  // 10 B/us: W needs 200 ms, A 50 ms, S 150 s: none fits

@@ -1,6 +1,9 @@
 // Lifetime analysis on small hand-checked traces: uses, inactive periods (with wrap-around for
-// persistent tensors), the memory curve and active bytes.
+// persistent tensors, tails after the last use, idle persistent tensors), the memory curve with
+// alive_until, and active bytes.
 #include <gtest/gtest.h>
+
+#include <tuple>
 
 #include "teraio/analysis.h"
 
@@ -76,6 +79,35 @@ TEST(Analysis, MemoryCurveAndActiveBytes) {
   const auto prefix = time_prefix_us(t);
   EXPECT_DOUBLE_EQ(prefix.back(), 60);
   EXPECT_DOUBLE_EQ(prefix[3], 30);
+}
+
+// The make_trace shape, with A alive through kernel 5 (its last use is 3) and X made persistent:
+// A gets a tail period, X (no use) one period over the whole iteration.
+TEST(Analysis, AliveUntilAndIdlePersistentTensors) {
+  Trace t = make_trace();
+  t.tensors[1].alive_until = 5;
+  t.tensors[4].persistent = true;
+  const Lifetimes l(t);
+  EXPECT_EQ(l.last_use(1), 3u);
+  EXPECT_EQ(l.alive_until(1), 5u);
+  EXPECT_EQ(l.alive_until(0), 4u);  // persistent: its last use
+  EXPECT_EQ(l.alive_until(2), 2u);
+  // persistent 105 + X 1000 always; A (10) over [0, 5]; T (1) at 2.
+  EXPECT_EQ(memory_curve(t, l), (std::vector<uint64_t>{1115, 1115, 1116, 1115, 1115, 1115}));
+  // Alive is not used: kernels 4 and 5 do not touch A.
+  EXPECT_EQ(active_bytes(t), (std::vector<uint64_t>{10, 100, 1, 10, 100, 5}));
+  const auto periods = inactive_periods(t, l);
+  // W: 2 periods; A: 0->3 and the tail 3..5; U: wrap; X: the whole iteration.
+  ASSERT_EQ(periods.size(), 6u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_FALSE(periods[i].no_next_use) << i;
+  EXPECT_FALSE(periods[4].no_next_use);  // U
+  // (tensor, start, end, wraps, kernels, length): A's tail over kernels 4 and 5; X everywhere.
+  auto fields = [](const InactivePeriod& p) {
+    return std::make_tuple(p.tensor, p.start, p.end, p.wraps, p.kernels, p.length_us, p.no_next_use);
+  };
+  EXPECT_EQ(fields(periods[3]), std::make_tuple(1u, 3u, 5u, false, 2u, 20.0, true));
+  EXPECT_EQ(fields(periods[5]), std::make_tuple(4u, 5u, 5u, true, 6u, 60.0, true));
+  EXPECT_EQ(periods[5].bytes, 1000u);
 }
 
 }  // namespace

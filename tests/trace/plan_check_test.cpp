@@ -1,5 +1,5 @@
 // Plan validity (docs/formats.md): pairing, ordering, no use while away, lifetimes of
-// non-persistent tensors, the budget at every kernel, tier capacity.
+// non-persistent tensors, offloads without a prefetch, the budget at every kernel, tier capacity.
 #include <gtest/gtest.h>
 
 #include "teraio/plan_check.h"
@@ -135,6 +135,77 @@ TEST(PlanCheck, RangeErrorsAndTierCapacity) {
   const PlanCheck c = check(t, p);
   EXPECT_FALSE(c.valid);
   EXPECT_NE(all_errors(c).find("capacity"), std::string::npos);
+}
+
+// The make_trace shape plus B (a gradient, 20 B) used at 2 and 3 and alive through kernel 6, and
+// I (persistent, 30 B) that no kernel uses. Without moves: 190 at kernels 0..1, 210 at 2..6, 140
+// at 7.
+Trace make_tail_trace() {
+  Trace t;
+  t.add_tensor({100, TensorKind::parameter, true, "W"});
+  t.add_tensor({50, TensorKind::activation, false, "A"});
+  t.add_tensor({10, TensorKind::other, true, "K"});
+  TensorInfo b{20, TensorKind::gradient, false, "B"};
+  b.alive_until = 6;
+  t.add_tensor(b);
+  t.add_tensor({30, TensorKind::parameter, true, "I"});
+  for (KernelIndex k = 0; k < 8; ++k) {
+    std::vector<TensorId> ids{2};
+    if (k == 1 || k == 5) ids.push_back(0);
+    if (k == 0 || k == 6) ids.push_back(1);
+    if (k == 2 || k == 3) ids.push_back(3);
+    t.add_kernel("k", 1, ids);
+  }
+  return t;
+}
+
+TEST(PlanCheck, OffloadsWithoutPrefetchAfterTheLastUse) {
+  const Trace t = make_tail_trace();
+  EXPECT_EQ(check(t, make_plan(1000, {})).resident_bytes,
+            (std::vector<uint64_t>{190, 190, 210, 210, 210, 210, 210, 140}));
+  // B: written after kernel 3, done by the end of kernel 4, absent at 5 and 6 (then it dies).
+  // I: out for good, absent at every kernel.
+  const PlanCheck c = check(t, make_plan(180, {{3, MoveOp::offload, 1, 3, 4}, {4, MoveOp::offload, 0, 0, 0}}));
+  ASSERT_TRUE(c.valid) << all_errors(c);
+  EXPECT_EQ(c.resident_bytes, (std::vector<uint64_t>{160, 160, 180, 180, 180, 160, 160, 110}));
+  ASSERT_EQ(c.pairs.size(), 2u);
+  for (const MovePair& p : c.pairs) {
+    EXPECT_TRUE(p.one_way());
+    EXPECT_EQ(p.idle, p.tensor == 4) << p.tensor;
+  }
+  EXPECT_EQ(c.tier_peak_bytes[0], 30u);  // I, held by host at every kernel
+  EXPECT_EQ(c.tier_peak_bytes[1], 20u);  // B, from kernel 4 through 6
+  // A pair in B's gap and its tail offload, together; the offload may start any time after the
+  // last use and end as late as the tensor's last kernel (6).
+  EXPECT_TRUE(check(t, make_plan(1000, {{3, MoveOp::offload, 0, 5, 6}})).valid);
+  EXPECT_TRUE(check(t, make_plan(1000, {{3, MoveOp::offload, 0, 3, 3}})).valid);
+  EXPECT_TRUE(check(t, make_plan(1000, {{1, MoveOp::offload, 0, 0, 1}, {1, MoveOp::prefetch, 0, 4, 6}})).valid);
+}
+
+TEST(PlanCheck, RejectsOffloadsWithoutPrefetchOfTensorsUsedLater) {
+  const Trace t = make_tail_trace();
+  auto errors = [&](std::vector<Move> moves) {
+    const PlanCheck c = check(t, make_plan(1000, std::move(moves)));
+    EXPECT_FALSE(c.valid);
+    return all_errors(c);
+  };
+  // B is used again at kernel 3; W (persistent) at kernel 5, and at kernel 1 of the next iteration.
+  EXPECT_NE(errors({{3, MoveOp::offload, 0, 2, 2}}).find("no prefetch brings tensor 3 back before kernel 3 uses it"),
+            std::string::npos);
+  EXPECT_NE(errors({{0, MoveOp::offload, 0, 5, 6}}).find("no prefetch brings tensor 0 back before kernel 1 uses it"),
+            std::string::npos);
+  // Not complete before B dies (after kernel 6), or started after it died.
+  EXPECT_NE(errors({{3, MoveOp::offload, 0, 3, 7}}).find("within the tensor's life after its last use, kernels [3, 6]"),
+            std::string::npos);
+  EXPECT_NE(errors({{3, MoveOp::offload, 0, 7, 7}}).find("within the tensor's life"), std::string::npos);
+  // Twice, and a prefetch of a tensor no kernel needs.
+  EXPECT_NE(errors({{4, MoveOp::offload, 0, 0, 0}, {4, MoveOp::offload, 0, 3, 3}}).find("already offloaded without a prefetch"),
+            std::string::npos);
+  EXPECT_NE(errors({{4, MoveOp::offload, 0, 0, 0}, {4, MoveOp::prefetch, 0, 3, 3}}).find("it can be offloaded, not prefetched"),
+            std::string::npos);
+  // A prefetch bringing B back before its first use: the lifetime rule, named.
+  EXPECT_NE(errors({{3, MoveOp::offload, 0, 3, 4}, {3, MoveOp::prefetch, 0, 1, 2}}).find("no offload precedes this prefetch of tensor 3: tensor 3 is not persistent"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 
+#include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/plan.h"
 #include "teraio/trace.h"
@@ -130,6 +131,64 @@ TEST(TraceFormat, RejectsMalformedInputNamingTheField) {
     const std::string full = c.expected.starts_with("t.json") ? c.expected : "t.json: " + c.expected;
     EXPECT_EQ(msg.rfind(full, 0), 0u) << "expected '" << full << "' at the start of '" << msg << "'";
   }
+}
+
+// Tensor 1 (used at 0 and 1) stays allocated through kernel 2; tensor 2 (used at 1) has no field.
+std::string with_alive_until(const std::string& value) {
+  return with(kTrace, "\"name\": \"act\"}", "\"name\": \"act\", \"alive_until\": " + value + "}");
+}
+
+TEST(TraceFormat, AliveUntilRoundTripsAndDefaultsToTheLastUse) {
+  const Trace t = parse_trace(with_alive_until("2"));
+  ASSERT_TRUE(t.tensors[1].alive_until.has_value());
+  EXPECT_EQ(*t.tensors[1].alive_until, 2u);
+  EXPECT_FALSE(t.tensors[0].alive_until.has_value());
+  EXPECT_FALSE(t.tensors[2].alive_until.has_value());
+  const Lifetimes l(t);
+  EXPECT_EQ(l.last_use(1), 1u);
+  EXPECT_EQ(l.alive_until(1), 2u);
+  EXPECT_EQ(l.alive_until(2), 1u);  // readers default it to the last use
+  const std::string json = trace_to_json(t);
+  EXPECT_NE(json.find("\"name\": \"act\", \"alive_until\": 2}"), std::string::npos) << json;
+  const Trace b = parse_trace(json);
+  EXPECT_EQ(b.tensors[1].alive_until, t.tensors[1].alive_until);
+  EXPECT_EQ(trace_to_json(b), json);
+  // Equal to the last use: valid, and not written.
+  const Trace same = parse_trace(with_alive_until("1"));
+  EXPECT_EQ(trace_to_json(same).find("alive_until"), std::string::npos);
+  EXPECT_EQ(trace_to_json(same), trace_to_json(parse_trace(kTrace)));
+}
+
+TEST(TraceFormat, RejectsBadAliveUntilNamingTheField) {
+  // Tensor 2 made unused: drop it from kernel 1.
+  const std::string unused = with(with(kTrace, "[1, 2, 1]", "[1, 1]"), "\"extra\": 5}", "\"extra\": 5, \"alive_until\": 2}");
+  const std::pair<std::string, std::string> cases[] = {
+      {with_alive_until("3"), "tensors[1].alive_until: kernel 3 is out of range (the trace has 3 kernels)"},
+      {with_alive_until("10000000000"), "tensors[1].alive_until: kernel 10000000000 is out of range"},
+      {with_alive_until("0"), "tensors[1].alive_until: kernel 0 is before the tensor's last use (kernel 1)"},
+      {with_alive_until("-1"), "tensors[1].alive_until: must be >= 0"},
+      {with_alive_until("\"2\""), "tensors[1].alive_until: expected an integer"},
+      {with_alive_until("1.5"), "tensors[1].alive_until: must be a whole number"},
+      {with(kTrace, "\"name\": \"w \\\"q\\\"\"}", "\"name\": \"w\", \"alive_until\": 2}"),
+       "tensors[0].alive_until: the tensor is persistent"},
+      {unused, "tensors[2].alive_until: no kernel uses the tensor"},
+  };
+  for (const auto& [text, expected] : cases) {
+    const std::string msg = parse_error(text);
+    EXPECT_NE(msg.find(expected), std::string::npos) << "expected '" << expected << "' in '" << msg << "'";
+    EXPECT_EQ(msg.rfind("t.json: ", 0), 0u) << msg;
+  }
+  // The same rules for a trace built in memory (validate, and every analysis).
+  Trace t = parse_trace(kTrace);
+  t.tensors[1].alive_until = 0;
+  try {
+    t.validate();
+    FAIL() << "expected teraio::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensors[1].alive_until: kernel 0 is before"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Lifetimes{t}, Error);
+  EXPECT_THROW(write_trace(t, "/nonexistent/never-written.json"), Error);
 }
 
 TEST(TraceFormat, ReadingAMissingFileNamesIt) {
