@@ -42,23 +42,9 @@ struct IobenchArgs {
   bool checksums = false;
   bool verify = false;
   bool probe = false;
+  bool quick = false;
   bool json = false;
 };
-
-struct Spread {
-  double median = 0, min = 0, max = 0;
-};
-
-Spread spread(std::vector<double> v) {
-  Spread s;
-  if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  s.min = v.front();
-  s.max = v.back();
-  return s;
-}
 
 // At least 1 ns, so a bandwidth computed from it is always finite.
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -87,51 +73,36 @@ bool check(const unsigned char* p, uint64_t n, uint64_t tier_offset) {
   return true;
 }
 
-// One pass over `total` bytes in `request`-sized requests with `window` requests in flight.
-// Returns GB/s. With verify, writes carry the pattern and reads are checked (outside the timing
-// of nothing: the cost is included, so do not compare verified and unverified numbers).
-double run_pass(Tier& tier, Direction dir, uint64_t total, uint64_t request, int window, Buffer& buf,
-                std::vector<unsigned char>& host_stage, bool verify) {
-  uint64_t n = (total + request - 1) / request;
-  std::vector<Completion> inflight(static_cast<size_t>(window));
-  std::vector<uint64_t> slot_offset(static_cast<size_t>(window), 0);
-  auto finish = [&](size_t slot) {
-    if (!inflight[slot].valid()) return;
-    inflight[slot].get();
-    if (verify && dir == Direction::kRead) {
-      uint64_t len = std::min(request, total - slot_offset[slot]);
-      BufferView v = buf.view().subview(slot * request, len);
+// One pass over `total` bytes in `request`-sized requests with `window` requests in flight
+// (run_pass, shared with the Session's probe). Returns GB/s. With verify, writes carry the
+// pattern and reads are checked inside the timing: do not compare verified and unverified numbers.
+double iobench_pass(Tier& tier, Direction dir, uint64_t total, uint64_t request, int window,
+                    Buffer& buf, std::vector<unsigned char>& host_stage, bool verify) {
+  PassOptions o;
+  o.size_bytes = total;
+  o.request_bytes = request;
+  o.window = window;
+  if (verify) {
+    o.before_write = [&](BufferView v, uint64_t off) {
+      if (v.is_device()) {
+        fill(host_stage.data(), v.size_bytes(), off);
+        copy_buffer(v, BufferView::host(host_stage.data(), v.size_bytes()));
+      } else {
+        fill(static_cast<unsigned char*>(v.data()), v.size_bytes(), off);
+      }
+    };
+    o.after_read = [&](BufferView v, uint64_t off) {
       const unsigned char* p = static_cast<const unsigned char*>(v.data());
       if (v.is_device()) {
-        copy_buffer(BufferView::host(host_stage.data(), len), v);
+        copy_buffer(BufferView::host(host_stage.data(), v.size_bytes()), v);
         p = host_stage.data();
       }
-      TERAIO_CHECK(check(p, len, slot_offset[slot]), "iobench --verify: data read back at tier offset {} differs",
-                   slot_offset[slot]);
-    }
-    inflight[slot] = Completion();
-  };
-  auto t0 = std::chrono::steady_clock::now();
-  for (uint64_t i = 0; i < n; ++i) {
-    size_t slot = static_cast<size_t>(i % static_cast<uint64_t>(window));
-    finish(slot);
-    uint64_t off = i * request;
-    uint64_t len = std::min(request, total - off);
-    BufferView v = buf.view().subview(slot * request, len);
-    if (verify && dir == Direction::kWrite) {
-      if (v.is_device()) {
-        fill(host_stage.data(), len, off);
-        copy_buffer(v, BufferView::host(host_stage.data(), len));
-      } else {
-        fill(static_cast<unsigned char*>(v.data()), len, off);
-      }
-    }
-    slot_offset[slot] = off;
-    inflight[slot] = tier.submit({dir, v, off});
+      TERAIO_CHECK(check(p, v.size_bytes(), off),
+                   "iobench --verify: data read back at tier offset {} differs", off);
+    };
   }
-  for (size_t s = 0; s < inflight.size(); ++s) finish(s);
-  double sec = seconds_since(t0);
-  return static_cast<double>(total) / sec / 1e9;
+  const PassResult r = run_pass(tier, dir, buf.view(), o);
+  return static_cast<double>(total) / r.seconds / 1e9;
 }
 
 // The raw disk: O_DIRECT sequential pread/pwrite of the tier's own files, one thread per file.
@@ -235,6 +206,66 @@ int run_probe(const IobenchArgs& a) {
   return 0;
 }
 
+std::unique_ptr<Tier> make_bench_tier(const IobenchArgs& a, int paths, int qd, uint64_t total,
+                                      uint64_t stripe) {
+  if (a.tier == "host") {
+    HostTierOptions o;
+    o.capacity_bytes = total;
+    o.worker_threads = std::max(1, std::min(qd, 8));
+    o.checksums = a.checksums;
+    return make_host_tier(o);
+  }
+  FileTierOptions o;
+  o.paths.assign(a.paths.begin(), a.paths.begin() + paths);
+  o.capacity_bytes = total;
+  o.stripe_bytes = stripe;
+  o.queue_depth = qd;
+  o.direct_io = !a.no_direct;
+  o.checksums = a.checksums;
+  o.gds = parse_gds_mode(a.gds);
+  o.engine = a.engine == "io_uring" ? FileEngine::kIoUring
+             : a.engine == "threads" ? FileEngine::kThreads
+                                     : FileEngine::kAuto;
+  o.job_name = "teraio-iobench";
+  return a.engine == "sync" ? make_sync_file_tier(o) : make_file_tier(o);
+}
+
+// --quick: the probe a Session runs for a tier whose bandwidth was not given (quick_probe_options
+// on a tier with the Session's defaults), with what it costs.
+int run_quick(const IobenchArgs& a, bool cuda, uint64_t total, uint64_t stripe) {
+  const int qd = a.tier == "host" ? HostTierOptions{}.worker_threads : FileTierOptions{}.queue_depth;
+  std::unique_ptr<Tier> tier = make_bench_tier(a, static_cast<int>(a.paths.size()), qd, total, stripe);
+  const TierInfo info = tier->info();
+  Buffer scratch = Buffer::allocate(kQuickProbeScratchBytes, cuda ? MemoryKind::kDevice : MemoryKind::kHostPinned, 0);
+  const BandwidthProbe p = probe_bandwidth(*tier, scratch.view(), 0, std::min(kQuickProbeTierBytes, total),
+                                           quick_probe_options(info));
+  std::vector<std::string> notes = info.notes;
+  notes.insert(notes.end(), p.notes.begin(), p.notes.end());
+  if (a.json) {
+    std::string out = fmt::format(
+        "{{\"format\":\"teraio.iobench.quick\",\"version\":1,\"tier\":{},\"engine\":{},\"memory\":{},"
+        "\"pass_bytes\":{},\"request_bytes\":{},\"queue_depth\":{},"
+        "\"write_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"write_passes\":{},"
+        "\"read_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"read_passes\":{},"
+        "\"elapsed_s\":{:.4f},\"cut\":{},\"page_cache\":{},\"notes\":[",
+        json_quote(p.tier), json_quote(p.engine), json_quote(p.memory), p.pass_bytes, p.request_bytes,
+        p.queue_depth, p.write_gbps.median, p.write_gbps.min, p.write_gbps.max, p.write_passes,
+        p.read_gbps.median, p.read_gbps.min, p.read_gbps.max, p.read_passes, p.elapsed_s, p.cut, p.page_cache);
+    for (size_t i = 0; i < notes.size(); ++i) out += (i ? "," : "") + json_quote(notes[i]);
+    fmt::print("{}]}}\n", out);
+    return 0;
+  }
+  fmt::print("iobench --quick: {} tier ({}), {} of the tier per pass, {} requests x {} in flight, {} scratch\n",
+             p.tier, p.engine, format_bytes(static_cast<double>(p.pass_bytes)),
+             format_bytes(static_cast<double>(p.request_bytes)), p.queue_depth, p.memory);
+  fmt::print("write {:.2f} GB/s [{:.2f}, {:.2f}] ({} passes), read {:.2f} GB/s [{:.2f}, {:.2f}] ({} passes), "
+             "probe took {:.3f} s\n",
+             p.write_gbps.median, p.write_gbps.min, p.write_gbps.max, p.write_passes, p.read_gbps.median,
+             p.read_gbps.min, p.read_gbps.max, p.read_passes, p.elapsed_s);
+  for (auto& n : notes) fmt::print("note: {}\n", n);
+  return 0;
+}
+
 int run_iobench(const IobenchArgs& a) {
   if (a.probe) return run_probe(a);
   TERAIO_CHECK(a.tier == "file" || a.tier == "host", "--tier: '{}' is not host or file", a.tier);
@@ -254,6 +285,7 @@ int run_iobench(const IobenchArgs& a) {
     TERAIO_CHECK(requests.back() > 0, "--request must be > 0");
   }
   for (int q : a.queue_depths) TERAIO_CHECK(q >= 1, "--queue-depth must be >= 1, got {}", q);
+  if (a.quick) return run_quick(a, cuda, total, stripe);
   auto dirs = directions(a.direction);
 
   std::vector<int> path_counts;
@@ -290,28 +322,7 @@ int run_iobench(const IobenchArgs& a) {
 
   for (int np : path_counts) {
     for (int qd : a.queue_depths) {
-      std::unique_ptr<Tier> tier;
-      if (a.tier == "host") {
-        HostTierOptions o;
-        o.capacity_bytes = total;
-        o.worker_threads = std::max(1, std::min(qd, 8));
-        o.checksums = a.checksums;
-        tier = make_host_tier(o);
-      } else {
-        FileTierOptions o;
-        o.paths.assign(a.paths.begin(), a.paths.begin() + np);
-        o.capacity_bytes = total;
-        o.stripe_bytes = stripe;
-        o.queue_depth = qd;
-        o.direct_io = !a.no_direct;
-        o.checksums = a.checksums;
-        o.gds = parse_gds_mode(a.gds);
-        o.engine = a.engine == "io_uring" ? FileEngine::kIoUring
-                   : a.engine == "threads" ? FileEngine::kThreads
-                                           : FileEngine::kAuto;
-        o.job_name = "teraio-iobench";
-        tier = a.engine == "sync" ? make_sync_file_tier(o) : make_file_tier(o);
-      }
+      std::unique_ptr<Tier> tier = make_bench_tier(a, np, qd, total, stripe);
       TierInfo info = tier->info();
       for (auto& n : info.notes) {
         if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
@@ -325,11 +336,11 @@ int run_iobench(const IobenchArgs& a) {
         for (Direction dir : dirs) {
           if (dir == Direction::kRead) {
             // Data to read (the raw write pass overwrote the tier's files with its own bytes).
-            run_pass(*tier, Direction::kWrite, total, request, window, buf, host_stage, a.verify);
+            iobench_pass(*tier, Direction::kWrite, total, request, window, buf, host_stage, a.verify);
           }
           std::vector<double> v, raw;
           for (int r = 0; r < a.repeat; ++r) {
-            v.push_back(run_pass(*tier, dir, total, request, window, buf, host_stage, a.verify));
+            v.push_back(iobench_pass(*tier, dir, total, request, window, buf, host_stage, a.verify));
             if (a.tier == "file") raw.push_back(raw_disk_pass(info.files, dir, total, request));
           }
           Row row;
@@ -431,6 +442,8 @@ const Registration kIobench{{
       sub.add_flag("--checksums", a->checksums, "enable CRC32C checksums in the tier");
       sub.add_flag("--verify", a->verify, "write a pattern and check every byte read back");
       sub.add_flag("--probe", a->probe, "print, for each --path, which I/O path it gets and why (GDS, O_DIRECT, io_uring)");
+      sub.add_flag("--quick", a->quick,
+                   "the short probe a Session runs for a tier without a given bandwidth (see docs)");
       sub.add_flag("--json", a->json, "print one JSON object (teraio.iobench v1) instead of the table");
       return [a] { return run_iobench(*a); };
     },

@@ -24,7 +24,11 @@ struct SessionTier {
   Kind kind = Kind::kHost;
   uint64_t capacity_bytes = 0;     // required
   std::vector<std::string> paths;  // kFile: one directory per SSD, each must be writable
-  double read_gbps = 0;            // for the planner; 0 picks 20 (host) or 1.5 (file)
+  // GB/s (1e9 bytes/s) the planner assumes for reads (tier -> device, prefetch) and writes
+  // (device -> tier, offload). 0: measured by the Session with a short probe of the tier, once, at
+  // the first operator of the first step (docs/pytorch.md, "Tier bandwidth"); > 0: given, not
+  // measured (an override).
+  double read_gbps = 0;
   double write_gbps = 0;
 };
 
@@ -52,6 +56,28 @@ struct SessionOptions {
   // Wraps every tier in a fault injector (storage::FaultTier) so that inject_fault() can make
   // transfers fail: for tests and for rehearsing recovery. Off: no wrapper.
   bool fault_injection = false;
+};
+
+// The bandwidth the planner uses for one tier and where it comes from.
+struct SessionTierStats {
+  std::string name;    // "host" or "file", as in the plan's tiers
+  std::string engine;  // the tier's I/O engine: "memcpy", "io_uring", "threads", "threads+cufile"
+  double read_gbps = 0;   // tier -> device (prefetch), GB/s, as given to the planner
+  double write_gbps = 0;  // device -> tier (offload)
+  // "given" (SessionTier::read_gbps/write_gbps > 0), "measured" (the probe's median), or "default"
+  // (not measured yet: before the first operator of the first step, or the probe failed; the
+  // value is then 20 for a host tier and 1.5 for a file tier).
+  std::string read_source = "default";
+  std::string write_source = "default";
+  // The probe, when one ran: min and max over its passes, its wall time and the scratch memory
+  // it moved bytes from and to ("device", "host").
+  double read_gbps_min = 0, read_gbps_max = 0;
+  double write_gbps_min = 0, write_gbps_max = 0;
+  double probe_s = 0;
+  std::string probe_memory;
+  // The tier's fallback notes (TierInfo::notes: unpinned arena, O_DIRECT refused, io_uring
+  // unavailable, ...) and the probe's (page-cache numbers, time limit reached, failure).
+  std::vector<std::string> notes;
 };
 
 struct SessionStats {
@@ -86,6 +112,7 @@ struct SessionStats {
                                    // or count in failed_transfers)
   uint64_t lost_tensors = 0;       // tensors whose bytes could not be brought back (docs: "Faults")
   std::string last_error;          // the last error caught inside a callback ("" if none)
+  std::vector<SessionTierStats> tiers;  // per tier, in SessionOptions::tiers order
 };
 
 class Session {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -163,6 +164,9 @@ struct TierInfo {
   std::vector<std::string> notes;  // fallbacks taken and why (e.g. "O_DIRECT refused on /dev/shm")
   uint64_t capacity_bytes = 0;
   std::vector<std::string> files;  // file tiers: the backing file of each path, in stripe order
+  // File tiers: some path goes through the page cache (O_DIRECT off or refused, or the sync
+  // reference), so what it moves may never reach the disk and reads may come from memory.
+  bool buffered_io = false;
 };
 
 // A storage tier. submit() is thread-safe and never blocks on I/O (it may block briefly for a
@@ -275,6 +279,92 @@ class ExtentAllocator {
   uint64_t free_bytes_;
   std::vector<Extent> free_;  // sorted by offset, never adjacent
 };
+
+// ---------------------------------------------------------------------------------------------
+// Bandwidth (src/storage/bandwidth.cpp; docs/storage.md, "Bandwidth probe"): what a tier moves,
+// measured through its own submit() path, so bounce buffers, O_DIRECT, io_uring and pinned copies
+// are what is measured. Shared by the Session (tiers without a given bandwidth) and iobench.
+
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+Spread spread(std::vector<double> values);  // all 0 when empty
+
+// One pass over tier bytes [offset_bytes, offset_bytes + size_bytes) in requests of
+// request_bytes, `window` of them in flight; request i uses slot i % window of the scratch buffer
+// (window * request_bytes bytes at most).
+struct PassOptions {
+  uint64_t offset_bytes = 0;
+  uint64_t size_bytes = 0;
+  uint64_t request_bytes = 4 << 20;
+  int window = 8;
+  CudaStream ready_stream = nullptr;  // passed to every request (device scratch)
+  // No request is submitted after this time (those in flight finish): the pass is then shorter
+  // and PassResult::cut says so. Unset: no limit.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  // Optional, inside the timing (iobench --verify): called before a write's submit with its slot
+  // and tier offset, and after a read completed.
+  std::function<void(BufferView slot, uint64_t tier_offset)> before_write;
+  std::function<void(BufferView slot, uint64_t tier_offset)> after_read;
+};
+struct PassResult {
+  uint64_t bytes = 0;   // moved (size_bytes unless cut)
+  double seconds = 0;
+  bool cut = false;     // stopped at the deadline
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+// Waits for every request it submitted, then throws teraio::Error with the first failing request's
+// message (tier, file, offset, size) when one failed.
+PassResult run_pass(Tier& tier, Direction direction, BufferView scratch, const PassOptions& options);
+
+struct BandwidthProbeOptions {
+  uint64_t request_bytes = 16 << 20;  // bytes per request (tensors are moved one request each)
+  int queue_depth = 4;                // requests in flight (limited by the scratch buffer)
+  int repetitions = 3;                // timed passes per direction (median, min, max)
+  double time_limit_s = 1.5;          // the probe submits nothing after this (see probe_bandwidth)
+  // Device scratch: work queued on this stream before the probe (kernels that used the memory
+  // before it was handed over) finishes before the tier's copies touch it. nullptr: none.
+  CudaStream ready_stream = nullptr;
+};
+
+struct BandwidthProbe {
+  std::string tier;    // TierInfo::name
+  std::string engine;  // TierInfo::engine
+  std::string memory;  // the scratch's kind: "device", "pinned" or "host" (pageable)
+  Spread write_gbps;   // buffer -> tier (offload), GB/s = 1e9 bytes/s
+  Spread read_gbps;    // tier -> buffer (prefetch)
+  int write_passes = 0, read_passes = 0;  // timed passes behind each spread
+  uint64_t pass_bytes = 0;                // bytes of the tier each write pass covers
+  uint64_t request_bytes = 0;
+  int queue_depth = 0;
+  double elapsed_s = 0;  // wall time of the whole probe, warm-up included
+  bool cut = false;      // the time limit shortened it (fewer or partial passes)
+  bool page_cache = false;  // TierInfo::buffered_io: the numbers are the page cache's, not the disk's
+  std::vector<std::string> notes;  // the two flags above, in words
+};
+
+// Measures `tier` by writing and reading tier bytes [offset_bytes, offset_bytes + size_bytes) from
+// and into `scratch` (use the memory tensors live in: device memory on a GPU, the allocator's host
+// memory on CPU). Only that range of the tier and the scratch buffer are written; their previous
+// contents are lost, nothing else is touched. Order: one untimed warm-up write pass (within the
+// first quarter of time_limit_s; the timed passes cover what it wrote), timed write passes (until
+// half of it), then timed read passes of what was written (until the end). A pass is not started
+// when the previous one of its direction says it would not finish in time, and stops submitting at
+// its direction's limit; at least one timed pass per direction runs (at least one request). The
+// whole probe takes at most time_limit_s plus the requests in flight at each limit.
+// Throws teraio::Error naming the tier when a request fails (never a number for a failing tier) or
+// when the range is outside the tier or the scratch is under 4 KiB. Not thread-safe with other
+// users of that range of the tier.
+BandwidthProbe probe_bandwidth(Tier& tier, BufferView scratch, uint64_t offset_bytes,
+                               uint64_t size_bytes, const BandwidthProbeOptions& options = {});
+
+// The quick probe: what a Session measures for a tier whose bandwidth was not given, and what
+// `teraio iobench --quick` runs. kQuickProbeScratchBytes of scratch (less when the budget is
+// small: the requests shrink), the first min(kQuickProbeTierBytes, capacity) bytes of the tier,
+// the default options with a time limit of 0.5 s for a host tier and 1.5 s for others.
+inline constexpr uint64_t kQuickProbeScratchBytes = 64ull << 20;
+inline constexpr uint64_t kQuickProbeTierBytes = 256ull << 20;
+BandwidthProbeOptions quick_probe_options(const TierInfo& info);
 
 // ---------------------------------------------------------------------------------------------
 // Integrity and cleanup.

@@ -60,7 +60,11 @@ def _bandwidth(value, what: str) -> float:
 
 
 class HostTier:
-    """Host memory (pinned when a GPU is used), capped at `capacity`."""
+    """Host memory (pinned when a GPU is used), capped at `capacity`.
+
+    read_gbps / write_gbps: the bandwidth the planner assumes (GB/s). 0 (default): the Session
+    measures it with a short probe at the first step; a value > 0 is used as given.
+    """
 
     def __init__(self, capacity: Size, read_gbps: float = 0.0, write_gbps: float = 0.0):
         self.capacity_bytes = parse_size(capacity, "HostTier capacity")
@@ -76,7 +80,10 @@ class HostTier:
 
 
 class FileTier:
-    """Files on one or more directories (one per SSD; tensors are striped across them)."""
+    """Files on one or more directories (one per SSD; tensors are striped across them).
+
+    read_gbps / write_gbps: as for HostTier (0: measured by the Session at the first step).
+    """
 
     def __init__(self, paths: Union[str, Sequence[str]], capacity: Size,
                  read_gbps: float = 0.0, write_gbps: float = 0.0):
@@ -256,7 +263,8 @@ class Session:
 
     def stats(self) -> dict:
         """mode, iteration, budget_bytes, peak_resident_bytes, bytes_offloaded, bytes_prefetched,
-        stall_us, plan_moves, drift_events, and more (see docs/pytorch.md)."""
+        stall_us, plan_moves, drift_events, tiers (per tier: the bandwidth the planner uses and
+        whether it was measured or given), and more (see docs/pytorch.md)."""
         return self._require().stats()
 
     def fetch_all(self) -> None:

@@ -282,7 +282,10 @@ class FileTier final : public Tier {
                notes_,
                o_.capacity_bytes,
                {}};
-    for (const auto& ps : paths_) i.files.push_back(ps->files.file);
+    for (const auto& ps : paths_) {
+      i.files.push_back(ps->files.file);
+      i.buffered_io = i.buffered_io || !ps->files.direct;
+    }
     return i;
   }
 

@@ -59,6 +59,25 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   d["retried_reads"] = s.retried_reads;
   d["lost_tensors"] = s.lost_tensors;
   d["last_error"] = s.last_error;
+  py::list tiers;
+  for (const teraio::SessionTierStats& t : s.tiers) {
+    py::dict e;
+    e["name"] = t.name;
+    e["engine"] = t.engine;
+    e["read_gbps"] = t.read_gbps;
+    e["write_gbps"] = t.write_gbps;
+    e["read_source"] = t.read_source;
+    e["write_source"] = t.write_source;
+    e["read_gbps_min"] = t.read_gbps_min;
+    e["read_gbps_max"] = t.read_gbps_max;
+    e["write_gbps_min"] = t.write_gbps_min;
+    e["write_gbps_max"] = t.write_gbps_max;
+    e["probe_s"] = t.probe_s;
+    e["probe_memory"] = t.probe_memory;
+    e["notes"] = t.notes;
+    tiers.append(std::move(e));
+  }
+  d["tiers"] = std::move(tiers);
   return d;
 }
 

@@ -100,6 +100,24 @@ bool refusal_reversible() {
   return reversible;
 }
 
+// The stream on which PyTorch's operators run on `device`, as the storage engine names it
+// (nullptr on CPU).
+storage::CudaStream current_stream(c10::Device device) {
+#ifdef TERAIO_TORCH_CUDA
+  if (device.is_cuda()) {
+    // PyTorch's default stream is the legacy default stream, whose cudaStream_t is nullptr. For
+    // the storage engine a null ready_stream means "no stream: the bytes are final at submit",
+    // so an offload's device-to-host copy (on the tier's non-blocking stream) would not wait
+    // for the kernels still queued that produce or update the tensor, and a prefetch would not
+    // make the compute stream wait on the GPU. Name the legacy stream explicitly instead.
+    cudaStream_t s = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    return s != nullptr ? s : cudaStreamLegacy;
+  }
+#endif
+  (void)device;
+  return nullptr;
+}
+
 // A PyTorch storage as the engine sees it.
 class StorageMemory final : public runtime::Memory {
  public:
@@ -165,20 +183,7 @@ class StorageMemory final : public runtime::Memory {
     }
     return true;
   }
-  storage::CudaStream stream() const override {
-#ifdef TERAIO_TORCH_CUDA
-    if (device_.is_cuda()) {
-      // PyTorch's default stream is the legacy default stream, whose cudaStream_t is nullptr. For
-      // the storage engine a null ready_stream means "no stream: the bytes are final at submit",
-      // so an offload's device-to-host copy (on the tier's non-blocking stream) would not wait
-      // for the kernels still queued that produce or update the tensor, and a prefetch would not
-      // make the compute stream wait on the GPU. Name the legacy stream explicitly instead.
-      cudaStream_t s = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-      return s != nullptr ? s : cudaStreamLegacy;
-    }
-#endif
-    return nullptr;
-  }
+  storage::CudaStream stream() const override { return current_stream(device_); }
 
  private:
   storage::BufferView view(void* p) const {
@@ -401,6 +406,79 @@ struct Session::Impl {
   std::unique_ptr<runtime::Engine> engine;
   std::vector<TierSpec> tier_specs;
 
+  // ---- Tier bandwidth (docs/pytorch.md, "Tier bandwidth") ----
+  // What the planner uses per tier (tier_specs' gbps) and where it comes from. Tiers without a
+  // given bandwidth are measured once, by measure_tiers, when the first step's first operator
+  // names the device: nothing is bound to the engine yet, so the first bytes of every tier are free
+  // for the probe, and the plan (made after profiling) uses the numbers.
+  std::vector<SessionTierStats> tier_stats;
+  bool tiers_measured = false;
+  void measure_tiers(at::Allocator* allocator) {
+    if (tiers_measured) return;
+    tiers_measured = true;
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < tier_stats.size(); ++i)
+      if (tier_stats[i].read_source != "given" || tier_stats[i].write_source != "given")
+        todo.push_back(i);
+    if (todo.empty()) return;
+    // Scratch in the memory tensors live in, from their own allocator, freed after the probe:
+    // budget / 4 within [4 MiB, 64 MiB] (the probe's requests are a quarter of it, at most 16 MiB).
+    const uint64_t scratch_bytes =
+        std::clamp<uint64_t>(options.budget_bytes / 4 / 4096 * 4096, 4ull << 20,
+                             storage::kQuickProbeScratchBytes);
+    at::DataPtr scratch;
+    try {
+#ifdef TERAIO_TORCH_CUDA
+      // The caching allocator allocates on the current device: make it the tensors' one.
+      std::optional<c10::cuda::CUDAGuard> guard;
+      if (device->is_cuda()) guard.emplace(device->index());
+#endif
+      scratch = (allocator != nullptr ? allocator : c10::GetAllocator(device->type()))
+                    ->allocate(scratch_bytes);
+    } catch (const std::exception& e) {
+      for (size_t i : todo)
+        tier_stats[i].notes.push_back(fmt::format(
+            "bandwidth not measured: no {} of scratch memory on {}: {}",
+            format_bytes(double(scratch_bytes)), device->str(), e.what()));
+      return;
+    }
+    const storage::BufferView view =
+        device->is_cuda() ? storage::BufferView(scratch.get(), scratch_bytes,
+                                                storage::MemoryKind::kDevice, device->index())
+                          : storage::BufferView::host(scratch.get(), scratch_bytes);
+    for (size_t i : todo) {
+      SessionTierStats& ts = tier_stats[i];
+      TierSpec& spec = tier_specs[i];
+      storage::BandwidthProbeOptions po = storage::quick_probe_options(tiers[i]->info());
+      po.ready_stream = current_stream(*device);
+      try {
+        const storage::BandwidthProbe p = storage::probe_bandwidth(
+            *tiers[i], view, 0, std::min(storage::kQuickProbeTierBytes, spec.capacity_bytes), po);
+        if (ts.read_source != "given") {
+          spec.read_gbps = ts.read_gbps = p.read_gbps.median;
+          ts.read_source = "measured";
+        }
+        if (ts.write_source != "given") {
+          spec.write_gbps = ts.write_gbps = p.write_gbps.median;
+          ts.write_source = "measured";
+        }
+        ts.read_gbps_min = p.read_gbps.min;
+        ts.read_gbps_max = p.read_gbps.max;
+        ts.write_gbps_min = p.write_gbps.min;
+        ts.write_gbps_max = p.write_gbps.max;
+        ts.probe_s = p.elapsed_s;
+        ts.probe_memory = p.memory;
+        ts.notes.insert(ts.notes.end(), p.notes.begin(), p.notes.end());
+      } catch (const std::exception& e) {
+        ts.notes.push_back(std::string("bandwidth not measured: ") + e.what());
+        note_error(fmt::format(
+            "{}; the {} tier cannot move bytes. Fix the tier (its path, space, permissions), or "
+            "give its read_gbps and write_gbps to skip the probe",
+            e.what(), ts.name));
+      }
+    }
+  }
+
   mutable std::mutex mu;
   Mode mode = Mode::kProfiling;
   bool iteration_reactive = false;  // drift switched this iteration to reactive
@@ -621,7 +699,10 @@ struct Session::Impl {
           for (int64_t d : t.sizes()) sig = mix(sig, static_cast<uint64_t>(d));
         }
         if (!t.has_storage()) return;
-        if (!device && step_op && t.requires_grad() && !t.grad_fn()) device = t.device();
+        if (!device && step_op && t.requires_grad() && !t.grad_fn()) {
+          device = t.device();
+          measure_tiers(t.storage().unsafeGetStorageImpl()->allocator());
+        }
         if (!device || t.device() != *device) return;
         c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
         std::optional<LogicalId> id = lookup_or_bind(t, si, make_key(k, my_slot, false), step_op);
@@ -1274,6 +1355,16 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
     }
     engine_tiers.push_back({spec.name, s.tiers.back().get(), t.capacity_bytes});
     s.tier_specs.push_back(spec);
+    const storage::TierInfo info = s.tiers.back()->info();
+    SessionTierStats ts;
+    ts.name = spec.name;
+    ts.engine = info.engine;
+    ts.read_gbps = spec.read_gbps;
+    ts.write_gbps = spec.write_gbps;
+    if (t.read_gbps > 0) ts.read_source = "given";
+    if (t.write_gbps > 0) ts.write_source = "given";
+    ts.notes = info.notes;
+    s.tier_stats.push_back(std::move(ts));
   }
   s.options = std::move(options);
   s.engine = std::make_unique<runtime::Engine>(
@@ -1440,6 +1531,7 @@ SessionStats Session::stats() const {
   r.retried_reads = e.retried_reads;
   r.lost_tensors = e.lost_tensors;
   r.last_error = s.last_error;
+  r.tiers = s.tier_stats;
   return r;
 }
 

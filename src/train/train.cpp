@@ -159,6 +159,8 @@ struct OffloadCounters {
   uint64_t bytes_prefetched = 0;
   double stall_us = 0;
   uint64_t drift_events = 0;
+  // Per tier: the bandwidth the planner uses and where it comes from (SessionStats::tiers).
+  Json tiers = Json::array();
   Json all;  // every SessionStats field
 };
 
@@ -309,6 +311,15 @@ class Offload {
     c.bytes_prefetched = s.bytes_prefetched;
     c.stall_us = s.stall_us;
     c.drift_events = s.drift_events;
+    for (const SessionTierStats& t : s.tiers)
+      c.tiers.push_back({{"name", t.name},
+                         {"engine", t.engine},
+                         {"read_gbps", t.read_gbps},
+                         {"write_gbps", t.write_gbps},
+                         {"read_source", t.read_source},
+                         {"write_source", t.write_source},
+                         {"probe_s", t.probe_s},
+                         {"notes", t.notes}});
     c.all = {{"mode", s.mode},
              {"iteration", s.iteration},
              {"budget_bytes", s.budget_bytes},
@@ -329,7 +340,8 @@ class Offload {
              {"failed_transfers", s.failed_transfers},
              {"retried_reads", s.retried_reads},
              {"lost_tensors", s.lost_tensors},
-             {"last_error", s.last_error}};
+             {"last_error", s.last_error},
+             {"tiers", c.tiers}};
     return c;
   }
   uint64_t budget_bytes() const { return session_ ? session_->options().budget_bytes : 0; }
@@ -558,6 +570,18 @@ int run(Args args) {
       }
     }
     const OffloadCounters after = offload.counters();
+    if (step == 1) {  // the Session measured its tiers at the step's first operator
+      for (const Json& t : after.tiers) {
+        fmt::print("teraio-train: tier {} ({}): read {:.2f} GB/s ({}), write {:.2f} GB/s ({}){}\n",
+                   t["name"].get<std::string>(), t["engine"].get<std::string>(),
+                   t["read_gbps"].get<double>(), t["read_source"].get<std::string>(),
+                   t["write_gbps"].get<double>(), t["write_source"].get<std::string>(),
+                   t["probe_s"].get<double>() > 0
+                       ? fmt::format(", probe {:.2f} s", t["probe_s"].get<double>())
+                       : std::string());
+        for (const Json& n : t["notes"]) fmt::print("teraio-train:   note: {}\n", n.get<std::string>());
+      }
+    }
     StepRecord r{step,
                  loss_value,
                  time_us,

@@ -2,6 +2,8 @@
 // memory and writes after a producer stream. Skipped (GTEST_SKIP) where no GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "cuda_rt.h"
@@ -123,6 +125,39 @@ TEST_P(Gpu, PinnedHostBuffersRoundTrip) {
   std::memset(pinned.data(), 0, data.size());
   tier_->read(pinned.view(), 0);
   EXPECT_EQ(std::memcmp(pinned.data(), data.data(), data.size()), 0);
+}
+
+// The Session's probe with device scratch (the memory tensors live in): numbers from every tier,
+// the tier's bytes outside the probed range unchanged, and the writes wait for the work queued on
+// ready_stream (it fills the scratch with 0xab, so the probed range must hold 0xab afterwards).
+TEST_P(Gpu, BandwidthProbeWithDeviceScratch) {
+  const uint64_t tier = 64 << 20, from = 16 << 20, size = 32 << 20, scratch_bytes = 16 << 20;
+  auto data = pattern(tier, 11);
+  tier_->write(BufferView::host(data.data(), tier), 0);
+  Buffer scratch = Buffer::allocate(scratch_bytes, MemoryKind::kDevice, 0);
+  Buffer stale = Buffer::allocate(scratch_bytes, MemoryKind::kHostPinned, 0);
+  std::memset(stale.data(), 0xab, scratch_bytes);
+  void* busy = cuda::stream_create(0);
+  for (int i = 0; i < 8; ++i) cuda::memcpy_async(scratch.data(), stale.data(), scratch_bytes, busy);
+  BandwidthProbeOptions o = quick_probe_options(tier_->info());
+  o.ready_stream = busy;
+  const BandwidthProbe p = probe_bandwidth(*tier_, scratch.view(), from, size, o);
+  cuda::stream_sync(busy);
+  cuda::stream_destroy(busy);
+  EXPECT_GT(p.write_gbps.median, 0);
+  EXPECT_GT(p.read_gbps.median, 0);
+  EXPECT_EQ(p.memory, "device");
+  EXPECT_LT(p.elapsed_s, o.time_limit_s + 0.5);
+  std::vector<unsigned char> back(tier);
+  tier_->read(BufferView::host(back.data(), tier), 0);
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + from, data.begin()));
+  EXPECT_TRUE(std::equal(back.begin() + from + size, back.end(), data.begin() + from + size));
+  EXPECT_TRUE(std::all_of(back.begin() + from, back.begin() + from + p.pass_bytes,
+                          [](unsigned char b) { return b == 0xab; }))
+      << "a probe write read the scratch before the work queued on its ready stream";
+  std::printf("[ probe    ] %s (%s): write %.2f GB/s [%.2f, %.2f], read %.2f GB/s [%.2f, %.2f], %.3f s\n",
+              p.tier.c_str(), p.engine.c_str(), p.write_gbps.median, p.write_gbps.min,
+              p.write_gbps.max, p.read_gbps.median, p.read_gbps.min, p.read_gbps.max, p.elapsed_s);
 }
 
 std::string tier_name(const ::testing::TestParamInfo<int>& info) {

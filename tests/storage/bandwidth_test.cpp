@@ -1,0 +1,177 @@
+// Tests of the bandwidth probe (probe_bandwidth, run_pass): numbers from a host and a file tier,
+// only the requested range of the tier written, a failing tier is an error and not a number, the
+// time limit holds, the page cache is named.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "teraio/error.h"
+#include "teraio/storage.h"
+#include "test_util.h"
+
+namespace teraio::storage {
+namespace {
+
+using test::pattern;
+using test::TempDir;
+
+constexpr uint64_t kTier = 8 << 20;  // the tier
+constexpr uint64_t kFrom = 2 << 20;  // the probe's range: [kFrom, kFrom + kSize)
+constexpr uint64_t kSize = 4 << 20;
+
+void expect_numbers(const BandwidthProbe& p) {
+  for (const Spread& s : {p.write_gbps, p.read_gbps}) {
+    EXPECT_TRUE(std::isfinite(s.median) && s.median > 0) << s.median;
+    EXPECT_LE(s.min, s.median);
+    EXPECT_LE(s.median, s.max);
+  }
+  EXPECT_GE(p.write_passes, 1);
+  EXPECT_GE(p.read_passes, 1);
+  EXPECT_GT(p.elapsed_s, 0);
+}
+
+// Fills the whole tier with a pattern, probes [kFrom, kFrom + kSize) and checks that the bytes
+// outside that range are still the pattern.
+void probe_keeps_the_rest(Tier& tier, const BandwidthProbeOptions& o, BandwidthProbe* out) {
+  auto data = pattern(kTier, 3);
+  tier.write(BufferView::host(data.data(), data.size()), 0);
+  std::vector<unsigned char> scratch(1 << 20);
+  *out = probe_bandwidth(tier, BufferView::host(scratch.data(), scratch.size()), kFrom, kSize, o);
+  std::vector<unsigned char> back(kTier);
+  tier.read(BufferView::host(back.data(), back.size()), 0);
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + kFrom, data.begin()));
+  EXPECT_TRUE(std::equal(back.begin() + kFrom + kSize, back.end(), data.begin() + kFrom + kSize));
+}
+
+TEST(BandwidthProbe, HostTierGivesNumbersAndTouchesOnlyItsRange) {
+  auto tier = make_host_tier({.capacity_bytes = kTier});
+  BandwidthProbeOptions o;
+  o.request_bytes = 256 << 10;
+  BandwidthProbe p;
+  probe_keeps_the_rest(*tier, o, &p);
+  expect_numbers(p);
+  EXPECT_EQ(p.tier, "host");
+  EXPECT_EQ(p.engine, "memcpy");
+  EXPECT_EQ(p.memory, "host");
+  EXPECT_EQ(p.write_passes, o.repetitions);
+  EXPECT_EQ(p.read_passes, o.repetitions);
+  EXPECT_EQ(p.pass_bytes, kSize);
+  EXPECT_EQ(p.request_bytes, 256u << 10);
+  EXPECT_EQ(p.queue_depth, 4);  // 1 MiB of scratch holds 4 requests of 256 KiB
+  EXPECT_FALSE(p.cut);
+  EXPECT_FALSE(p.page_cache);
+  EXPECT_TRUE(p.notes.empty());
+}
+
+TEST(BandwidthProbe, FileTierGivesNumbersAndTouchesOnlyItsRange) {
+  TempDir dir;
+  FileTierOptions fo;
+  fo.paths = {dir.path()};
+  fo.capacity_bytes = kTier;
+  fo.stripe_bytes = 64 << 10;
+  auto tier = make_file_tier(fo);
+  BandwidthProbe p;
+  probe_keeps_the_rest(*tier, {}, &p);  // 16 MiB requests shrink to what the scratch holds
+  expect_numbers(p);
+  EXPECT_EQ(p.tier, "file");
+  EXPECT_EQ(p.request_bytes, 256u << 10);
+  EXPECT_EQ(p.page_cache, tier->info().buffered_io);
+}
+
+TEST(BandwidthProbe, BufferedFileTierSaysItMeasuredThePageCache) {
+  TempDir dir;
+  FileTierOptions fo;
+  fo.paths = {dir.path()};
+  fo.capacity_bytes = kTier;
+  fo.direct_io = false;
+  auto tier = make_file_tier(fo);
+  EXPECT_TRUE(tier->info().buffered_io);
+  std::vector<unsigned char> scratch(1 << 20);
+  BandwidthProbe p =
+      probe_bandwidth(*tier, BufferView::host(scratch.data(), scratch.size()), 0, kSize);
+  expect_numbers(p);
+  EXPECT_TRUE(p.page_cache);
+  ASSERT_FALSE(p.notes.empty());
+  EXPECT_NE(p.notes[0].find("page-cache"), std::string::npos) << p.notes[0];
+}
+
+TEST(BandwidthProbe, FailingTierIsAnErrorNamingTheTierNotANumber) {
+  FaultOptions f;
+  f.rules = {{FaultKind::kEio, 5}};
+  auto tier = make_fault_tier(make_host_tier({.capacity_bytes = kTier}), f);
+  std::vector<unsigned char> scratch(1 << 20);
+  BandwidthProbeOptions o;
+  o.request_bytes = 256 << 10;
+  try {
+    probe_bandwidth(*tier, BufferView::host(scratch.data(), scratch.size()), 0, kSize, o);
+    FAIL() << "no error";
+  } catch (const teraio::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("bandwidth probe of the fault(host) tier"), std::string::npos) << m;
+    EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
+    EXPECT_NE(m.find("at offset 1310720"), std::string::npos) << m;  // request 5 of 256 KiB
+  }
+  // A short read is a failure too.
+  f.rules = {{FaultKind::kShortRead, 70}};  // 16 requests per pass: 4 write passes, then reads
+  tier = make_fault_tier(make_host_tier({.capacity_bytes = kTier}), f);
+  EXPECT_THROW(
+      probe_bandwidth(*tier, BufferView::host(scratch.data(), scratch.size()), 0, kSize, o),
+      teraio::Error);
+}
+
+TEST(BandwidthProbe, TimeLimitHolds) {
+  FaultOptions f;
+  f.rules = {{FaultKind::kSlow, 0, 1u << 30, 20000}};  // every request completes 20 ms late
+  auto tier = make_fault_tier(make_host_tier({.capacity_bytes = kTier}), f);
+  std::vector<unsigned char> scratch(1 << 20);
+  BandwidthProbeOptions o;
+  o.request_bytes = 256 << 10;  // 16 requests per pass: a pass takes >= 320 ms
+  o.time_limit_s = 0.2;
+  const auto t0 = std::chrono::steady_clock::now();
+  BandwidthProbe p =
+      probe_bandwidth(*tier, BufferView::host(scratch.data(), scratch.size()), 0, kSize, o);
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect_numbers(p);
+  EXPECT_TRUE(p.cut);
+  EXPECT_EQ(p.write_passes, 1);
+  EXPECT_EQ(p.read_passes, 1);
+  EXPECT_LT(p.pass_bytes, kSize);
+  // The limit plus what is in flight when it is reached (4 requests of 20 ms, in each direction).
+  EXPECT_LT(wall_s, 0.2 + 2 * 4 * 0.02 + 0.15) << wall_s;
+  ASSERT_FALSE(p.notes.empty());
+  EXPECT_NE(p.notes.back().find("time limit"), std::string::npos) << p.notes.back();
+}
+
+TEST(BandwidthProbe, BadArgumentsAreClearErrors) {
+  auto tier = make_host_tier({.capacity_bytes = kTier});
+  std::vector<unsigned char> scratch(1 << 20);
+  BufferView s = BufferView::host(scratch.data(), scratch.size());
+  EXPECT_THROW(probe_bandwidth(*tier, s, kTier - 4096, 8192), teraio::Error);
+  EXPECT_THROW(probe_bandwidth(*tier, s, 0, 0), teraio::Error);
+  EXPECT_THROW(probe_bandwidth(*tier, s.subview(0, 100), 0, kSize), teraio::Error);
+}
+
+TEST(RunPass, CutsAtTheDeadlineAfterTheFirstRequest) {
+  auto tier = make_host_tier({.capacity_bytes = kTier});
+  std::vector<unsigned char> scratch(1 << 20);
+  PassOptions o;
+  o.size_bytes = kSize;
+  o.request_bytes = 256 << 10;
+  o.window = 4;
+  o.deadline = std::chrono::steady_clock::now();  // already passed
+  PassResult r =
+      run_pass(*tier, Direction::kWrite, BufferView::host(scratch.data(), scratch.size()), o);
+  EXPECT_TRUE(r.cut);
+  EXPECT_EQ(r.bytes, 256u << 10);
+  o.deadline.reset();
+  r = run_pass(*tier, Direction::kRead, BufferView::host(scratch.data(), scratch.size()), o);
+  EXPECT_FALSE(r.cut);
+  EXPECT_EQ(r.bytes, kSize);
+  EXPECT_GT(r.gbps(), 0);
+}
+
+}  // namespace
+}  // namespace teraio::storage
