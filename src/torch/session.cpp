@@ -897,18 +897,12 @@ struct Session::Impl {
     trace.set_meta("source", "\"teraio.Session\"");
     trace.set_meta("device", fmt::format("\"{}\"", device ? device->str() : std::string("cpu")));
     trace.set_meta("iteration", std::to_string(iteration));
-    // A transient tensor alive past its last use is also listed at the last operator it was
-    // alive for (its memory is taken until then); one alive at the end is persistent (below).
+    // A transient tensor alive past its last use (Python holds it; a gradient until zero_grad)
+    // gets that operator as its `alive_until`: its memory is taken until then, but it is not used
+    // there, so it may leave after its last use (below). One alive at the end is persistent.
     std::unordered_map<LogicalId, size_t> last_use;
     for (size_t k = 0; k < ops.size(); ++k)
       for (LogicalId id : ops[k].ids) last_use[id] = k;
-    std::vector<std::vector<LogicalId>> held(ops.size());
-    for (const auto& [id, k] : last_use) {
-      int64_t alive_until = metas[id].last_alive_op;
-      if (alive_until > static_cast<int64_t>(k) && alive_until < static_cast<int64_t>(ops.size()) &&
-          !storage_alive(id))
-        held[static_cast<size_t>(alive_until)].push_back(id);
-    }
     // Tensors pinned by a collective (pin_collective) are listed at every operator where they are
     // pinned, so that the planner sees no inactive period there (no move) and counts their bytes:
     // a persistent one (DDP's gradient buckets) at every operator, since it is pinned when the
@@ -938,12 +932,20 @@ struct Session::Impl {
         for (size_t k = from; k <= to; ++k) pinned_at[k].push_back(id);
       }
     }
+    std::vector<LogicalId> idle;  // tracked, alive and not used in this iteration
+    for (const auto& [si, b] : storages)
+      if (!last_use.count(b.id) && !b.weak.expired() && engine->bound(b.id) &&
+          engine->location(b.id) != runtime::Location::kLost)
+        idle.push_back(b.id);
+    std::sort(idle.begin(), idle.end());  // a deterministic trace
+    for (LogicalId id : idle)
+      if (engine->pinned_permanently(id))
+        for (auto& at : pinned_at) at.push_back(id);  // never moves: counted at every operator
     std::vector<TensorId> ids;
     std::vector<LogicalId> op_ids;
     for (size_t k = 0; k < ops.size(); ++k) {
       ids.clear();
       op_ids = ops[k].ids;
-      op_ids.insert(op_ids.end(), held[k].begin(), held[k].end());
       op_ids.insert(op_ids.end(), pinned_at[k].begin(), pinned_at[k].end());
       for (LogicalId id : op_ids) {
         auto [it, inserted] = to_trace.emplace(id, static_cast<TensorId>(trace_to_logical->size()));
@@ -988,6 +990,34 @@ struct Session::Impl {
       }
 #endif
       trace.add_kernel(ops[k].name, std::max(0.0, t), ids);
+    }
+    // alive_until, for transient tensors whose memory outlived their last listed use.
+    std::vector<int64_t> last_listed(trace.num_tensors(), -1);
+    for (size_t k = 0; k < trace.num_kernels(); ++k)
+      for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k)))
+        last_listed[t] = static_cast<int64_t>(k);
+    for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+      const int64_t until = metas[trace_to_logical->at(t)].last_alive_op;
+      if (!trace.tensors[t].persistent && until > last_listed[t] &&
+          until < static_cast<int64_t>(ops.size()))
+        trace.tensors[t].alive_until = static_cast<KernelIndex>(until);
+    }
+    // Tensors alive and tracked but not used in this iteration (an expert that got no token, the
+    // states of parameters without a gradient this time): persistent, never used here, so the
+    // planner may keep them out for the whole iteration (pinned ones were listed above).
+    for (LogicalId id : idle) {
+      if (to_trace.count(id)) continue;
+      const TensorMeta& m = metas[id];
+      TensorInfo info;
+      info.bytes = m.bytes;
+      info.persistent = true;
+      info.kind = m.named_kind ? *m.named_kind
+                  : m.is_param ? TensorKind::parameter
+                               : TensorKind::optimizer_state;
+      info.name = m.display_name();
+      to_trace.emplace(id, static_cast<TensorId>(trace_to_logical->size()));
+      trace_to_logical->push_back(id);
+      trace.add_tensor(std::move(info));
     }
     trace.validate();
     return trace;
@@ -1049,13 +1079,20 @@ struct Session::Impl {
              lifetimes.used(m.tensor) && m.deadline == lifetimes.first_use(m.tensor);
     });
     // Where each other persistent tensor is when an iteration starts: offloaded if its first move
-    // in the iteration is a prefetch (it went out at the end of the previous one), else resident.
+    // in the iteration is a prefetch (it went out at the end of the previous one), or if no operator
+    // uses it and the plan moves it out (it stays out: docs/planner.md, "Tensors no kernel uses
+    // again"), else resident.
+    // At one kernel a prefetch starts before it runs and an offload after it: the prefetch is first.
+    auto earlier = [](const Move& a, const Move& b) {
+      return a.start != b.start ? a.start < b.start
+                                : a.op == MoveOp::prefetch && b.op == MoveOp::offload;
+    };
     std::vector<const Move*> first(trace.num_tensors(), nullptr);
     for (const Move& m : cp.plan.moves)
-      if (!first[m.tensor] || m.start < first[m.tensor]->start) first[m.tensor] = &m;
+      if (!first[m.tensor] || earlier(m, *first[m.tensor])) first[m.tensor] = &m;
     for (TensorId t = 0; t < trace.num_tensors(); ++t) {
       if (!trace.tensors[t].persistent || recreated(t)) continue;
-      if (first[t] && first[t]->op == MoveOp::prefetch) {
+      if (first[t] && (first[t]->op == MoveOp::prefetch || !lifetimes.used(t))) {
         Move out = *first[t];
         out.tensor = trace_to_logical.at(t);
         cp.start_out.push_back(out);

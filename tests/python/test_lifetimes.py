@@ -1,0 +1,125 @@
+"""Alive is not used: tensors that are merely alive at an operator (gradients until zero_grad,
+variables Python still holds) can leave the device there, and tracked tensors no operator uses in a
+step (an idle expert) can stay out for the whole step (docs/formats.md, `alive_until`;
+docs/planner.md, "Tensors no kernel uses again")."""
+import json
+
+import pytest
+import torch
+
+import teraio
+from conftest import assert_bitwise
+
+
+def mlp():
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    for _ in range(5):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+
+
+def run(loop, steps, session=None):
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)
+        ctx = session.step() if session is not None else _Nothing()
+        with ctx:
+            if loop == "zero_grad first":
+                opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if loop == "zero_grad last":  # as the README writes it
+                opt.zero_grad()
+        losses.append(loss.detach().clone())
+    return losses, model, opt
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# 1 MiB: well under the ~3.5 MiB of parameters, gradients and AdamW states, above the largest
+# operator's own tensors. With zero_grad() last every gradient is alive at the last operator; it
+# used to count as used there, so that operator "touched" all of them and no plan could fit.
+@pytest.mark.parametrize("loop", ["zero_grad last", "zero_grad first"])
+def test_both_training_loops_plan_within_the_same_budget(tmp_path, loop):
+    steps = 5
+    ref = run(loop, steps)
+    with teraio.Session(budget="1MiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=1024, trace_path=str(tmp_path / "t.json")) as s:
+        got = run(loop, steps, session=s)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["last_error"] == "", st
+        assert st["step_peak_resident_bytes"] <= st["budget_bytes"], st
+    assert_bitwise(ref, got)
+    trace = json.load(open(tmp_path / "t.json"))
+    if loop == "zero_grad last":
+        assert any("alive_until" in t for t in trace["tensors"]), "gradients held past their use"
+
+
+class TwoExperts(torch.nn.Module):
+    """Expert 1 gets tokens only in the first step (a router that stopped choosing it)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(64, 256)
+        self.experts = torch.nn.ModuleList([torch.nn.Linear(256, 256) for _ in range(2)])
+        self.out = torch.nn.Linear(256, 10)
+        self.step = 0
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x))
+        h = self.experts[0](h) + (self.experts[1](h) if self.step == 0 else 0)
+        self.step += 1
+        return self.out(torch.relu(h))
+
+
+def train_experts(steps, session=None):
+    model = TwoExperts()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    if session is not None:
+        session.watch(model, opt)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+        ctx = session.step() if session is not None else _Nothing()
+        with ctx:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        losses.append(loss.detach().clone())
+    return losses, model, opt
+
+
+def test_an_idle_expert_is_kept_out_for_the_whole_step(tmp_path):
+    steps = 6
+    ref = train_experts(steps)
+    with teraio.Session(budget="1MiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=1024, trace_path=str(tmp_path / "t.json"),
+                        plan_path=str(tmp_path / "p.json")) as s:
+        got = train_experts(steps, session=s)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["last_error"] == "", st
+        assert st["step_peak_resident_bytes"] <= st["budget_bytes"], st
+    assert_bitwise(ref, got)
+    trace = json.load(open(tmp_path / "t.json"))
+    plan = json.load(open(tmp_path / "p.json"))
+    used = {t for k in trace["kernels"] for t in k["tensors"]}
+    idle = {t["id"] for t in trace["tensors"] if t["id"] not in used}
+    names = {trace["tensors"][t]["name"] for t in idle}
+    assert "experts.1.weight" in names and "experts.1.weight.exp_avg" in names, names
+    moved = {m["tensor"] for m in plan["moves"] if m["op"] == "offload"}
+    assert any(t in moved for t in idle), "the idle expert's bytes leave the device"
+    assert not any(m["tensor"] in idle for m in plan["moves"] if m["op"] == "prefetch")
