@@ -32,7 +32,9 @@ else:
 
 # NDEBUG: RecordFunction::inputs() asserts in debug builds. FMT_HEADER_ONLY: torch ships its own
 # fmt headers, which shadow the system ones; header-only use keeps one fmt version in the module.
-define_macros = [("NDEBUG", None), ("FMT_HEADER_ONLY", None)]
+# TERAIO_HAVE_LIBURING: the file tier's io_uring engine (liburing is linked below); without it every
+# Python FileTier fell back to the thread engine.
+define_macros = [("NDEBUG", None), ("FMT_HEADER_ONLY", None), ("TERAIO_HAVE_LIBURING", "1")]
 include_dirs = [os.path.join(ROOT, "include")] + [os.path.join(ROOT, "src", m) for m in MODULES]
 libraries = ["simdjson", "uring", "dl"]
 library_dirs = []

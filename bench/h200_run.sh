@@ -8,6 +8,10 @@
 #   peers1b  FSDP2 with CPU offload and DeepSpeed ZeRO-Offload on llama-1b
 #   disk     teraio host+disk and disk-only, DeepSpeed ZeRO-Infinity (NVMe) on llama-1b
 #   peers3b  FSDP2 and ZeRO-Offload on llama-3b
+#   faults   issue 13 and issue 16's probe: storage GPU tests, checksum speed, iobench quick probe and
+#            full passes (file tier with and without checksums), bench/faults_gpu.py (CUDA faults),
+#            torch_gpu.py (bitwise), llama-1b at 1/2 with the measured host bandwidth (no knob), and
+#            llama-small on the disk with and without verify (the checksums' cost on a training step)
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
@@ -17,7 +21,7 @@
 # a call cut short still returns what finished) and $OUT/log_<phase>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b or ddp}
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults or ddp}
 FILTER=${2:-}
 OUT=${OUT:-$PWD/h200-out}
 R=$OUT/res_$PHASE
@@ -125,6 +129,43 @@ disk)
   fi
   ensure_peers
   bench ds-infinity-llama-1b 300 --system ds-infinity --model llama-1b --disk-dir "$DISK"
+  ;;
+faults)
+  step "storage GPU tests"
+  if [[ -x build-gpu/bin/storage_gpu_test ]]; then
+    LD_LIBRARY_PATH="$PWD/build-gpu/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH" timeout 120 \
+      build-gpu/bin/storage_gpu_test --gtest_brief=1 2>&1 | tail -15
+    step "checksum speed, one core"
+    LD_LIBRARY_PATH="$PWD/build-gpu/lib:$LD_LIBRARY_PATH" build-gpu/bin/checksum_bench | tee "$R/checksum.txt"
+    step "iobench: quick probe (the Session's) and full passes; file tier with and without checksums"
+    io() { LD_LIBRARY_PATH="$PWD/build-gpu/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH" timeout 90 \
+             build-gpu/bin/teraio iobench --device cuda "$@"; }
+    io --tier host --quick --json > "$R/iobench-host-quick.json"; tail -c 600 "$R/iobench-host-quick.json"; echo
+    io --tier file --path "$DISK" --quick --json > "$R/iobench-file-quick.json"; tail -c 600 "$R/iobench-file-quick.json"; echo
+    io --tier file --path "$DISK" --size 1GiB --repeat 3 --request 16MiB | tee "$R/iobench-file.txt"
+    io --tier file --path "$DISK" --size 1GiB --repeat 3 --request 16MiB --checksums | tee "$R/iobench-file-checksums.txt"
+    finish
+  else
+    echo "build-gpu/ not carried: storage tests, checksum speed and iobench skipped (scripts/gpu_prebuild.sh)"
+  fi
+  step "faults_gpu.py"
+  timeout 150 $PY bench/faults_gpu.py "$R/faults_gpu.json" "$DISK"
+  echo "rc=$?"
+  finish
+  step "torch_gpu.py"
+  TERAIO_LOG=${TERAIO_LOG:-1} timeout 200 $PY bench/torch_gpu.py "$R/torch_gpu.json" 2>"$R/teraio_log.txt"
+  echo "rc=$?"
+  finish
+  fp=$(footprint llama-1b)
+  if (( fp > 0 )); then  # no bandwidth given: the Session measures the host link (issue 16)
+    bench teraio-host-half-measured-llama-1b 200 --system teraio --model llama-1b --tiers host \
+      --budget "$(fraction "$fp" 2)" --host-gbps 0
+  fi
+  # the checksums' cost on a step that moves bytes through the disk (disk tier only, measured link)
+  bench teraio-disk-verify-llama-small 150 --system teraio --model llama-small --tiers disk \
+    --budget 1GiB --disk-gbps 0 --disk-dir "$DISK" --verify
+  bench teraio-disk-noverify-llama-small 150 --system teraio --model llama-small --tiers disk \
+    --budget 1GiB --disk-gbps 0 --disk-dir "$DISK" --no-verify
   ;;
 ddp)
   ngpu=$(nvidia-smi -L | wc -l)

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "planner_tuning.h"
+#include "summary.h"
 #include "teraio/error.h"
 #include "teraio/simulator.h"
 #include "teraio/synth.h"
@@ -23,14 +24,8 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-struct Summary {
-  double median = 0, min = 0, max = 0;
-};
-Summary summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
-}
+using teraio::bench::Summary;
+using teraio::bench::summarize;
 
 }  // namespace
 

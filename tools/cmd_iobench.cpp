@@ -439,7 +439,7 @@ const Registration kIobench{{
       sub.add_option("--stripe", a->stripe, "striping unit and bounce-buffer size")->capture_default_str();
       sub.add_flag("--sweep-paths", a->all_path_counts, "also measure with the first 1, 2, ... of the given paths");
       sub.add_flag("--no-direct", a->no_direct, "do not use O_DIRECT");
-      sub.add_flag("--checksums", a->checksums, "enable CRC32C checksums in the tier");
+      sub.add_flag("--checksums", a->checksums, "enable the tier's checksums (XXH3 per piece, verified on read)");
       sub.add_flag("--verify", a->verify, "write a pattern and check every byte read back");
       sub.add_flag("--probe", a->probe, "print, for each --path, which I/O path it gets and why (GDS, O_DIRECT, io_uring)");
       sub.add_flag("--quick", a->quick,

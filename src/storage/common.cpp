@@ -1,4 +1,4 @@
-// Buffers, completions, CRC32C, the extent allocator and the process-wide cleanup registry:
+// Buffers, completions, checksums (XXH3), the extent allocator and the process-wide cleanup registry:
 // the small pieces every storage tier shares.
 #include <fcntl.h>
 #include <signal.h>
