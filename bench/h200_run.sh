@@ -12,6 +12,9 @@
 #            full passes (file tier with and without checksums), bench/faults_gpu.py (CUDA faults),
 #            torch_gpu.py (bitwise), llama-1b at 1/2 with the measured host bandwidth (no knob), and
 #            llama-small on the disk with and without verify (the checksums' cost on a training step)
+#   verify   the checksums' cost, paired: iobench on the disk with and without them (interleaved),
+#            llama-small trained through the disk with verify on and off (interleaved), and
+#            bench/faults_gpu.py
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
@@ -21,7 +24,7 @@
 # a call cut short still returns what finished) and $OUT/log_<phase>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults or ddp}
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify or ddp}
 FILTER=${2:-}
 OUT=${OUT:-$PWD/h200-out}
 R=$OUT/res_$PHASE
@@ -163,9 +166,32 @@ faults)
   fi
   # the checksums' cost on a step that moves bytes through the disk (disk tier only, measured link)
   bench teraio-disk-verify-llama-small 150 --system teraio --model llama-small --tiers disk \
-    --budget 1GiB --disk-gbps 0 --disk-dir "$DISK" --verify
+    --budget 3GiB --disk-gbps 0 --disk-dir "$DISK" --verify
   bench teraio-disk-noverify-llama-small 150 --system teraio --model llama-small --tiers disk \
-    --budget 1GiB --disk-gbps 0 --disk-dir "$DISK" --no-verify
+    --budget 3GiB --disk-gbps 0 --disk-dir "$DISK" --no-verify
+  ;;
+verify)
+  if [[ -x build-gpu/bin/teraio ]]; then
+    step "iobench on the disk, device buffers, without and with checksums, interleaved x3"
+    for i in 1 2 3; do
+      for c in "" --checksums; do
+        LD_LIBRARY_PATH="$PWD/build-gpu/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH" timeout 60 \
+          build-gpu/bin/teraio iobench --device cuda --tier file --path "$DISK" --size 1GiB --repeat 3 \
+          --request 16MiB $c | grep '^file' | sed "s/^/round $i ${c:-plain} /" | tee -a "$R/iobench-verify.txt"
+      done
+    done
+    finish
+  fi
+  step "faults_gpu.py"
+  timeout 150 $PY bench/faults_gpu.py "$R/faults_gpu.json" "$DISK"
+  echo "rc=$?"
+  finish
+  for i in 1 2; do  # the checksums' cost on a training step through the disk, interleaved
+    bench teraio-disk-verify$i-llama-small 150 --system teraio --model llama-small --tiers disk \
+      --budget 3GiB --disk-gbps 0 --disk-dir "$DISK" --verify --warmup 3 --steps 4
+    bench teraio-disk-noverify$i-llama-small 150 --system teraio --model llama-small --tiers disk \
+      --budget 3GiB --disk-gbps 0 --disk-dir "$DISK" --no-verify --warmup 3 --steps 4
+  done
   ;;
 ddp)
   ngpu=$(nvidia-smi -L | wc -l)

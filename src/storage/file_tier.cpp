@@ -513,8 +513,10 @@ class FileTier final : public Tier {
     ctx->state->finish(std::move(final));
   }
 
-  // Before the file write: stage the data on the host, record its checksum.
-  void prepare_write(const Chunk& c, const ChunkPlan& plan, void*& d2h_stream) {
+  // Before the file write: stage the data on the host (and record its checksum unless the caller
+  // does it while the write runs: record_checksum).
+  void prepare_write(const Chunk& c, const ChunkPlan& plan, void*& d2h_stream,
+                     bool checksum_now = true) {
     const BufferView& buf = c.ctx->req.buffer;
     std::byte* user = buf.bytes() + c.piece.buf_offset;
     if (buf.is_device()) {
@@ -526,21 +528,21 @@ class FileTier final : public Tier {
     } else if (plan.use_bounce) {
       std::memcpy(plan.stage, user, c.piece.size);
     }
+    if (checksum_now) record_checksum(c, plan);
+  }
+  void record_checksum(const Chunk& c, const ChunkPlan& plan) {
     if (o_.checksums)
       crcs_.record(c.piece.tier_offset, c.piece.size, checksum(plan.stage, c.piece.size));
   }
 
-  // After the file read: verify, then deliver to the user's buffer. Returns an error or ok.
+  // After the file read: deliver to the user's buffer and verify. Returns an error or ok.
+  // Note [Checksum beside the copy]: a device buffer's host-to-device copy is enqueued first and
+  // the checksum computed while it runs (both only read the staged bytes); on a mismatch the copy
+  // is waited for and the read fails, so the buffer holds bytes nobody will use (the request
+  // failed: the caller never installs them).
   IoResult finish_read(const Chunk& c, const ChunkPlan& plan, void*& h2d_event) {
     const BufferView& buf = c.ctx->req.buffer;
     std::byte* user = buf.bytes() + c.piece.buf_offset;
-    if (o_.checksums) {
-      const uint64_t sum = checksum(plan.stage, c.piece.size);
-      if (auto expected = crcs_.mismatch(c.piece.tier_offset, c.piece.size, sum))
-        return checksum_failure(describe(c, *paths_[static_cast<size_t>(c.piece.path)],
-                                         c.piece.file_offset, c.piece.size),
-                                *expected, sum);
-    }
     if (buf.is_device()) {
       cuda::set_device(buf.device());
       if (h2d_event == nullptr) h2d_event = cuda::event_create(buf.device());
@@ -548,9 +550,17 @@ class FileTier final : public Tier {
         cuda::stream_wait_event(c.ctx->h2d_stream, c.ctx->ready_event);
       cuda::memcpy_async(user, plan.stage, c.piece.size, c.ctx->h2d_stream);
       cuda::event_record(h2d_event, c.ctx->h2d_stream);
-    } else if (plan.use_bounce) {
-      std::memcpy(user, plan.stage, c.piece.size);
     }
+    if (o_.checksums) {
+      const uint64_t sum = checksum(plan.stage, c.piece.size);
+      if (auto expected = crcs_.mismatch(c.piece.tier_offset, c.piece.size, sum)) {
+        if (buf.is_device()) cuda::event_sync(h2d_event);  // Note [Copies before completion]
+        return checksum_failure(describe(c, *paths_[static_cast<size_t>(c.piece.path)],
+                                         c.piece.file_offset, c.piece.size),
+                                *expected, sum);
+      }
+    }
+    if (!buf.is_device() && plan.use_bounce) std::memcpy(user, plan.stage, c.piece.size);
     IoResult ok;
     ok.bytes = c.piece.size;
     return ok;
@@ -747,7 +757,8 @@ class FileTier final : public Tier {
         s.retries = 0;
         try {
           s.plan = plan_chunk(ps.files, s.chunk.piece, s.chunk.ctx->req.buffer, ps.bounce[si]);
-          if (s.chunk.ctx->req.direction == Direction::kWrite) prepare_write(s.chunk, s.plan, d2h);
+          if (s.chunk.ctx->req.direction == Direction::kWrite)
+            prepare_write(s.chunk, s.plan, d2h, /*checksum_now=*/false);
         } catch (const std::exception& e) {
           s.result = failure(
               EIO, fmt::format("{}: {}",
@@ -760,6 +771,12 @@ class FileTier final : public Tier {
         for (int k = 0; k < s.plan.n; ++k) {
           s.seg_done[k] = 0;
           submit_seg(si, k);
+        }
+        if (o_.checksums && s.chunk.ctx->req.direction == Direction::kWrite) {
+          // The write's checksum while the kernel writes the same staged bytes: it is recorded
+          // before this thread completes the chunk (below), so before any read of it can start.
+          io_uring_submit(&ring);
+          record_checksum(s.chunk, s.plan);
         }
       }
       if (active == 0) break;  // pop_wait returned nothing: the queue is closed and drained
