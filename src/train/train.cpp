@@ -2,6 +2,7 @@
 // libtorch, each step wrapped by a teraio::Session when --budget is given. Data are real text
 // (byte-level tokens) or synthetic tokens; one progress line per step; a JSON run report
 // (teraio.run v1 plus config, throughput, memory, traffic, stalls, drift, predicted vs measured).
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -392,6 +393,36 @@ class Offload {
 };
 #endif
 
+// bf16 autocast over the forward pass and the loss, as torch.autocast does it in Python: the
+// dispatcher runs matrix products in bf16 and keeps reductions and normalisations in fp32; the
+// backward pass follows the forward's dtypes. The cache of bf16 copies of the fp32 weights lives
+// for one forward pass.
+class Autocast {
+ public:
+  Autocast(bool on, c10::DeviceType device) : on_(on), device_(device) {
+    if (!on_) return;
+    previous_ = at::autocast::is_autocast_enabled(device_);
+    previous_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
+    at::autocast::set_autocast_enabled(device_, true);
+    at::autocast::increment_nesting();
+  }
+  ~Autocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_, previous_);
+    at::autocast::set_autocast_dtype(device_, previous_dtype_);
+  }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  bool on_;
+  c10::DeviceType device_;
+  bool previous_ = false;
+  at::ScalarType previous_dtype_ = at::kFloat;
+};
+
 // ---- the run
 // -------------------------------------------------------------------------------------
 
@@ -458,8 +489,8 @@ int run(Args args) {
                "--grad-clip {}: must be a number >= 0 (0: off)", args.grad_clip);
   TERAIO_CHECK(args.threads >= 0 && args.threads <= 4096,
                "--threads {}: must be in [0, 4096] (0: PyTorch's default)", args.threads);
-  TERAIO_CHECK(args.dtype == "fp32" || args.dtype == "bf16",
-               "--dtype \"{}\": expected fp32 or bf16", args.dtype);
+  TERAIO_CHECK(args.dtype == "fp32" || args.dtype == "bf16" || args.dtype == "bf16-pure",
+               "--dtype \"{}\": expected fp32, bf16 (mixed precision) or bf16-pure", args.dtype);
   TERAIO_CHECK(args.device == "cpu" || args.device == "cuda",
                "--device \"{}\": expected cpu or cuda", args.device);
   TERAIO_CHECK(args.profile_steps >= 1 && args.profile_steps <= 1000,
@@ -485,7 +516,10 @@ int run(Args args) {
   torch::manual_seed(args.seed);
 
   const torch::Device device(args.device == "cuda" ? torch::kCUDA : torch::kCPU);
-  const torch::Dtype dtype = args.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  // bf16 is mixed precision: fp32 parameters, gradients and AdamW states, bf16 compute (autocast
+  // around the forward pass and the loss). bf16-pure keeps everything in bf16.
+  const torch::Dtype dtype = args.dtype == "bf16-pure" ? torch::kBFloat16 : torch::kFloat32;
+  const bool autocast = args.dtype == "bf16";
   TokenSource source(args, config.vocab);
   source.check_length(args.data, args.seq);
 
@@ -537,7 +571,11 @@ int run(Args args) {
       inputs = inputs.to(device);
       targets = targets.to(device);
       opt.zero_grad();
-      torch::Tensor loss = model->loss(inputs, targets);
+      torch::Tensor loss;
+      {
+        Autocast scope(autocast, device.type());
+        loss = model->loss(inputs, targets);
+      }
       loss.backward();
       if (args.grad_clip > 0)
         torch::nn::utils::clip_grad_norm_(model->parameters(), args.grad_clip);
@@ -775,7 +813,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--grad-clip", a.grad_clip, "clip the global gradient norm (0: off)")
       ->capture_default_str();
-  app.add_option("--dtype", a.dtype, "fp32 or bf16 (parameters, gradients, states, activations)")
+  app.add_option("--dtype", a.dtype,
+                 "fp32, bf16 (mixed: fp32 parameters, gradients and AdamW states, bf16 compute) or "
+                 "bf16-pure (everything in bf16)")
       ->capture_default_str();
   app.add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   app.add_option("--seed", a.seed, "seed of the initialisation and of the data order")

@@ -88,7 +88,26 @@ assert run["session"]["failed_transfers"] == 2 and run["session"]["lost_tensors"
 print("faults: write faults bitwise and reported, lasting read fault is an error: ok")
 PY
 
-# 5. Argument errors: exit 1 with a message naming the argument, before any training.
+# 5. Mixed precision (--dtype bf16: fp32 parameters and states, bf16 autocast): the loss falls and
+#    offloading leaves it bitwise the same.
+"$train" "${common[@]}" --dtype bf16 --budget 6MiB --tier "file:$work/tier:256MiB" \
+  --report "$work/bf16.json" > "$work/bf16.log"
+"$train" "${common[@]}" --dtype bf16 --report "$work/bf16-plain.json" > "$work/bf16-plain.log"
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+run, plain = json.load(open(f"{work}/bf16.json")), json.load(open(f"{work}/bf16-plain.json"))
+hist = run["loss"]["history"]
+assert hist == plain["loss"]["history"], (hist, plain["loss"]["history"])
+assert hist[-1] < hist[0] - 0.5, f"loss did not fall: {hist}"
+assert run["config"]["dtype"] == "bf16"
+assert run["memory"]["parameter_bytes"] == 4 * run["config"]["parameters"], "fp32 master weights"
+fp32 = json.load(open(f"{work}/plain.json"))["loss"]["history"]
+assert hist != fp32, "bf16 autocast computed exactly what fp32 did: autocast is off"
+print("bf16 mixed precision: falling loss, bitwise with offloading, fp32 parameters: ok")
+PY
+
+# 6. Argument errors: exit 1 with a message naming the argument, before any training.
 expect_error() {
   local pattern=$1; shift
   if "$train" "$@" > "$work/err.log" 2>&1; then fail "accepted: $*"; fi
@@ -98,7 +117,7 @@ expect_error '--budget needs at least one --tier' --budget 8MiB
 expect_error '--tier needs --budget' --tier host:1GiB
 expect_error 'unknown tier kind "disk"' --budget 8MiB --tier disk:1GiB
 expect_error 'unknown model' --model llama-9b
-expect_error '--dtype "fp16"' --dtype fp16
+expect_error '--dtype "fp16": expected fp32, bf16 (mixed precision) or bf16-pure' --dtype fp16
 expect_error 'cannot open the file' --data "$work/missing.txt"
 expect_error 'exclude each other' --synthetic --data "$work/run.json"
 expect_error '--inject-fault "3:EWHAT:read": unknown error' --budget 8MiB --tier host:64MiB --inject-fault 3:EWHAT:read
@@ -117,7 +136,7 @@ for bad in "--batch 0" "--threads -1" "--frobnicate"; do
   [[ $(wc -l < "$work/err.log") -eq 1 ]] || { cat "$work/err.log"; fail "not one line: $bad"; }
 done
 
-# 6. Outputs: a full standard output is an error; a run report that cannot be written leaves the
+# 7. Outputs: a full standard output is an error; a run report that cannot be written leaves the
 #    old one whole.
 one_step=(--model tiny --steps 1 --batch 4 --seq 64 --threads 1)
 if "$train" "${one_step[@]}" > /dev/full 2> "$work/err.log"; then fail "exit 0 on a full stdout"; fi
