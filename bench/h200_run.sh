@@ -15,6 +15,8 @@
 #   verify   the checksums' cost, paired: iobench on the disk with and without them (interleaved),
 #            llama-small trained through the disk with verify on and off (interleaved), and
 #            bench/faults_gpu.py
+#   moe      issue 17: HF Mixtral (mixtral-2b, 8 experts, top 2): Ideal, then teraio at 1/2 of its
+#            footprint (host tier, measured bandwidth)
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
@@ -24,7 +26,7 @@
 # a call cut short still returns what finished) and $OUT/log_<phase>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify or ddp}
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify, moe or ddp}
 FILTER=${2:-}
 OUT=${OUT:-$PWD/h200-out}
 R=$OUT/res_$PHASE
@@ -192,6 +194,16 @@ verify)
     bench teraio-disk-noverify$i-llama-small 150 --system teraio --model llama-small --tiers disk \
       --budget 3GiB --disk-gbps 0 --disk-dir "$DISK" --no-verify --warmup 3 --steps 4
   done
+  ;;
+moe)
+  m=mixtral-2b
+  bench ideal-$m 200 --system ideal --model $m --adamw loop
+  fp=$(footprint $m)
+  echo "$m footprint (Ideal peak allocated): $fp bytes"
+  if (( fp > 0 )); then
+    bench teraio-host-half-$m 240 --system teraio --model $m --tiers host --budget "$(fraction "$fp" 2)" \
+      --host-gbps 0 --steps 5
+  fi
   ;;
 ddp)
   ngpu=$(nvidia-smi -L | wc -l)

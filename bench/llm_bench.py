@@ -42,7 +42,8 @@ import traceback
 
 SYSTEMS = ("ideal", "teraio", "fsdp2-offload", "ds-offload", "ds-infinity")
 
-# Llama shapes (transformers.LlamaConfig fields); untied embeddings like the Llama family.
+# Llama shapes (transformers.LlamaConfig fields; "arch": "mixtral" for transformers.MixtralConfig);
+# untied embeddings like the Llama family.
 MODELS = {
     "tiny": dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=688, vocab_size=4096, max_position_embeddings=2048),
@@ -55,6 +56,11 @@ MODELS = {
     "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                      intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
                      rope_theta=500000.0),
+    # Mixtral-style MoE (transformers.MixtralConfig): 8 experts, top 2; 1.9 B parameters of which about
+    # 0.5 B are active per token
+    "mixtral-2b": dict(arch="mixtral", hidden_size=2048, num_hidden_layers=12, num_attention_heads=16,
+                       num_key_value_heads=8, intermediate_size=2816, num_local_experts=8,
+                       num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=4096),
 }
 
 LR = 1e-4  # torch.optim.AdamW defaults otherwise: betas (0.9, 0.999), eps 1e-8, weight_decay 0.01
@@ -300,14 +306,16 @@ def build_model(args, torch_dtype):
     import torch
     import transformers
     shape = dict(MODELS[args.model])
-    cfg = transformers.LlamaConfig(**shape, use_cache=False, tie_word_embeddings=False,
-                                   attn_implementation="sdpa")
+    arch = shape.pop("arch", "llama")
+    config_cls, model_cls = ((transformers.MixtralConfig, transformers.MixtralForCausalLM) if arch == "mixtral"
+                             else (transformers.LlamaConfig, transformers.LlamaForCausalLM))
+    cfg = config_cls(**shape, use_cache=False, tie_word_embeddings=False, attn_implementation="sdpa")
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(args.seed)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch_dtype)  # build directly in the target dtype (no fp32 copy of an 8B model)
     try:
-        model = transformers.LlamaForCausalLM(cfg)
+        model = model_cls(cfg)
     finally:
         torch.set_default_dtype(prev)
     if any(p.dtype != torch_dtype for p in model.parameters()):
