@@ -12,7 +12,8 @@
 #            full passes (file tier with and without checksums), bench/faults_gpu.py (CUDA faults),
 #            torch_gpu.py (bitwise), llama-1b at 1/2 with the measured host bandwidth (no knob), and
 #            llama-small on the disk with and without verify (the checksums' cost on a training step)
-#   verify   the checksums' cost, paired: iobench on the disk with and without them (interleaved),
+#   verify   the checksums' cost, paired: iobench on the disk with and without them (interleaved,
+#            VERIFY_ROUNDS rounds, default 3 for iobench and 2 for training),
 #            llama-small trained through the disk with verify on and off (interleaved), and
 #            bench/faults_gpu.py
 #   moe      issue 17: HF Mixtral (mixtral-2b, 8 experts, top 2): Ideal, then teraio at 1/2 of its
@@ -175,7 +176,7 @@ faults)
 verify)
   if [[ -x build-gpu/bin/teraio ]]; then
     step "iobench on the disk, device buffers, without and with checksums, interleaved x3"
-    for i in 1 2 3; do
+    for i in $(seq 1 "${VERIFY_ROUNDS:-3}"); do
       for c in "" --checksums; do
         LD_LIBRARY_PATH="$PWD/build-gpu/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH" timeout 60 \
           build-gpu/bin/teraio iobench --device cuda --tier file --path "$DISK" --size 1GiB --repeat 3 \
@@ -188,7 +189,7 @@ verify)
   timeout 150 $PY bench/faults_gpu.py "$R/faults_gpu.json" "$DISK"
   echo "rc=$?"
   finish
-  for i in 1 2; do  # the checksums' cost on a training step through the disk, interleaved
+  for i in $(seq 1 "${VERIFY_ROUNDS:-2}"); do  # the checksums' cost on a training step, interleaved
     bench teraio-disk-verify$i-llama-small 150 --system teraio --model llama-small --tiers disk \
       --budget 3GiB --disk-gbps 0 --disk-dir "$DISK" --verify --warmup 3 --steps 4
     bench teraio-disk-noverify$i-llama-small 150 --system teraio --model llama-small --tiers disk \
