@@ -59,7 +59,7 @@ setup(
     version="0.1.0",
     description="Lifetime-aware tensor offloading for PyTorch training",
     package_dir={"": "python"},
-    packages=["teraio"],
+    packages=["teraio", "teraio.integrations"],
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.9",

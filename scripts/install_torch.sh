@@ -11,7 +11,7 @@ if [[ "$have" != "$want" ]]; then
   echo "== installing torch==$want (found '${have:-none}')"
   $PY -m pip install --quiet "torch==$want"
 fi
-for mod in numpy pytest transformers; do
+for mod in numpy pytest transformers accelerate; do  # accelerate: the HF Trainer needs it
   $PY -c "import $mod" 2>/dev/null || $PY -m pip install --quiet "$mod"
 done
 if [[ "${1:-}" != "--no-teraio" ]]; then

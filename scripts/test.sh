@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test that needs no GPU: the release build with warnings as errors, the PyTorch
-# integration on CPU (torch 2.11 from PyPI, `pip install .`, pytest, and `teraio-train` end to end),
-# the sanitizer builds (AddressSanitizer+UBSan for everything, ThreadSanitizer for the threaded
-# storage engine) and the format fuzzers for a bounded time.
+# integration on CPU (torch 2.11 from PyPI, `pip install .`, pytest, `teraio-train` end to end and
+# the libtorch example), the sanitizer builds (AddressSanitizer+UBSan for everything,
+# ThreadSanitizer for the threaded storage engine) and the format fuzzers for a bounded time.
 # Usage: scripts/test.sh [--quick]  (--quick: the release build's tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +26,11 @@ cmake -S . -B build-torch -G Ninja -DCMAKE_BUILD_TYPE=Release -DTERAIO_WITH_TORC
   -DTERAIO_BUILD_BENCH=OFF -DTERAIO_BUILD_TESTS=ON >/dev/null
 cmake --build build-torch -j"$JOBS" --target teraio teraio-train
 ctest --test-dir build-torch -R '^train_check$' --output-on-failure
+
+echo "== examples/libtorch (a libtorch program under teraio::Session)"
+cmake -S examples/libtorch -B build-example -G Ninja >/dev/null
+cmake --build build-example -j"$JOBS"
+build-example/train_mlp --steps 4
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake --preset asan >/dev/null

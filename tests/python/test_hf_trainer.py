@@ -1,0 +1,254 @@
+"""The Hugging Face Trainer under teraio.integrations.hf.TeraioCallback, on CPU with a tiny
+LlamaForCausalLM: logged losses, checkpoints (written while tensors are offloaded), resuming,
+evaluation and load_best_model_at_end are bitwise those of the same Trainer without teraio, with a
+budget below the training state so that tensors go to a FileTier and come back."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import teraio
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # the Trainer needs it
+from safetensors.torch import load_file  # noqa: E402  (comes with transformers)
+
+from teraio.integrations.hf import TeraioCallback  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+
+# Parameters are 352 KiB, with gradients and AdamW states 1.4 MiB. The Trainer's gradient norm is
+# one operator over every gradient (docs/pytorch.md, "Hugging Face Trainer"), so the budget holds
+# them (352 KiB) and little else.
+BUDGET = "512KiB"
+STEPS = 6
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n, seed):
+        self.ids = torch.randint(0, 128, (n, 17), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "eager"
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def callback(tier_dir, budget=BUDGET, **kw):
+    # Bandwidths given: no probe (it would add a second to every train()).
+    os.makedirs(tier_dir, exist_ok=True)
+    return TeraioCallback(budget, [teraio.HostTier("48KiB", read_gbps=5, write_gbps=5),
+                                   teraio.FileTier([str(tier_dir)], "64MiB", read_gbps=1.5,
+                                                   write_gbps=1.5)],
+                          min_tensor_bytes=1024, **kw)
+
+
+def train(out, callbacks=(), resume=None, optimizer=True, close=True, **args):
+    """Runs a Trainer from the same seeds; returns (trainer, model). close: close the callbacks'
+    Sessions if train() raises (so that one failing test does not leave a Session open)."""
+    defaults = dict(output_dir=str(out), use_cpu=True, report_to="none", disable_tqdm=True,
+                    max_steps=STEPS, per_device_train_batch_size=2, learning_rate=1e-3,
+                    logging_steps=1, save_strategy="steps", save_steps=3, seed=0,
+                    dataloader_num_workers=0)
+    defaults.update(args)
+    model = tiny_llama()
+    kw = {}
+    if optimizer:  # per-parameter AdamW: each of its operators touches one parameter
+        kw["optimizer_cls_and_kwargs"] = (torch.optim.AdamW, {"lr": 1e-3, "foreach": False})
+    trainer = transformers.Trainer(model=model, args=transformers.TrainingArguments(**defaults),
+                                   train_dataset=RandomTokens(16, 1),
+                                   eval_dataset=RandomTokens(4, 2), callbacks=list(callbacks), **kw)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:  # a train() that raised from elsewhere than the callback leaves its Session open
+        for cb in callbacks:
+            if close and isinstance(cb, TeraioCallback):
+                cb.close()
+    return trainer, model
+
+
+def logged(trainer, key):
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def assert_same_parameters(a, b):
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), name
+
+
+def no_session_open():
+    # One Session may be active per process: a new one opens only when the callback's is closed.
+    teraio.Session(budget="1MiB", tiers=[teraio.HostTier("1MiB")]).close()
+    return True
+
+
+class OffloadedAtSave(transformers.TrainerCallback):
+    """Placed before TeraioCallback: at on_step_end of a step that saves, counts the parameters and
+    optimizer states whose bytes are in a tier (their storage has no data)."""
+
+    def __init__(self):
+        self.counts = {}
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if not control.should_save:
+            return
+        tensors = list(model.parameters()) + [v for s in optimizer.state.values()
+                                              for v in s.values() if torch.is_tensor(v) and v.dim()]
+        out = 0
+        for t in tensors:
+            try:
+                out += t.untyped_storage().data_ptr() == 0
+            except RuntimeError:  # "invalid python storage": offloaded
+                out += 1
+        self.counts[state.global_step] = out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Six steps with a checkpoint at 3 and 6, without and with teraio."""
+    tmp = tmp_path_factory.mktemp("hf")
+    ref = train(tmp / "ref")
+    probe, cb = OffloadedAtSave(), callback(tmp / "tier")
+    got = train(tmp / "got", callbacks=[probe, cb])
+    return tmp, ref, got, probe, cb
+
+
+def test_losses_and_parameters_bitwise(runs):
+    tmp, (ref_trainer, ref_model), (got_trainer, got_model), _, cb = runs
+    assert len(logged(ref_trainer, "loss")) == STEPS
+    assert logged(got_trainer, "loss") == logged(ref_trainer, "loss")
+    assert logged(got_trainer, "grad_norm") == logged(ref_trainer, "grad_norm")
+    assert_same_parameters(ref_model, got_model)
+    st = cb.stats()
+    assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, st
+    assert st["tiers"][1]["name"] == "file"
+    assert st["iteration"] == STEPS and st["mode"] == "planned", st  # one Session step per step
+
+
+def test_checkpoint_written_while_offloaded_is_identical(runs):
+    tmp, _, _, probe, _ = runs
+    assert probe.counts.get(3, 0) > 0, probe.counts  # tensors were in a tier when step 3 ended
+    for step in (3, 6):
+        a, b = tmp / "ref" / f"checkpoint-{step}", tmp / "got" / f"checkpoint-{step}"
+        for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+            assert (a / name).read_bytes() == (b / name).read_bytes(), (step, name)
+        ma, mb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+        assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+        oa = torch.load(a / "optimizer.pt", weights_only=True)
+        ob = torch.load(b / "optimizer.pt", weights_only=True)
+        assert oa["param_groups"] == ob["param_groups"]
+        assert len(oa["state"]) == len(ob["state"]) == len(list(tiny_llama().parameters()))
+        for i, s in oa["state"].items():
+            for k, v in s.items():
+                assert torch.equal(v, ob["state"][i][k]), (step, i, k)
+
+
+def test_resume_from_a_checkpoint_under_a_session(runs):
+    tmp = runs[0]
+    ref_trainer, ref_model = train(tmp / "ref-resumed", resume=str(tmp / "ref" / "checkpoint-3"))
+    cb = callback(tmp / "tier-resumed")
+    got_trainer, got_model = train(tmp / "got-resumed", callbacks=[cb],
+                                   resume=str(tmp / "got" / "checkpoint-3"))
+    assert logged(got_trainer, "loss") == logged(ref_trainer, "loss")
+    assert_same_parameters(ref_model, got_model)
+    assert cb.stats()["bytes_offloaded"] > 0 and cb.stats()["iteration"] == STEPS - 3
+
+
+def test_session_closed_and_tier_empty_after_train(runs):
+    tmp, _, _, _, cb = runs
+    assert cb.session is None
+    assert os.listdir(tmp / "tier") == []
+    assert no_session_open()
+    assert torch.save is teraio._torch_save  # the Session's torch.save wrapper is gone
+
+
+def test_gradient_accumulation_evaluation_and_best_model(tmp_path):
+    # Two micro-batches per optimizer step; evaluation every 2 steps, a checkpoint when the metric
+    # is the best yet (save_strategy="best": decided after the evaluation), which with
+    # greater_is_better on the loss is the first one; it is loaded at the end while the Session is
+    # open.
+    args = dict(max_steps=4, gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=2,
+                save_strategy="best", per_device_eval_batch_size=2, load_best_model_at_end=True,
+                metric_for_best_model="loss", greater_is_better=True)
+    ref_trainer, ref_model = train(tmp_path / "ref", **args)
+    cb = callback(tmp_path / "tier")
+    got_trainer, got_model = train(tmp_path / "got", callbacks=[cb], **args)
+    for key in ("loss", "grad_norm", "eval_loss"):
+        assert logged(got_trainer, key) == logged(ref_trainer, key), key
+    assert len(logged(got_trainer, "eval_loss")) == 2
+    assert got_trainer.state.best_global_step == ref_trainer.state.best_global_step == 2
+    assert sorted(os.listdir(tmp_path / "got")) == ["checkpoint-2"]
+    assert_same_parameters(ref_model, got_model)
+    st = cb.stats()
+    assert st["iteration"] == 4 and st["drift_events"] == 0, st  # micro-steps are inside one step
+    assert st["bytes_offloaded"] > 0, st
+    assert cb.session is None and os.listdir(tmp_path / "tier") == []
+
+
+@pytest.mark.parametrize("budget,optim,operator,fix", [
+    # The Trainer's default optimizer (fused AdamW with torch >= 2.8) steps every parameter in one
+    # operator: 1.4 MiB of tensors at once, more than the budget.
+    (BUDGET, "adamw_torch_fused", "_fused_adamw", "optimizer_cls_and_kwargs"),
+    # The gradient norm is one operator over every gradient (352 KiB).
+    ("300KiB", None, "_foreach_norm", "the budget must hold all gradients"),
+], ids=["fused-optimizer", "gradient-norm"])
+def test_budget_error_propagates_names_the_trainer_fix_and_closes(tmp_path, budget, optim,
+                                                                   operator, fix):
+    cb = callback(tmp_path / "tier", budget=budget)
+    kw = {"optimizer": False, "optim": optim} if optim else {}
+    with pytest.raises(teraio.Error) as info:
+        train(tmp_path / "out", callbacks=[cb], max_steps=2, **kw)
+    msg = str(info.value)
+    assert "the step needs a budget of at least" in msg and operator in msg, msg
+    assert fix in msg, msg
+    assert cb.session is None and os.listdir(tmp_path / "tier") == []
+    assert no_session_open()
+
+
+def test_a_train_that_raises_elsewhere_leaves_the_session_to_with_or_the_next_train(tmp_path):
+    class Boom(transformers.TrainerCallback):  # an error inside a step, not from teraio
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                raise RuntimeError("boom")
+
+    cb = callback(tmp_path / "tier")
+    with pytest.raises(RuntimeError, match="boom"):
+        train(tmp_path / "a", callbacks=[Boom(), cb], close=False)
+    assert cb.session is not None  # the Trainer called no callback after the error
+    train(tmp_path / "b", callbacks=[cb], close=False, max_steps=2)  # closes the old one first
+    assert cb.session is None and cb.stats()["iteration"] == 2
+    with pytest.raises(RuntimeError, match="boom"):
+        with cb:
+            train(tmp_path / "c", callbacks=[Boom(), cb], close=False)
+    assert cb.session is None and os.listdir(tmp_path / "tier") == []
+    assert no_session_open()
+
+
+def test_callback_arguments_are_checked_before_training(tmp_path):
+    with pytest.raises(teraio.Error, match="unknown Session argument.*budget_bytes"):
+        TeraioCallback("1MiB", [teraio.HostTier("1MiB")], budget_bytes=3)
+    with pytest.raises(teraio.Error, match="tiers must be a list"):
+        TeraioCallback("1MiB", teraio.HostTier("1MiB"))
+    with pytest.raises(teraio.Error, match="at least one tier"):
+        TeraioCallback("1MiB", [])
+    with pytest.raises(teraio.Error, match="budget"):
+        TeraioCallback("lots", [teraio.HostTier("1MiB")])
+    with pytest.raises(teraio.Error, match="no train"):
+        TeraioCallback("1MiB", [teraio.HostTier("1MiB")]).stats()
+
+
+def test_import_teraio_does_not_import_transformers():
+    code = "import sys, teraio; assert 'transformers' not in sys.modules, 'transformers imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
