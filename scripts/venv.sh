@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that run Python: sets PY to the interpreter of the project's virtual
 # environment, .venv/ at the repository root, and puts .venv/bin first on PATH, so that python3,
 # pip and CMake's FindPython3 in these scripts and in the tests they run all mean that interpreter.
