@@ -13,6 +13,8 @@ import torch
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(ROOT, "VERSION")) as f:
+    VERSION = f.readline().strip()  # the one place the version is written (CMake reads it too)
 MODULES = ["core", "trace", "planner", "sim", "storage", "runtime"]
 
 
@@ -34,7 +36,9 @@ else:
 # fmt headers, which shadow the system ones; header-only use keeps one fmt version in the module.
 # TERAIO_HAVE_LIBURING: the file tier's io_uring engine (liburing is linked below); without it every
 # Python FileTier fell back to the thread engine.
-define_macros = [("NDEBUG", None), ("FMT_HEADER_ONLY", None), ("TERAIO_HAVE_LIBURING", "1")]
+# TERAIO_VERSION: teraio::version() (src/core/version.cpp), `teraio.__version__`.
+define_macros = [("NDEBUG", None), ("FMT_HEADER_ONLY", None), ("TERAIO_HAVE_LIBURING", "1"),
+                 ("TERAIO_VERSION", VERSION)]
 include_dirs = [os.path.join(ROOT, "include")] + [os.path.join(ROOT, "src", m) for m in MODULES]
 libraries = ["simdjson", "uring", "dl"]
 library_dirs = []
@@ -56,7 +60,7 @@ ext = CppExtension(
 
 setup(
     name="teraio",
-    version="0.1.0",
+    version=VERSION,
     description="Lifetime-aware tensor offloading for PyTorch training",
     package_dir={"": "python"},
     packages=["teraio", "teraio.integrations"],

@@ -15,10 +15,11 @@
 #   Ubuntu 24.04's own package is libaio1t64 (soname libaio.so.1t64, same ABI on amd64). Whichever
 #   this machine offers is taken.
 # Idempotent: the files of these packages are removed before they are fetched again, so .whl/ holds
-# exactly one version of each. Usage: bash bench/peer_wheels.sh   (PYTHON=... to choose the python)
+# exactly one version of each. Usage: bash bench/peer_wheels.sh   (the project's .venv, with torch
+# from scripts/install_torch.sh; PYTHON=... to choose another python: scripts/venv.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+source scripts/venv.sh
 W=.whl
 DS_VERSION=${DS_VERSION:-0.19.8}
 # pinned so that the set is reproducible; pydantic 2.14.4 requires pydantic-core==2.50.5 exactly
@@ -30,7 +31,8 @@ rm -f "$W"/deepspeed-*.whl "$W"/pydantic-*.whl "$W"/pydantic_core-*.whl "$W"/ann
 rm -rf "$W/libaio"
 
 echo "== deepspeed $DS_VERSION: wheel built from the sdist, DS_BUILD_OPS=0"
-"$PY" -c "import torch" || { echo "torch must be importable by $PY to build the deepspeed wheel" >&2; exit 1; }
+"$PY" -c "import torch" || { echo "torch must be importable by $PY to build the deepspeed wheel:" \
+  "run scripts/install_torch.sh --no-teraio" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # setuptools < 70 has no bdist_wheel of its own: borrow the `wheel` package for this build only

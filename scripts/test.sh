@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test that needs no GPU: the release build with warnings as errors, the PyTorch
-# integration on CPU (torch 2.11 from PyPI, `pip install .`, pytest, `teraio-train` end to end and
-# the libtorch example), the sanitizer builds (AddressSanitizer+UBSan for everything,
-# ThreadSanitizer for the threaded storage engine) and the format fuzzers for a bounded time.
+# integration on CPU (torch 2.11 from PyPI into the project's .venv, `pip install .`, pytest,
+# `teraio-train` end to end and the libtorch example), the sanitizer builds (AddressSanitizer+UBSan
+# for everything, ThreadSanitizer for the threaded storage engine) and the format fuzzers for a
+# bounded time. Every python3 it runs, the tests' included, is the .venv's (scripts/venv.sh;
+# PYTHON=... overrides).
 # Usage: scripts/test.sh [--quick]  (--quick: the release build's tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+source scripts/venv.sh
 JOBS=${JOBS:-$(nproc)}
 quick=0
 [[ "${1:-}" == "--quick" ]] && quick=1
@@ -22,13 +25,12 @@ echo "== PyTorch integration on CPU (torch 2.11, pip install ., pytest)"
 bash scripts/test_python.sh
 
 echo "== teraio-train (libtorch) end to end"
-cmake -S . -B build-torch -G Ninja -DCMAKE_BUILD_TYPE=Release -DTERAIO_WITH_TORCH=ON \
-  -DTERAIO_BUILD_BENCH=OFF -DTERAIO_BUILD_TESTS=ON >/dev/null
+cmake --preset torch -DPython3_EXECUTABLE="$PY" >/dev/null  # build-torch/, shared with train_demo.sh
 cmake --build build-torch -j"$JOBS" --target teraio teraio-train
 ctest --test-dir build-torch -R '^train_check$' --output-on-failure
 
 echo "== examples/libtorch (a libtorch program under teraio::Session)"
-cmake -S examples/libtorch -B build-example -G Ninja >/dev/null
+cmake -S examples/libtorch -B build-example -G Ninja -DPython3_EXECUTABLE="$PY" >/dev/null
 cmake --build build-example -j"$JOBS"
 build-example/train_mlp --steps 4
 

@@ -16,6 +16,7 @@
 
 #include "command.h"
 #include "teraio/error.h"
+#include "teraio/version.h"
 
 namespace teraio::cli {
 std::vector<CommandSpec>& registry() {
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
     return fmt::format("teraio: error: {} (see --help)\n", e.what());
   });
   app.require_subcommand(1);
-  app.set_version_flag("--version", "teraio 0.1.0");
+  app.set_version_flag("--version", std::string("teraio ") + version());
   auto& commands = cli::registry();
   std::stable_sort(commands.begin(), commands.end(),
                    [](const auto& a, const auto& b) { return a.order < b.order; });

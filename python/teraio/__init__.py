@@ -26,6 +26,7 @@ from . import _C
 
 Error = _C.Error  # a ValueError: bad argument, budget too small
 IoError = _C.IoError  # a teraio.Error: a transfer failed (docs/pytorch.md, "Faults")
+__version__ = _C.__version__  # the VERSION file's, compiled into the extension
 
 __all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size"]
 

@@ -6,6 +6,7 @@
 #include "teraio/error.h"
 #include "teraio/session.h"
 #include "teraio/units.h"
+#include "teraio/version.h"
 
 namespace py = pybind11;
 
@@ -130,6 +131,7 @@ std::vector<at::Tensor> cpp_adamw_train(int steps, uint64_t budget_bytes, const 
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "teraio native extension (use the teraio package)";
+  m.attr("__version__") = teraio::version();
   static py::exception<teraio::Error> error(m, "Error", PyExc_ValueError);
   static py::exception<teraio::IoError> io_error(m, "IoError", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {

@@ -179,6 +179,15 @@ TEST_F(Cli, AFullDeviceAsOutputIsAnErrorWithItsReason) {
   EXPECT_TRUE(S_ISCHR(st.st_mode)) << "/dev/full was replaced";
 }
 
+// The version is written once, in VERSION; CMake's project version carries it to --version.
+TEST_F(Cli, VersionIsTheVersionFile) {
+  std::string want = slurp(std::string(TERAIO_SOURCE_DIR) + "/VERSION");
+  want.erase(want.find_last_not_of(" \n") + 1);
+  const CmdResult r = run_teraio("--version");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out, "teraio " + want + "\n");
+}
+
 TEST_F(Cli, EveryCommandChecksItsStandardOutput) {
   fs::create_directory(dir_ / "tiers");
   const std::string commands[] = {

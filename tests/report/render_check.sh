@@ -2,6 +2,7 @@
 # Renders a `teraio report` page in headless Chromium: dumps the DOM Chromium built and checks that
 # every chart's SVG is there with data (polyline points, bars, markers), that the page names no
 # URL, and takes a full-page PNG screenshot to look at. Exit 77 (ctest SKIP) when chromium is absent.
+# The checks run python3 from PATH (standard library only; under scripts/test.sh, the .venv's).
 # Usage: render_check.sh TERAIO_BINARY OUT_DIR
 set -euo pipefail
 teraio=${1:?usage: render_check.sh TERAIO_BINARY OUT_DIR}

@@ -2,6 +2,8 @@
 # End-to-end checks of teraio-train (docs/train.md) on the tiny model, CPU, one thread (the CI
 # machine has 2 shared cores): 5 steps under a Session with a file tier and a budget well under the
 # footprint. Usage: train_check.sh BIN_DIR WORK_DIR. Exit 77 (skip) without teraio-train.
+# The JSON checks run python3 from PATH (standard library only); scripts/test.sh puts the project's
+# .venv first there.
 set -euo pipefail
 bin=$1
 work=$2
