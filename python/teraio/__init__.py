@@ -226,13 +226,17 @@ class Session:
         try:
             yield self
         except BaseException as body_error:
+            fault = None
             try:
                 impl.end_step()
-            except IoError as fault:
-                # the body failed on a tensor whose transfer failed: the fault is the cause
-                raise fault from body_error
+            except IoError as e:
+                fault = e
             except Error:
                 pass  # the user's exception wins
+            # The body failed on a tensor whose transfer failed: the fault is the cause. An
+            # interrupt (KeyboardInterrupt, SystemExit) still wins.
+            if fault is not None and isinstance(body_error, Exception):
+                raise fault from body_error
             raise
         self._name_watched()
         impl.end_step()

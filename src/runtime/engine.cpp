@@ -326,7 +326,7 @@ bool Engine::make_usable_locked(Entry& e, std::span<const LogicalId> spare) {
     case Location::kOffloaded:
       stats_.urgent_fetches++;
       event("urgent-fetch", e);
-      if (!prefetch_locked(e, /*urgent=*/true, /*room=*/true, spare)) return false;
+      if (!prefetch_locked(e, /*urgent=*/true, Room::kRequired, spare)) return false;
       [[fallthrough]];
     case Location::kPrefetching:
       return complete_prefetch_locked(e);
@@ -406,16 +406,17 @@ bool Engine::reclaim_extents_locked(uint32_t tier) {
   return freed;
 }
 
-bool Engine::prefetch_locked(Entry& e, bool urgent, bool room, std::span<const LogicalId> spare) {
+bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const LogicalId> spare) {
   if (e.loc != Location::kOffloaded) return e.loc != Location::kUnbound && e.loc != Location::kLost;
   if (!e.memory->alive()) {  // died out there (a gradient freed by zero_grad): nothing to read
     forget_locked(e);
     return false;
   }
   if (!finish_write_locked(e)) return false;
-  // The memory is taken now: room first, so that the budget holds (when it cannot, the read goes
-  // ahead: the operator needs it; enforce_budget reports the shortfall).
-  if (room) make_room_locked(e.bytes, spare);
+  // The memory is taken now: room first, so that the budget holds. When none can be made, a read
+  // that can wait is not issued (the first use fetches it), one needed now goes ahead
+  // (enforce_budget reports the shortfall).
+  if (room != Room::kNone && !make_room_locked(e.bytes, spare) && room == Room::kTry) return false;
   storage::IoRequest req;
   req.direction = storage::Direction::kRead;
   req.buffer = e.memory->allocate();
@@ -472,6 +473,10 @@ void Engine::poll() {
     if (!p || p->loc == Location::kUnbound) continue;
     Entry& e = *p;
     if (e.loc == Location::kOffloading && e.pending.ready()) complete_offload_locked(e, false);
+    // A read that finished with nobody waiting (its step ended early): the tensor is resident and
+    // may be evicted again, instead of counting as arriving.
+    if (e.loc == Location::kPrefetching && e.pending.ready() && e.pins == 0 && e.memory->alive())
+      complete_prefetch_locked(e);
     // a finished write is settled here (one that failed loses the tensor: reported now)
     if (e.write_in_flight && e.pending.ready()) finish_write_locked(e);
     if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) release_read_extent_locked(e);
@@ -557,9 +562,14 @@ bool Engine::make_room_locked(uint64_t bytes, std::span<const LogicalId> spare) 
   if (stats_.resident_bytes <= target) return true;
   sweep_dead_locked(0);  // tensors that died still count until forgotten
   if (stats_.resident_bytes <= target) return true;
-  // Offloads already in flight free their memory first.
-  for (auto& p : entries_)
+  // Offloads already in flight free their memory first; reads that finished while nobody waited
+  // for them become resident tensors that may leave again.
+  for (auto& p : entries_) {
     if (p && p->loc == Location::kOffloading) complete_offload_locked(*p, /*wait=*/true);
+    if (p && p->loc == Location::kPrefetching && p->pins == 0 && p->pending.ready() &&
+        p->memory->alive())
+      complete_prefetch_locked(*p);
+  }
   if (stats_.resident_bytes <= target) return true;
   auto spared = [&](LogicalId id) { return std::find(spare.begin(), spare.end(), id) != spare.end(); };
   std::vector<Entry*> victims;
@@ -684,7 +694,7 @@ size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
     Entry* e = find(id);
     if (!e || e->loc != Location::kOffloaded || !e->memory->alive()) continue;
     event("align-fetch", *e);
-    if (prefetch_locked(*e, /*urgent=*/true, /*room=*/true)) moved++;
+    if (prefetch_locked(*e, /*urgent=*/true, Room::kTry)) moved++;
   }
   stats_.aligned += moved;
   note_resident_locked();
@@ -725,11 +735,14 @@ void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
       forget_locked(*e);  // freed while out (a gradient at zero_grad): the plan expected that
       continue;
     }
-    if (e->loc == Location::kOffloaded && prefetch_locked(*e, false, /*room=*/true, in_use)) {
+    const bool was_out = e->loc == Location::kOffloaded;
+    if (was_out && prefetch_locked(*e, false, Room::kTry, in_use)) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;
-      event(fmt::format("skipped-prefetch({})", to_string(e->loc)), *e);
+      event(fmt::format("skipped-prefetch({})",
+                        was_out && e->loc == Location::kOffloaded ? "no room" : to_string(e->loc)),
+            *e);
     }
   }
   note_resident_locked();

@@ -224,8 +224,11 @@ class Engine {
   Entry* find(LogicalId id);
   const Entry* find(LogicalId id) const;
   bool offload_locked(Entry& e, uint32_t tier, bool urgent);
-  // `room`: make room within the budget first (make_room_locked), sparing `spare`.
-  bool prefetch_locked(Entry& e, bool urgent, bool room = false,
+  // Whether a read first makes room within the budget (make_room_locked, sparing `spare`): kNone
+  // (fetch_all), kRequired (the tensor is needed now: read even when no room can be made), kTry (a
+  // read that can wait: skipped when no room can be made; its first use fetches it).
+  enum class Room { kNone, kRequired, kTry };
+  bool prefetch_locked(Entry& e, bool urgent, Room room = Room::kNone,
                        std::span<const LogicalId> spare = {});
   bool make_room_locked(uint64_t bytes, std::span<const LogicalId> spare);
   bool reclaim_extents_locked(uint32_t tier);

@@ -341,3 +341,21 @@ def test_torch_save_of_an_offloaded_tensor_points_to_resident(tmp_path):
         torch.save(loop.opt.state_dict(), io.BytesIO())
     s.close()
     assert torch.save is teraio._torch_save  # unwrapped once no Session is open
+
+
+def test_an_interrupt_wins_over_a_fault_of_its_step(tmp_path):
+    s = make_session(tmp_path, fault_injection=True)
+    loop = Loop(s)
+    for _ in range(3):
+        loop.run(loop.next_batch())
+    s.inject_fault("EIO", direction="read", count=10_000)
+    with pytest.raises(KeyboardInterrupt):
+        with s.step():
+            try:
+                loop.model(loop.next_batch()[0])  # a read fails here ...
+            except RuntimeError:
+                pass
+            raise KeyboardInterrupt  # ... and the user presses Ctrl-C
+    s.clear_faults()
+    loop.run(loop.next_batch())
+    s.close()

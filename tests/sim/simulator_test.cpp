@@ -381,7 +381,13 @@ TEST(SimSpeed, QuarterMillionKernels) {
       "simulate: %u kernels, %zu moves, 2 iterations: %.3f s (iteration %.0f us, ideal %.0f us)\n",
       kKernels, plan.moves.size(), s, r.iteration_us, r.ideal_us);
   EXPECT_GT(r.tiers[0].offload_bytes, 0u);
-  EXPECT_LT(s, 3.0);  // target < 1 s on a free core; slack for a loaded CI machine
+  // Only a guard against a complexity regression (quadratic behaviour takes minutes here): the
+  // speed itself is a benchmark (docs/benchmarks.md). Sanitizer builds run it 10-20x slower.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  EXPECT_LT(s, 60.0);
+#else
+  EXPECT_LT(s, 10.0);  // 0.2 s on a free core here
+#endif
 }
 
 }  // namespace

@@ -139,8 +139,9 @@ TEST(BandwidthProbe, TimeLimitHolds) {
   EXPECT_EQ(p.write_passes, 1);
   EXPECT_EQ(p.read_passes, 1);
   EXPECT_LT(p.pass_bytes, kSize);
-  // The limit plus what is in flight when it is reached (4 requests of 20 ms, in each direction).
-  EXPECT_LT(wall_s, 0.2 + 2 * 4 * 0.02 + 0.15) << wall_s;
+  // The limit plus what is in flight when it is reached (4 requests of 20 ms, in each direction),
+  // with room for a loaded machine; without the limit the 3 + 3 passes would take >= 1.9 s.
+  EXPECT_LT(wall_s, 0.2 + 2 * 4 * 0.02 + 1.0) << wall_s;
   ASSERT_FALSE(p.notes.empty());
   EXPECT_NE(p.notes.back().find("time limit"), std::string::npos) << p.notes.back();
 }
