@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import teraio
-from conftest import assert_bitwise
+from conftest import assert_bitwise, train
 
 
 def mlp():
@@ -77,32 +77,17 @@ class TwoExperts(torch.nn.Module):
         return self.out(torch.relu(h))
 
 
-def train_experts(steps, session=None):
-    model = TwoExperts()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    if session is not None:
-        session.watch(model, opt)
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(steps):
-        x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
-        ctx = session.step() if session is not None else contextlib.nullcontext()
-        with ctx:
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-        losses.append(loss.detach().clone())
-    return losses, model, opt
+def expert_batch(g):
+    return torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
 
 
 def test_an_idle_expert_is_kept_out_for_the_whole_step(tmp_path):
     steps = 6
-    ref = train_experts(steps)
+    ref = train(TwoExperts, expert_batch, steps)
     with teraio.Session(budget="1MiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
                         min_tensor_bytes=1024, trace_path=str(tmp_path / "t.json"),
                         plan_path=str(tmp_path / "p.json")) as s:
-        got = train_experts(steps, session=s)
+        got = train(TwoExperts, expert_batch, steps, session=s)
         st = s.stats()
         assert st["mode"] == "planned" and st["last_error"] == "", st
         assert st["step_peak_resident_bytes"] <= st["budget_bytes"], st
