@@ -41,10 +41,18 @@ define_macros = [("NDEBUG", None), ("FMT_HEADER_ONLY", None), ("TERAIO_HAVE_LIBU
                  ("TERAIO_VERSION", VERSION)]
 include_dirs = [os.path.join(ROOT, "include")] + [os.path.join(ROOT, "src", m) for m in MODULES]
 libraries = ["simdjson", "uring", "dl"]
+extra_args = ["-std=c++20", "-O2", "-fvisibility=hidden"]
 library_dirs = []
 if use_cuda:
     define_macros += [("TERAIO_TORCH_CUDA", "1"), ("TERAIO_HAVE_CUDA", "1")]
     include_dirs.append(os.path.join(CUDA_HOME, "include"))
+    # cupti.h (src/torch/kernel_timer.cpp) when the toolkit lacks it: the CUDA wheels torch depends
+    # on ship it; searched after everything else (-idirafter), so it never shadows the toolkit.
+    for wheel in ("cu13", "cuda_cupti"):
+        inc = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", wheel, "include")
+        if os.path.exists(os.path.join(inc, "cupti.h")):
+            extra_args += ["-idirafter", inc]
+            break
     library_dirs.append(os.path.join(CUDA_HOME, "lib64"))
     libraries += ["c10_cuda", "torch_cuda", "cudart"]
 
@@ -55,7 +63,7 @@ ext = CppExtension(
     define_macros=define_macros,
     libraries=libraries,
     library_dirs=library_dirs,
-    extra_compile_args=["-std=c++20", "-O2", "-fvisibility=hidden"],
+    extra_compile_args=extra_args,
 )
 
 setup(

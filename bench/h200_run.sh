@@ -18,6 +18,10 @@
 #            bench/faults_gpu.py
 #   moe      issue 17: HF Mixtral (mixtral-2b, 8 experts, top 2): Ideal, then teraio at 1/2 of its
 #            footprint (host tier, measured bandwidth)
+#   timing   issue 16: llama-1b Ideal and teraio at 1/2 (no bandwidth given), fp32 and bf16 autocast:
+#            the profile's operator times (CUPTI, events) against the Ideal step, predicted vs measured
+#   hf       issue 17 on CUDA: bench/hf_gpu.py (HF Mixtral 20 steps bitwise, fp32 and autocast, at half
+#            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
@@ -27,7 +31,7 @@
 # a call cut short still returns what finished) and $OUT/log_<phase>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify, moe or ddp}
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify, moe, timing, hf or ddp}
 FILTER=${2:-}
 OUT=${OUT:-$PWD/h200-out}
 R=$OUT/res_$PHASE
@@ -205,6 +209,27 @@ moe)
     bench teraio-host-half-$m 240 --system teraio --model $m --tiers host --budget "$(fraction "$fp" 2)" \
       --host-gbps 0 --steps 5
   fi
+  ;;
+timing)
+  # issue 16: the operators' times a profile records (CUPTI, events) against the Ideal step, fp32
+  # and bf16 autocast, and the plan's prediction against the measured step (no bandwidth given)
+  for dt in fp32 amp; do
+    bench ideal-llama-1b-$dt 200 --system ideal --model llama-1b --dtype $dt --adamw loop
+    fp=$(footprint llama-1b-$dt)
+    if (( fp > 0 )); then
+      bench teraio-host-half-measured-llama-1b-$dt 200 --system teraio --model llama-1b --dtype $dt \
+        --tiers host --budget "$(fraction "$fp" 2)" --host-gbps 0 --trace-out "$R/trace-llama-1b-$dt.json"
+    fi
+  done
+  ;;
+hf)
+  # issue 17 on CUDA: HF Mixtral 20 steps bitwise (fp32, autocast) at half its footprint, the HF
+  # Trainer under TeraioCallback bitwise; OPTIM=default uses PyTorch's default (foreach) AdamW
+  step "hf_gpu.py (optimizer: ${OPTIM:-loop})"
+  timeout 400 $PY bench/hf_gpu.py --out "$R/hf_gpu-${OPTIM:-loop}.json" --optim "${OPTIM:-loop}" \
+    ${HF_CASES:+--cases "$HF_CASES"}
+  echo "rc=$?"
+  finish
   ;;
 ddp)
   ngpu=$(nvidia-smi -L | wc -l)

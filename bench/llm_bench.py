@@ -111,10 +111,13 @@ def parse_args(argv=None):
             for k, v in MODELS.items()) + ". Details and GPU commands: bench/README-peers.md.")
     p.add_argument("--system", required=True, choices=SYSTEMS, help="which system trains the model")
     p.add_argument("--model", default="tiny", choices=sorted(MODELS), help="model shape (listed at the end of this help)")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"),
-                   help="fp32: everything fp32. bf16: ideal/teraio/fsdp2 keep params, grads and AdamW states in "
-                        "bf16 (no fp32 master copy); DeepSpeed runs its bf16 mode (bf16 params/grads, fp32 master "
-                        "weights and Adam states). The JSON's 'precision' says what each system did")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "amp", "bf16"),
+                   help="fp32: everything fp32. amp: mixed precision as users train, fp32 params, grads and AdamW "
+                        "states with bf16 compute (ideal/teraio: torch.autocast; fsdp2: MixedPrecisionPolicy with bf16 "
+                        "params in compute, fp32 reduce; DeepSpeed: its bf16 mode). bf16: ideal/teraio/fsdp2 keep "
+                        "params, grads and AdamW states in bf16 (no fp32 master copy); DeepSpeed runs its bf16 mode "
+                        "(bf16 params/grads, fp32 master weights and Adam states). The JSON's 'precision' says what "
+                        "each system did")
     p.add_argument("--batch", type=int, default=4, help="sequences per step")
     p.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
     p.add_argument("--warmup", type=int, default=3,
@@ -345,8 +348,9 @@ class Ideal:
         self.args, self.device = args, device
 
     def precision(self):
-        return ("fp32 params, grads, AdamW states" if self.args.dtype == "fp32" else
-                "bf16 params, grads and AdamW states (pure bf16, no fp32 master weights)") + \
+        return {"fp32": "fp32 params, grads, AdamW states",
+                "amp": "fp32 params, grads, AdamW states, bf16 compute (torch.autocast)",
+                "bf16": "bf16 params, grads and AdamW states (pure bf16, no fp32 master weights)"}[self.args.dtype] + \
             f"; all on {self.device.type}"
 
     def setup(self, model):
@@ -356,7 +360,9 @@ class Ideal:
                                      weight_decay=WEIGHT_DECAY, **adamw_kwargs(self.args.adamw))
 
     def _train_step(self, ids):
-        loss = self.model(input_ids=ids, labels=ids).loss
+        import torch
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.dtype == "amp"):
+            loss = self.model(input_ids=ids, labels=ids).loss
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -448,9 +454,10 @@ class Fsdp2Offload:
         self.note = None
 
     def precision(self):
-        d = "fp32" if self.args.dtype == "fp32" else "bf16"
+        d = "bf16" if self.args.dtype == "bf16" else "fp32"
         return (f"{d} sharded params, grads and AdamW states on CPU (pinned when CUDA), "
                 f"{'pure bf16, no fp32 master weights, ' if d == 'bf16' else ''}"
+                f"{'bf16 params in compute (MixedPrecisionPolicy), fp32 reduce, ' if self.args.dtype == 'amp' else ''}"
                 f"each layer's params copied to {self.device.type} for forward and backward, "
                 f"grads copied back, optimizer step on CPU")
 
@@ -470,9 +477,13 @@ class Fsdp2Offload:
         mesh = init_device_mesh(self.device.type, (1,))
         policy = CPUOffloadPolicy(pin_memory=cuda)
         reshard = not self.args.fsdp_no_reshard
+        mp = {}
+        if self.args.dtype == "amp":
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            mp = dict(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
         for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh, offload_policy=policy, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, offload_policy=policy, reshard_after_forward=reshard)
+            fully_shard(layer, mesh=mesh, offload_policy=policy, reshard_after_forward=reshard, **mp)
+        fully_shard(model, mesh=mesh, offload_policy=policy, reshard_after_forward=reshard, **mp)
         self.model = model
         kw = adamw_kwargs(self.args.fsdp_optim)
         self.opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, **kw)
@@ -539,7 +550,7 @@ class DeepSpeedSystem:
             "wall_clock_breakdown": False,
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
                                                       "weight_decay": WEIGHT_DECAY}},
-            "bf16": {"enabled": a.dtype == "bf16"},
+            "bf16": {"enabled": a.dtype in ("bf16", "amp")},
         }
         if not self.infinity:
             # ZeRO-2 + CPU optimizer offload (ZeRO-Offload): the bf16/fp32 params and activations stay on
@@ -660,7 +671,7 @@ def environment(device) -> dict:
 
 def estimates(args, nparams: int) -> dict:
     """Rough bytes of the training state, to see early whether a configuration can fit."""
-    p = 2 if args.dtype == "bf16" else 4
+    p = 2 if args.dtype == "bf16" else 4  # amp: fp32 params
     est = {"params_bytes": nparams * p, "train_state_bytes_torch_adamw": nparams * p * 4}
     if args.system.startswith("ds-"):
         est["ds_host_or_nvme_bytes"] = nparams * (4 * 3 + 4)  # fp32 master, m, v + fp32 grads
@@ -683,7 +694,7 @@ def run(args) -> dict:
             device = torch.device("cuda", 0)
         cuda = device.type == "cuda"
         res["config"]["device"] = str(device)
-        torch_dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+        torch_dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         warmup = args.warmup
         if args.system == "teraio" and warmup < args.profiling_iterations + 1:
             warmup = args.profiling_iterations + 1

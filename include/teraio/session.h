@@ -92,6 +92,13 @@ struct SessionStats {
   uint64_t plan_budget_bytes = 0;  // budget given to the planner: budget - untracked - margin
   std::string plan_variant;        // the planner variant the search kept ("default", ...)
   double predicted_iteration_us = 0;  // the simulator's replay of the last plan (0 before one)
+  // How the last profile's operators were timed: "CUPTI" (the GPU time of each operator's kernels,
+  // copies and memsets), "CUDA events (why not CUPTI)", or "host clock" (CPU). Their sum is
+  // profiled_kernel_us; profiled_event_us is the same operators timed with CUDA events, which also
+  // count the launch gaps when the CPU falls behind (Note [Kernel times from CUPTI]).
+  std::string kernel_timing;
+  double profiled_kernel_us = 0;
+  double profiled_event_us = 0;
   uint64_t bytes_offloaded = 0;
   uint64_t bytes_prefetched = 0;
   double stall_us = 0;

@@ -42,6 +42,9 @@ py::dict stats_dict(const teraio::SessionStats& s) {
   d["plan_budget_bytes"] = s.plan_budget_bytes;
   d["plan_variant"] = s.plan_variant;
   d["predicted_iteration_us"] = s.predicted_iteration_us;
+  d["kernel_timing"] = s.kernel_timing;
+  d["profiled_kernel_us"] = s.profiled_kernel_us;
+  d["profiled_event_us"] = s.profiled_event_us;
   d["bytes_offloaded"] = s.bytes_offloaded;
   d["bytes_prefetched"] = s.bytes_prefetched;
   d["stall_us"] = s.stall_us;

@@ -13,6 +13,7 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 #ifdef TERAIO_TORCH_CUDA
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -33,8 +34,10 @@
 #include <unordered_set>
 
 #include "engine.h"
+#include "kernel_timer.h"
 #include "teraio/analysis.h"
 #include "teraio/error.h"
+#include "teraio/json_text.h"
 #include "teraio/planner.h"
 #include "teraio/storage.h"
 #include "teraio/sweep.h"
@@ -266,6 +269,7 @@ struct TensorMeta {
 struct OpRecord {
   std::string name;
   double time_us = 0;
+  uint64_t timer_token = 0;  // the operator's token for the KernelTimer (0: none)
   std::vector<LogicalId> ids;
 };
 
@@ -294,6 +298,7 @@ struct OpCtx final : at::ObserverContext {
   std::vector<LogicalId> nested_outs;
   std::vector<LogicalId> ids;  // pinned inputs
   double t0_us = 0;
+  uint64_t timer_token = 0;  // nonzero while the KernelTimer attributes this thread's work to it
   bool violation = false;  // the budget could not be met at this operator (reported once)
 #ifdef TERAIO_TORCH_CUDA
   std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> events;
@@ -503,6 +508,14 @@ struct Session::Impl {
 #ifdef TERAIO_TORCH_CUDA
   std::vector<std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>> op_events;
 #endif
+  // Note [Kernel times from CUPTI] (kernel_timer.h): while recording on CUDA, each operator's GPU
+  // time comes from CUPTI; events stay as the fallback and as the measure of what they overcount.
+  std::unique_ptr<KernelTimer> timer;
+  uint64_t timer_tokens = 0;
+  std::optional<std::unordered_map<uint64_t, double>> timer_us;  // the last recording's, by token
+  std::string kernel_timing = "host clock";  // how the last profile's operators were timed
+  double profiled_kernel_us = 0;  // the last profile's operator times, summed (what was planned)
+  double profiled_event_us = 0;   // the same operators timed with CUDA events (CUDA only)
   std::unordered_map<uint64_t, CachedPlan> plan_cache;
   const CachedPlan* active = nullptr;
 
@@ -553,6 +566,37 @@ struct Session::Impl {
     lean_active = lean;
   }
 
+  // Begins timing operators with CUPTI for a recording on CUDA (Note [Kernel times from CUPTI]);
+  // when it cannot, kernel_timing says why and events time them.
+  void start_timer() {
+#ifdef TERAIO_TORCH_CUDA
+    if (!measuring_device() || timer) return;
+    std::string why;
+    if (torch::autograd::profiler::isProfilerEnabledInMainThread())
+      why = "torch.profiler is running (it holds CUPTI)";
+    else
+      timer = KernelTimer::start(&why);
+    if (!timer) kernel_timing = "CUDA events (" + why + ")";
+#endif
+  }
+
+  // Ends a recording's timing: waits for the device, then takes CUPTI's times (timer_us).
+  void finish_timer() {
+#ifdef TERAIO_TORCH_CUDA
+    timer_us.reset();
+    if (!timer) return;
+    std::string why;
+    try {
+      c10::cuda::device_synchronize();
+      timer_us = timer->finish(&why);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    timer.reset();
+    kernel_timing = timer_us ? "CUPTI" : "CUDA events (" + why + ")";
+#endif
+  }
+
   // Operators are recorded while profiling and, after a drift, for the rest of the iteration (the
   // operators before the drift are the plan's own, spliced in from its profile).
   bool recording() const {
@@ -567,6 +611,7 @@ struct Session::Impl {
   // profile so that the iteration can become the profile of its shape.
   void note_drift(uint32_t k) {
     iteration_reactive = true;
+    start_timer();
     fast.store(false, std::memory_order_relaxed);
     select_callbacks(false);
     drift_events++;
@@ -775,6 +820,10 @@ struct Session::Impl {
         ctx->events = std::make_shared<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>(
             at::cuda::CUDAEvent(cudaEventDefault), at::cuda::CUDAEvent(cudaEventDefault));
         ctx->events->first.record(c10::cuda::getCurrentCUDAStream(device->index()));
+        if (timer) {
+          ctx->timer_token = ++timer_tokens;
+          timer->enter(ctx->timer_token);
+        }
       }
 #endif
       ctx->t0_us = now_us();
@@ -785,6 +834,7 @@ struct Session::Impl {
   void on_end(const at::RecordFunction& fn, OpCtx* ctx) {
     double t1 = now_us();
     std::lock_guard lock(mu);
+    if (ctx->timer_token && timer) timer->leave();
     if (!ctx->in_step || !in_step) {
       engine->end_use(ctx->ids);
       return;
@@ -809,6 +859,7 @@ struct Session::Impl {
       OpRecord r;
       r.name = fn.name();
       r.time_us = t1 - ctx->t0_us;
+      r.timer_token = ctx->timer_token;
       r.ids = ctx->ids;
       for (LogicalId id : outs)
         if (std::find(r.ids.begin(), r.ids.end(), id) == r.ids.end()) r.ids.push_back(id);
@@ -897,6 +948,7 @@ struct Session::Impl {
     trace.set_meta("source", "\"teraio.Session\"");
     trace.set_meta("device", fmt::format("\"{}\"", device ? device->str() : std::string("cpu")));
     trace.set_meta("iteration", std::to_string(iteration));
+    double kernel_us = 0, event_us = 0;
     // A transient tensor alive past its last use (Python holds it; a gradient until zero_grad)
     // gets that operator as its `alive_until`: its memory is taken until then, but it is not used
     // there, so it may leave after its last use (below). One alive at the end is persistent.
@@ -987,10 +1039,20 @@ struct Session::Impl {
       if (k < op_events.size() && op_events[k]) {
         op_events[k]->second.synchronize();
         t = 1000.0 * op_events[k]->first.elapsed_time(op_events[k]->second);
+        event_us += t;
+        if (timer_us) {
+          auto it = timer_us->find(ops[k].timer_token);
+          t = it != timer_us->end() ? it->second : 0.0;  // no GPU work: none launched
+        }
       }
 #endif
+      kernel_us += std::max(0.0, t);
       trace.add_kernel(ops[k].name, std::max(0.0, t), ids);
     }
+    profiled_kernel_us = kernel_us;
+    profiled_event_us = event_us;
+    if (!measuring_device()) kernel_timing = "host clock";
+    trace.set_meta("kernel_timing", json_quote(kernel_timing));
     // alive_until, for transient tensors whose memory outlived their last listed use.
     std::vector<int64_t> last_listed(trace.num_tensors(), -1);
     for (size_t k = 0; k < trace.num_kernels(); ++k)
@@ -1161,6 +1223,7 @@ struct Session::Impl {
     if (mode == Mode::kProfiling) {
       untracked_bytes = 0;
       engine->set_reserve(0);
+      start_timer();
     }
     fast.store(mode == Mode::kPlanned && active && active->plan.moves.empty(),
                std::memory_order_relaxed);
@@ -1191,6 +1254,7 @@ struct Session::Impl {
     last_operators = op_counter;
     fast.store(false, std::memory_order_relaxed);
     uint64_t sig = iter_sig.load();
+    finish_timer();
     try {
       if (mode == Mode::kPlanned && !iteration_reactive &&
           op_counter != active->signatures.size()) {
@@ -1548,6 +1612,9 @@ SessionStats Session::stats() const {
   r.plan_budget_bytes = s.plan_budget_bytes;
   r.plan_variant = s.plan_variant;
   r.predicted_iteration_us = s.predicted_iteration_us;
+  r.kernel_timing = s.kernel_timing;
+  r.profiled_kernel_us = s.profiled_kernel_us;
+  r.profiled_event_us = s.profiled_event_us;
   r.resident_bytes = e.resident_bytes;
   r.pinned_bytes = e.pinned_bytes;
   r.bytes_offloaded = e.bytes_offloaded;

@@ -69,3 +69,25 @@ def test_budget_smaller_than_one_operator(tmp_path):
             with s.step():
                 c = a @ b
         assert torch.equal(c, a @ b)
+
+
+def test_profile_says_how_operators_were_timed(tmp_path):
+    # On CPU the host clock times operators (CUDA: CUPTI, docs/pytorch.md "Operator times"); the
+    # stats and the trace say which, and the summed times are what the plan was made for.
+    trace = tmp_path / "t.json"
+    s = teraio.Session(budget="64MiB", tiers=[teraio.HostTier("64MiB")], trace_path=str(trace))
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        with s.step():
+            model(torch.randn(64, 256)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    st = s.stats()
+    s.close()
+    assert st["kernel_timing"] == "host clock"
+    assert st["profiled_kernel_us"] > 0 and st["profiled_event_us"] == 0
+    import json
+    t = json.loads(trace.read_text())
+    assert t["meta"]["kernel_timing"] == "host clock"
+    assert abs(sum(k["time_us"] for k in t["kernels"]) - st["profiled_kernel_us"]) < 1e-3 * st["profiled_kernel_us"] + 1
