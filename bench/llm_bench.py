@@ -30,7 +30,6 @@ import json
 import math
 import os
 import platform
-import re
 import resource
 import shutil
 import socket
@@ -68,17 +67,26 @@ BETAS = (0.9, 0.999)
 EPS = 1e-8
 WEIGHT_DECAY = 0.01
 
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.I)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2,
-          "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4}
+def _load_units():
+    """python/teraio/units.py by its path: the C++ parser's rules (K/M/G binary) without importing
+    the teraio package, which needs the extension (the peers' runs must not)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python", "teraio", "units.py")
+    spec = importlib.util.spec_from_file_location("teraio_units", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_units = _load_units()
 
 
 def parse_size(text: str) -> int:
-    m = _SIZE_RE.match(str(text))
-    if not m or (m.group(2) or "").lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 12GiB, 500MB, 4096)")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    """A size as every teraio command reads it: 24G == 24GiB == 24 * 2**30, 24GB == 24 * 10**9."""
+    try:
+        return _units.parse_size(str(text))
+    except _units.SizeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (examples: 12GiB, 500MB, 4096)") from None
 
 
 def size_arg(text: str) -> str:
@@ -135,7 +143,8 @@ def parse_args(argv=None):
     # teraio
     g = p.add_argument_group("teraio")
     g.add_argument("--budget", type=size_arg, default="12GiB",
-                   help="teraio: resident bytes of tracked tensors on the device (ignored by other systems)")
+                   help="teraio: resident bytes of tracked tensors on the device (ignored by other systems); "
+                        "sizes as every teraio command reads them: 24G = 24GiB, 24GB = 24e9 bytes")
     g.add_argument("--tiers", default="host", choices=("host", "disk", "host+disk"),
                    help="teraio: where offloaded bytes go, in this order of preference")
     g.add_argument("--host-gib", type=float, default=None,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace teraio::storage::cuda {
 
@@ -30,5 +31,37 @@ void event_sync(void* event);
 void stream_wait_event(void* stream, void* event);
 void memcpy_async(void* dst, const void* src, uint64_t size_bytes, void* stream);  // cudaMemcpyDefault
 void memcpy_sync(void* dst, const void* src, uint64_t size_bytes);
+
+// Owning handles: destroyed with their owner, movable, empty (nullptr) until created. get_or_create
+// makes the stream or event on first use, on `device`, and returns it after (the device of a later
+// call is not compared). Not thread-safe: one owner uses each.
+template <void* (*Create)(int), void (*Destroy)(void*) noexcept>
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(int device) : p_(Create(device)) {}
+  ~Handle() { Destroy(p_); }
+  Handle(Handle&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      Destroy(p_);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  void* get() const { return p_; }
+  void* get_or_create(int device) {
+    if (p_ == nullptr) p_ = Create(device);
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+using Stream = Handle<stream_create, stream_destroy>;  // non-blocking stream
+using Event = Handle<event_create, event_destroy>;     // timing disabled
 
 }  // namespace teraio::storage::cuda

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "file_engines.h"  // file::testing::fail_next_ring_wait
 #include "teraio/error.h"
 #include "teraio/storage.h"
 #include "test_util.h"
@@ -118,6 +119,40 @@ TEST(FileTier, ThreadsEngineWhenAskedAndIoUringWhenAvailable) {
     ASSERT_FALSE(tier->info().notes.empty());
     EXPECT_NE(tier->info().notes.back().find("io_uring unavailable"), std::string::npos);
   }
+}
+
+// Note [io_uring engine]: when the ring itself fails, the pieces in flight fail with its error and
+// every later request goes through blocking pread/pwrite on the same files, with the same bytes;
+// info() says so.
+TEST(FileTier, BrokenRingFailsWhatIsInFlightThenFallsBackToBlockingIo) {
+  if (!probe_io_uring().supported) GTEST_SKIP() << "io_uring unavailable: " << probe_io_uring().reason;
+  TempDir dir;
+  auto o = small_file(dir.path());
+  o.engine = FileEngine::kIoUring;
+  o.checksums = true;
+  auto tier = make_file_tier(o);
+  ASSERT_EQ(tier->info().engine, "io_uring");
+  auto a = pattern(200000, 1);
+  tier->write(BufferView::host(a.data(), a.size()), 4096);  // through the ring
+  file::testing::fail_next_ring_wait(EBADF);
+  auto b = pattern(150000, 2);
+  auto r = tier->submit({Direction::kWrite, BufferView::host(b.data(), b.size()), 1 << 20}).wait();
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error_code, EBADF);
+  EXPECT_NE(r.error.find("io_uring wait failed"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("stripe.dat"), std::string::npos) << r.error;
+
+  tier->write(BufferView::host(b.data(), b.size()), 1 << 20);  // blocking from now on
+  std::vector<unsigned char> back_a(a.size()), back_b(b.size());
+  tier->read(BufferView::host(back_a.data(), back_a.size()), 4096);
+  tier->read(BufferView::host(back_b.data(), back_b.size()), 1 << 20);
+  EXPECT_EQ(back_a, a);
+  EXPECT_EQ(back_b, b);
+  bool noted = false;
+  for (const std::string& n : tier->info().notes)
+    noted = noted || n.find("blocking pread/pwrite used from then on") != std::string::npos;
+  EXPECT_TRUE(noted) << "info().notes does not say the ring failed";
+  tier->shutdown(ShutdownMode::kDrain);
 }
 
 TEST(FileTier, MissingDirectoryAndImpossibleReservationAreClearErrors) {
