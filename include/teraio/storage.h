@@ -191,7 +191,7 @@ class Tier {
 struct HostTierOptions {
   uint64_t capacity_bytes = 0;   // required; the arena is allocated (and pinned) up front
   bool pin = true;               // cudaHostAlloc when a GPU is present; plain memory otherwise
-  int worker_threads = 2;        // copy threads (each with its own CUDA streams)
+  int worker_threads = 2;        // copy threads per direction (each with its own CUDA streams)
   bool checksums = false;        // checksum per written extent, verified on read of the same extent
 };
 std::unique_ptr<Tier> make_host_tier(const HostTierOptions& options);

@@ -1,6 +1,10 @@
 // The host tier: a pinned (when a GPU is present) arena allocated once with a hard byte cap.
 // Worker threads take requests in priority order and copy with memcpy (host buffers) or
 // cudaMemcpyAsync on their own streams, ordered after the producer by an event (device buffers).
+// Reads and writes have their own queue and workers: the link carries both directions at once
+// (bench/duplex_gpu.py), and the planner and the simulator count on it (two channels). With one
+// shared pool, a pool busy with reads (or with a write waiting for its producer's kernel) left the
+// other direction idle.
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -36,7 +40,10 @@ class HostTier final : public Tier {
       notes_.push_back(o.pin ? "arena not pinned: " + cuda::unavailable_reason()
                              : "arena not pinned (pin=false)");
     }
-    for (int i = 0; i < o.worker_threads; ++i) workers_.emplace_back([this] { work(); });
+    for (int i = 0; i < o.worker_threads; ++i) {
+      workers_.emplace_back([this] { work(reads_); });
+      workers_.emplace_back([this] { work(writes_); });
+    }
   }
   ~HostTier() override {
     shutdown(ShutdownMode::kDrain);
@@ -66,7 +73,8 @@ class HostTier final : public Tier {
       }
     }
     Priority p = r.priority;
-    if (!queue_.push(std::move(job), p)) {
+    PriorityQueue<HostJob>& queue = r.direction == Direction::kWrite ? writes_ : reads_;
+    if (!queue.push(std::move(job), p)) {
       throw teraio::Error("host tier: submit after shutdown");
     }
     return Completion(state);
@@ -74,15 +82,17 @@ class HostTier final : public Tier {
 
   void shutdown(ShutdownMode mode) override {
     std::lock_guard lock(shutdown_mu_);
-    if (mode == ShutdownMode::kCancel) {
-      for (auto& job : queue_.take_all()) {
-        cuda::event_destroy(job.ready_event);
-        job.state->finish(failure(
-            ECANCELED, fmt::format("host tier: {} at offset {} cancelled by shutdown",
-                                   to_string(job.request.direction), job.request.offset_bytes)));
+    for (PriorityQueue<HostJob>* queue : {&reads_, &writes_}) {
+      if (mode == ShutdownMode::kCancel) {
+        for (auto& job : queue->take_all()) {
+          cuda::event_destroy(job.ready_event);
+          job.state->finish(failure(
+              ECANCELED, fmt::format("host tier: {} at offset {} cancelled by shutdown",
+                                     to_string(job.request.direction), job.request.offset_bytes)));
+        }
       }
+      queue->close();
     }
-    queue_.close();
     for (auto& t : workers_) {
       if (t.joinable()) t.join();
     }
@@ -93,9 +103,9 @@ class HostTier final : public Tier {
   }
 
  private:
-  void work() {
+  void work(PriorityQueue<HostJob>& queue) {
     std::unordered_map<int, void*> streams;  // device -> this worker's stream
-    while (auto job = queue_.pop_wait()) {
+    while (auto job = queue.pop_wait()) {
       IoResult r;
       try {
         r = run(*job, streams);
@@ -158,7 +168,7 @@ class HostTier final : public Tier {
   std::byte* arena_ = nullptr;
   bool pinned_ = false;
   std::vector<std::string> notes_;
-  PriorityQueue<HostJob> queue_;
+  PriorityQueue<HostJob> reads_, writes_;  // one queue per direction, each with its workers
   std::vector<std::thread> workers_;
   std::mutex shutdown_mu_;
   ChecksumTable crcs_;
