@@ -289,6 +289,14 @@ def test_clip_grad_norm_under_a_session(tmp_path):
             run(OPTIMIZERS["adamw-fused"], s, clip=torch.nn.utils.clip_grad_norm_, steps=1)
     msg = str(info.value)
     assert "_foreach_norm" in msg and "teraio.clip_grad_norm_" in msg, msg
+    assert "session.watch(optimizer" not in msg, msg
+    # Neither the optimizer watched nor teraio's norm: the message gives both fixes.
+    with session(tmp_path, "80KiB") as s:
+        with pytest.raises(teraio.Error) as info:
+            run(OPTIMIZERS["adamw-foreach"], s, clip=torch.nn.utils.clip_grad_norm_, steps=1,
+                watch=False)
+    msg = str(info.value)
+    assert "teraio.clip_grad_norm_" in msg and "session.watch(optimizer=optimizer)" in msg, msg
 
 
 def test_a_parameter_larger_than_the_budget_says_raise_the_budget(tmp_path):
