@@ -315,8 +315,9 @@ class Session:
                               if not optim.splits_steps(o)})
             if unsplit:
                 return (f". teraio does not run {', '.join(unsplit)} steps in parts (only "
-                        f"torch.optim's per-parameter optimizers: docs/pytorch.md, \"Optimizers\"): "
-                        f"create it with foreach=False (and fused=False), or raise the budget")
+                        f"torch.optim's per-parameter optimizers: docs/pytorch.md, "
+                        f"\"Optimizers\"): create it with foreach=False (and fused=False), or "
+                        f"raise the budget")
             return (f". The optimizer is watched, so its steps run in parts of at most "
                     f"{self._part_bytes()} bytes, but a part holds one parameter at least: a "
                     f"parameter with its gradient and states did not fit: raise the budget")

@@ -231,7 +231,8 @@ def _uses_foreach(foreach: Optional[bool], tensors, device) -> bool:
 
 @torch.no_grad()
 def get_total_norm(tensors: _Tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False,
-                   foreach: Optional[bool] = None, *, part_bytes: Optional[int] = None) -> torch.Tensor:
+                   foreach: Optional[bool] = None, *,
+                   part_bytes: Optional[int] = None) -> torch.Tensor:
     """torch.nn.utils.get_total_norm, with `torch._foreach_norm` over parts of at most `part_bytes`
     (default: half the open Session's budget; no Session: one part). Bitwise the same result."""
     from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
@@ -250,9 +251,9 @@ def get_total_norm(tensors: _Tensors, norm_type: float = 2.0, error_if_nonfinite
             norms.extend(torch.linalg.vector_norm(t, norm_type) for t in group)
     total = torch.linalg.vector_norm(torch.stack([n.to(first_device) for n in norms]), norm_type)
     if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
-        raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is "
-                           f"non-finite, so it cannot be clipped. To disable this error and scale "
-                           f"the gradients by the non-finite norm anyway, set "
+        raise RuntimeError(f"The total norm of order {norm_type} for gradients from "
+                           f"`parameters` is non-finite, so it cannot be clipped. To disable this "
+                           f"error and scale the gradients by the non-finite norm anyway, set "
                            f"`error_if_nonfinite=False`")
     return total
 

@@ -1,7 +1,8 @@
 """Foreach and fused optimizers under a budget smaller than their parameter group (CPU): with
 Session.watch(optimizer=...) each step runs in parts that fit, and parameters, optimizer states,
 learning rates and state_dict() are bitwise those of the same optimizer without teraio; the
-gradient norm in parts (teraio.clip_grad_norm_) is bitwise torch's. docs/pytorch.md, "Optimizers"."""
+gradient norm in parts (teraio.clip_grad_norm_) is bitwise torch's (docs/pytorch.md,
+"Optimizers")."""
 import copy
 
 import pytest

@@ -55,11 +55,12 @@ class TeraioCallback(TrainerCallback):
     Session's own, with its defaults; there is no default for the tiers (where offloaded bytes go,
     and how much of them, is the user's choice). watch: name parameters and optimizer states in the
     trace (Session.watch). Whatever `watch` says, the optimizer's steps run in parts that fit the
-    budget and the gradient norm is taken in parts (teraio.clip_grad_norm_), bitwise as without. A new Session is opened by every train() and closed when it ends; errors
-    of the Session (teraio.IoError, a budget that cannot be met) propagate out of train() after the
-    Session has been closed. When train() raises from the model's own code the Trainer calls no
-    callback: use `with TeraioCallback(...) as cb:` or call cb.close() (the next train() with this
-    callback also closes it first).
+    budget and the gradient norm is taken in parts (teraio.clip_grad_norm_), bitwise as without.
+    A new Session is opened by every train() and closed when it ends; errors of the Session
+    (teraio.IoError, a budget that cannot be met) propagate out of train() after the Session has
+    been closed. When train() raises from the model's own code the Trainer calls no callback: use
+    `with TeraioCallback(...) as cb:` or call cb.close() (the next train() with this callback also
+    closes it first).
     """
 
     def __init__(self, budget: teraio.Size,
