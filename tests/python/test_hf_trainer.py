@@ -200,15 +200,17 @@ def test_gradient_accumulation_evaluation_and_best_model(tmp_path):
     assert cb.session is None and os.listdir(tmp_path / "tier") == []
 
 
-def test_default_optimizer_and_gradient_clipping_under_a_budget_below_the_gradients(tmp_path):
+@pytest.mark.parametrize("watch", [True, False])
+def test_default_optimizer_and_gradient_clipping_under_a_budget_below_the_gradients(tmp_path, watch):
     # The Trainer's defaults: fused AdamW (one operator over 1.4 MiB of parameters, gradients and
     # states) and max_grad_norm=1.0 (a norm over 352 KiB of gradients), under 300 KiB: the
-    # callback runs the optimizer step and the norm in parts, bitwise as without teraio.
+    # callback runs the optimizer step and the norm in parts, bitwise as without teraio (also
+    # with watch=False, which only stops naming tensors).
     ref_trainer, ref_model = train(tmp_path / "ref", optimizer=False, save_strategy="no")
     assert type(ref_trainer.optimizer.optimizer).__name__ == "AdamW"
     assert ref_trainer.optimizer.optimizer.param_groups[0]["fused"]
     assert ref_trainer.args.max_grad_norm == 1.0
-    cb = callback(tmp_path / "tier", budget="300KiB")
+    cb = callback(tmp_path / "tier", budget="300KiB", watch=watch)
     got_trainer, got_model = train(tmp_path / "got", callbacks=[cb], optimizer=False,
                                    save_strategy="no")
     for key in ("loss", "grad_norm", "learning_rate"):
