@@ -201,7 +201,8 @@ def test_gradient_accumulation_evaluation_and_best_model(tmp_path):
 
 
 @pytest.mark.parametrize("watch", [True, False])
-def test_default_optimizer_and_gradient_clipping_under_a_budget_below_the_gradients(tmp_path, watch):
+def test_default_optimizer_and_gradient_clipping_under_a_budget_below_the_gradients(tmp_path,
+                                                                                   watch):
     # The Trainer's defaults: fused AdamW (one operator over 1.4 MiB of parameters, gradients and
     # states) and max_grad_norm=1.0 (a norm over 352 KiB of gradients), under 300 KiB: the
     # callback runs the optimizer step and the norm in parts, bitwise as without teraio (also
