@@ -18,6 +18,7 @@ import contextlib
 import errno as _errno
 import math
 import os
+import weakref
 from typing import Iterable, Optional, Sequence, Union
 
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -28,7 +29,8 @@ Error = _C.Error  # a ValueError: bad argument, budget too small
 IoError = _C.IoError  # a teraio.Error: a transfer failed (docs/pytorch.md, "Faults")
 __version__ = _C.__version__  # the VERSION file's, compiled into the extension
 
-__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size"]
+__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size", "clip_grad_norm_",
+           "get_total_norm", "clip_grads_with_norm_"]
 
 _MAX_BYTES = 2**64 - 1
 
@@ -120,6 +122,12 @@ class FileTier:
 # this error says what to do; nothing else changes (the wrapper only looks at a failed save).
 _open_sessions = 0
 _torch_save = torch.save
+_active = lambda: None  # a weak reference to the open Session (one at a time per process)
+
+
+def _active_session() -> Optional["Session"]:
+    session = _active()
+    return session if session is not None and session._impl is not None else None
 
 
 def _save_with_hint(*args, **kwargs):
@@ -146,6 +154,13 @@ def _session_closed():
     _open_sessions = max(0, _open_sessions - 1)
     if _open_sessions == 0 and torch.save is _save_with_hint:
         torch.save = _torch_save
+
+
+# How the Session's advice for an operator over a whole group of tensors begins (group_hint in
+# src/torch/session.cpp): the optimizer's, the gradient norm's, zero_grad's.
+_HINTS = (". A foreach or fused optimizer step touches every parameter",
+          ". The gradient norm (torch.nn.utils.clip_grad_norm_)",
+          ". optimizer.zero_grad(set_to_none=False)")
 
 
 class Session:
@@ -210,8 +225,12 @@ class Session:
         self._impl = _C.Session(budget_bytes, [t._spec() for t in tiers], profiling_iterations,
                                 min_bytes, planning, trace_path or "", plan_path or "",
                                 plan_search, stream_ordered_offloads, verify, fault_injection)
+        self._budget_bytes = budget_bytes
         self._watched = []
+        self._split = []  # optimizers whose steps run in parts (watch)
         _session_opened()
+        global _active
+        _active = weakref.ref(self)
 
     @contextlib.contextmanager
     def step(self):
@@ -239,13 +258,74 @@ class Session:
                 raise fault from body_error
             raise
         self._name_watched()
-        impl.end_step()
+        try:
+            impl.end_step()
+        except IoError:
+            raise
+        except Error as e:
+            refined = self._refine_error(str(e))
+            if refined is None:
+                raise
+            raise Error(refined) from e
 
     def watch(self, model: Optional[torch.nn.Module] = None,
-              optimizer: Optional[torch.optim.Optimizer] = None) -> "Session":
-        """Optional: names parameters and optimizer states in the trace (parameter name, state key)."""
+              optimizer: Optional[torch.optim.Optimizer] = None, *,
+              split_steps: bool = True) -> "Session":
+        """Names parameters and optimizer states in the trace (parameter name, state key), and runs
+        each optimizer.step() of a foreach or fused torch.optim optimizer in parts that fit the
+        budget (split_steps; bitwise the same result; docs/pytorch.md, "Optimizers"). The optimizer
+        gets its step() back when the Session closes."""
+        if not isinstance(split_steps, bool):
+            raise Error(f"Session.watch: split_steps must be True or False, got {split_steps!r}")
+        self._require()
         self._watched.append((model, optimizer))
+        if optimizer is not None and split_steps:
+            self._split_steps(optimizer)
         return self
+
+    def _split_steps(self, optimizer) -> None:
+        from . import optim
+        if optimizer not in self._split:
+            optim._install(optimizer, self)
+            self._split.append(optimizer)
+
+    def _part_bytes(self) -> int:
+        from .optim import PART_OF_BUDGET
+        return max(1, int(self._budget_bytes * PART_OF_BUDGET))
+
+    def _refine_error(self, message: str) -> Optional[str]:
+        """The Session's advice for an operator over a whole group of tensors (its sentences start
+        as in _HINTS) assumes that nothing splits it; where the optimizer is watched or the gradient
+        norm is teraio's, say what is left to do instead. None: the message stands."""
+        starts = sorted(i for i in (message.find(h) for h in _HINTS) if i >= 0)
+        if not starts:
+            return None
+        ends = starts[1:] + [len(message)]
+        sentences = [message[a:b] for a, b in zip(starts, ends)]
+        refined = [self._refine_hint(s) for s in sentences]
+        if all(r is None for r in refined):
+            return None
+        return message[:starts[0]] + "".join(s if r is None else r
+                                             for s, r in zip(sentences, refined))
+
+    def _refine_hint(self, sentence: str) -> Optional[str]:
+        from . import optim
+        if sentence.startswith(_HINTS[0]) and self._split:
+            unsplit = sorted({type(optim._unwrap(o)).__name__ for o in self._split
+                              if not optim.splits_steps(o)})
+            if unsplit:
+                return (f". teraio does not run {', '.join(unsplit)} steps in parts (only "
+                        f"torch.optim's per-parameter optimizers: docs/pytorch.md, "
+                        f"\"Optimizers\"): create it with foreach=False (and fused=False), or "
+                        f"raise the budget")
+            return (f". The optimizer is watched, so its steps run in parts of at most "
+                    f"{self._part_bytes()} bytes, but a part holds one parameter at least: a "
+                    f"parameter with its gradient and states did not fit: raise the budget")
+        if sentence.startswith(_HINTS[1]) and torch.nn.utils.get_total_norm is optim.get_total_norm:
+            return (f". The gradient norm is teraio's (teraio.clip_grad_norm_), taken in parts of "
+                    f"at most {self._part_bytes()} bytes, but a part holds one gradient at least: "
+                    f"a gradient did not fit: raise the budget")
+        return None
 
     def _name_watched(self):
         impl = self._require()
@@ -319,6 +399,10 @@ class Session:
         created. Always completes; raises teraio.IoError afterwards if some tensor could not be
         brought back (it is lost: every access to it raises that message)."""
         if self._impl is not None:
+            from . import optim
+            for optimizer in self._split:
+                optim._uninstall(optimizer, self)
+            self._split = []
             impl, self._impl = self._impl, None
             try:
                 impl.close()
@@ -342,3 +426,6 @@ class Session:
             self.close()
         except Exception:
             pass
+
+
+from .optim import clip_grad_norm_, clip_grads_with_norm_, get_total_norm  # noqa: E402

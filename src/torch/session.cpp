@@ -340,13 +340,26 @@ bool is_collective(const char* name) {
          std::strncmp(name, "c10d_functional::", 17) == 0;
 }
 
-// For an operator that touches a whole parameter group at once: what to do instead.
+// For an operator that touches a whole parameter group at once: what to do instead. Python's
+// Session.step() recognises these sentences and adjusts them when the optimizer is watched or the
+// gradient norm is teraio's (python/teraio/__init__.py, Session._refine_error).
 std::string group_hint(std::string_view op) {
-  if (op.find("_foreach_") == std::string_view::npos && op.find("_fused_") == std::string_view::npos)
+  if (op.find("_foreach_norm") != std::string_view::npos)
+    return ". The gradient norm (torch.nn.utils.clip_grad_norm_) takes every gradient in one "
+           "operator: call teraio.clip_grad_norm_ instead, which computes the same norm in parts "
+           "that fit the budget (docs/pytorch.md, \"Optimizers\")";
+  if (op.find("_foreach_zero_") != std::string_view::npos)
+    return ". optimizer.zero_grad(set_to_none=False) zeroes every gradient in one operator: use "
+           "zero_grad() (set_to_none=True, the default)";
+  // _foreach_mul_ alone: clip_grad_norm_'s scaling, after its _foreach_norm over the same gradients
+  // (an optimizer's own _foreach_mul_ comes with larger foreach operators, which give the advice).
+  if (op.find("_foreach_mul_") != std::string_view::npos ||
+      (op.find("_foreach_") == std::string_view::npos && op.find("_fused_") == std::string_view::npos))
     return "";
   return ". A foreach or fused optimizer step touches every parameter of a group at once (foreach "
-         "is PyTorch's default on CUDA): create the optimizer with foreach=False (or fused=False), "
-         "or split the parameters into more groups (docs/pytorch.md, \"Optimizers\")";
+         "is PyTorch's default on CUDA): call session.watch(optimizer=optimizer) so that teraio "
+         "runs each step in parts that fit the budget, or create the optimizer with foreach=False "
+         "(and fused=False) (docs/pytorch.md, \"Optimizers\")";
 }
 
 // A RecordFunction of scope FUNCTION that is not a dispatcher operator is a labelled range around
@@ -546,7 +559,6 @@ struct Session::Impl {
   // The largest operator of this step whose own tensors exceed the budget, and what to say of it.
   uint64_t step_need_bytes = 0;
   std::string step_need_error, step_need_hint;
-  bool group_hinted = false;
   uint64_t step_read_faults = 0;  // of which reads (or lost bytes): the step's results may be partial
   bool closed = false;
   runtime::EngineStats closed_stats;  // the engine's last stats, after close()
@@ -802,10 +814,11 @@ struct Session::Impl {
             format_bytes(double(need)));
         last_error = step_need_error;
       }
-      if (!group_hinted && !group_hint(fn.name()).empty()) {
-        group_hinted = true;
-        step_need_hint = group_hint(fn.name());
-      }
+      // Each kind of whole-group operator that broke the budget adds its advice once (an
+      // unwatched foreach optimizer and torch's gradient norm may both have).
+      if (std::string hint = group_hint(fn.name());
+          !hint.empty() && step_need_hint.find(hint) == std::string::npos)
+        step_need_hint += hint;
     }
     // Room for what the operator creates (known from the plan's profile), so that its outputs too
     // stay within the budget in planned steps.
@@ -1205,7 +1218,6 @@ struct Session::Impl {
     step_need_bytes = 0;
     step_need_error.clear();
     step_need_hint.clear();
-    group_hinted = false;
     collect_faults(false);  // faults met between steps were reported where they happened
     in_step = true;
     tl_step_thread = true;

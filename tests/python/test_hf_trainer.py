@@ -18,10 +18,9 @@ from safetensors.torch import load_file  # noqa: E402  (comes with transformers)
 from teraio.integrations.hf import TeraioCallback  # noqa: E402
 
 transformers.logging.set_verbosity_error()
+torch_clip = torch.nn.utils.clip_grad_norm_  # torch's, which the callback replaces while it runs
 
-# Parameters are 352 KiB, with gradients and AdamW states 1.4 MiB. The Trainer's gradient norm is
-# one operator over every gradient (docs/pytorch.md, "Hugging Face Trainer"), so the budget holds
-# them (352 KiB) and little else.
+# Parameters are 352 KiB, with gradients and AdamW states 1.4 MiB: the budget holds a third of them.
 BUDGET = "512KiB"
 STEPS = 6
 
@@ -56,8 +55,10 @@ def callback(tier_dir, budget=BUDGET, **kw):
 
 
 def train(out, callbacks=(), resume=None, optimizer=True, close=True, **args):
-    """Runs a Trainer from the same seeds; returns (trainer, model). close: close the callbacks'
-    Sessions if train() raises (so that one failing test does not leave a Session open)."""
+    """Runs a Trainer from the same seeds; returns (trainer, model). optimizer: True for a
+    per-parameter AdamW, False for the Trainer's default (fused AdamW), or (class, kwargs). close:
+    close the callbacks' Sessions if train() raises (so that one failing test does not leave a
+    Session open)."""
     defaults = dict(output_dir=str(out), use_cpu=True, report_to="none", disable_tqdm=True,
                     max_steps=STEPS, per_device_train_batch_size=2, learning_rate=1e-3,
                     logging_steps=1, save_strategy="steps", save_steps=3, seed=0,
@@ -65,8 +66,10 @@ def train(out, callbacks=(), resume=None, optimizer=True, close=True, **args):
     defaults.update(args)
     model = tiny_llama()
     kw = {}
-    if optimizer:  # per-parameter AdamW: each of its operators touches one parameter
+    if optimizer is True:  # per-parameter AdamW: each of its operators touches one parameter
         kw["optimizer_cls_and_kwargs"] = (torch.optim.AdamW, {"lr": 1e-3, "foreach": False})
+    elif optimizer:
+        kw["optimizer_cls_and_kwargs"] = optimizer
     trainer = transformers.Trainer(model=model, args=transformers.TrainingArguments(**defaults),
                                    train_dataset=RandomTokens(16, 1),
                                    eval_dataset=RandomTokens(4, 2), callbacks=list(callbacks), **kw)
@@ -197,23 +200,53 @@ def test_gradient_accumulation_evaluation_and_best_model(tmp_path):
     assert cb.session is None and os.listdir(tmp_path / "tier") == []
 
 
-@pytest.mark.parametrize("budget,optim,operator,fix", [
-    # The Trainer's default optimizer (fused AdamW with torch >= 2.8) steps every parameter in one
-    # operator: 1.4 MiB of tensors at once, more than the budget.
-    (BUDGET, "adamw_torch_fused", "_fused_adamw", "optimizer_cls_and_kwargs"),
-    # The gradient norm is one operator over every gradient (352 KiB).
-    ("300KiB", None, "_foreach_norm", "the budget must hold all gradients"),
-], ids=["fused-optimizer", "gradient-norm"])
-def test_budget_error_propagates_names_the_trainer_fix_and_closes(tmp_path, budget, optim,
+@pytest.mark.parametrize("watch", [True, False])
+def test_default_optimizer_and_gradient_clipping_under_a_budget_below_the_gradients(tmp_path,
+                                                                                   watch):
+    # The Trainer's defaults: fused AdamW (one operator over 1.4 MiB of parameters, gradients and
+    # states) and max_grad_norm=1.0 (a norm over 352 KiB of gradients), under 300 KiB: the
+    # callback runs the optimizer step and the norm in parts, bitwise as without teraio (also
+    # with watch=False, which only stops naming tensors).
+    ref_trainer, ref_model = train(tmp_path / "ref", optimizer=False, save_strategy="no")
+    assert type(ref_trainer.optimizer.optimizer).__name__ == "AdamW"
+    assert ref_trainer.optimizer.optimizer.param_groups[0]["fused"]
+    assert ref_trainer.args.max_grad_norm == 1.0
+    cb = callback(tmp_path / "tier", budget="300KiB", watch=watch)
+    got_trainer, got_model = train(tmp_path / "got", callbacks=[cb], optimizer=False,
+                                   save_strategy="no")
+    for key in ("loss", "grad_norm", "learning_rate"):
+        assert logged(got_trainer, key) == logged(ref_trainer, key), key
+    assert_same_parameters(ref_model, got_model)
+    st = cb.stats()
+    assert st["iteration"] == STEPS and st["mode"] == "planned" and st["drift_events"] == 0, st
+    assert st["bytes_offloaded"] > 0, st
+    assert torch.nn.utils.clip_grad_norm_ is torch_clip  # put back when the Session closed
+    assert "step" not in got_trainer.optimizer.optimizer.__dict__
+
+
+class MyAdamW(torch.optim.AdamW):
+    """A subclass: its step might couple parameters, so teraio does not run it in parts."""
+
+
+@pytest.mark.parametrize("budget,optimizer,operator,fix", [
+    # One parameter (the 32 KiB embedding) with its gradient and states is 128 KiB.
+    ("100KiB", False, "_fused_adamw", "raise the budget"),
+    # An optimizer teraio does not split steps every parameter in one operator.
+    (BUDGET, (MyAdamW, {"lr": 1e-3, "fused": True}), "_fused_adamw",
+     "teraio does not run MyAdamW steps in parts"),
+], ids=["parameter-above-budget", "optimizer-not-split"])
+def test_budget_error_propagates_names_the_trainer_fix_and_closes(tmp_path, budget, optimizer,
                                                                    operator, fix):
     cb = callback(tmp_path / "tier", budget=budget)
-    kw = {"optimizer": False, "optim": optim} if optim else {}
     with pytest.raises(teraio.Error) as info:
-        train(tmp_path / "out", callbacks=[cb], max_steps=2, **kw)
+        train(tmp_path / "out", callbacks=[cb], max_steps=2, optimizer=optimizer)
     msg = str(info.value)
     assert "the step needs a budget of at least" in msg and operator in msg, msg
     assert fix in msg, msg
+    if optimizer is not False:
+        assert "optimizer_cls_and_kwargs" in msg, msg
     assert cb.session is None and os.listdir(tmp_path / "tier") == []
+    assert torch.nn.utils.clip_grad_norm_ is torch_clip
     assert no_session_open()
 
 

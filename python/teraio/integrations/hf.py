@@ -20,6 +20,12 @@ Why these hooks (read in transformers 5.24: Trainer._run_epoch, _maybe_log_save_
   from; the Session opens there. Loading the best model at the end (load_best_model_at_end) happens
   while it is open: load_state_dict copies through operators, which bring each parameter back first.
   on_train_end closes it: every tensor comes back and the tier files are removed.
+- The Trainer's default optimizer is fused AdamW (transformers 5.24 with torch >= 2.8), and it takes
+  the gradient norm every step through accelerate's clip_grad_norm_, which calls
+  torch.nn.utils.get_total_norm and clip_grads_with_norm_ (or clip_grad_norm_): one operator over
+  every gradient. While the Session is open the optimizer's steps run in parts that fit the budget
+  (Session.watch) and those three torch.nn.utils functions are teraio's, which take the norm in
+  parts (teraio.optim): bitwise the same losses, norms and parameters.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from typing import Iterable, Optional, Union
 from transformers import TrainerCallback
 
 import teraio
+from teraio import optim as _optim
 
 __all__ = ["TeraioCallback"]
 
@@ -47,11 +54,13 @@ class TeraioCallback(TrainerCallback):
     trace_path, plan_path, plan_search, stream_ordered_offloads, verify, fault_injection) are the
     Session's own, with its defaults; there is no default for the tiers (where offloaded bytes go,
     and how much of them, is the user's choice). watch: name parameters and optimizer states in the
-    trace (Session.watch). A new Session is opened by every train() and closed when it ends; errors
-    of the Session (teraio.IoError, a budget that cannot be met) propagate out of train() after the
-    Session has been closed. When train() raises from the model's own code the Trainer calls no
-    callback: use `with TeraioCallback(...) as cb:` or call cb.close() (the next train() with this
-    callback also closes it first).
+    trace (Session.watch). Whatever `watch` says, the optimizer's steps run in parts that fit the
+    budget and the gradient norm is taken in parts (teraio.clip_grad_norm_), bitwise as without.
+    A new Session is opened by every train() and closed when it ends; errors of the Session
+    (teraio.IoError, a budget that cannot be met) propagate out of train() after the Session has
+    been closed. When train() raises from the model's own code the Trainer calls no callback: use
+    `with TeraioCallback(...) as cb:` or call cb.close() (the next train() with this callback also
+    closes it first).
     """
 
     def __init__(self, budget: teraio.Size,
@@ -80,6 +89,7 @@ class TeraioCallback(TrainerCallback):
         self._session: Optional[teraio.Session] = None
         self._step = None  # the open Session.step() context of the running optimizer step
         self._stats: Optional[dict] = None
+        self._clip_patch: Optional[dict] = None  # the torch.nn.utils functions replaced
 
     @property
     def session(self) -> Optional[teraio.Session]:
@@ -105,6 +115,9 @@ class TeraioCallback(TrainerCallback):
         self._session = teraio.Session(self._budget, self._tiers, **self._options)
         if self._watch:
             self._session.watch(model, optimizer)
+        elif optimizer is not None:
+            self._session._split_steps(optimizer)
+        self._clip_patch = _optim._patch_torch_clip()
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self._session is None:
@@ -138,6 +151,9 @@ class TeraioCallback(TrainerCallback):
         back (Session.close)."""
         step, self._step = self._step, None
         session, self._session = self._session, None
+        patch, self._clip_patch = self._clip_patch, None
+        if patch:
+            _optim._unpatch_torch_clip(patch)
         if session is None:
             return
         if step is not None:
@@ -200,15 +216,9 @@ class TeraioCallback(TrainerCallback):
 
 
 def _trainer_hint(message: str) -> str:
-    """What to do under the Trainer when an operator over a whole set of tensors broke the budget
-    (the Session's message names the operator; docs/pytorch.md, "Hugging Face Trainer")."""
-    if "_foreach_norm" in message:
-        return ("Under the Trainer this is the gradient norm (clip_grad_norm_, computed every "
-                "step, even with max_grad_norm=0): one operator over every gradient, so the budget "
-                "must hold all gradients at once")
-    if "_fused_" in message or "_foreach_" in message:
-        return ("Under the Trainer: its default optimizer (optim='adamw_torch_fused' with torch >= "
-                "2.8) steps all parameters in one operator; pass Trainer(..., "
-                "optimizer_cls_and_kwargs=(torch.optim.AdamW, {'lr': args.learning_rate, "
-                "'foreach': False}))")
+    """What to do under the Trainer when the Session could not run the optimizer in parts (its
+    message says so; docs/pytorch.md, "Hugging Face Trainer")."""
+    if "teraio does not run" in message:
+        return ("Under the Trainer: pass Trainer(..., optimizer_cls_and_kwargs=(torch.optim.AdamW, "
+                "{'lr': args.learning_rate, 'foreach': False}))")
     return ""
