@@ -10,6 +10,7 @@ Each case runs with the optimizer given by --optim ("loop": AdamW(foreach=False)
 AdamW() as PyTorch makes it, foreach on CUDA). Writes one JSON file to argv's --out; exit 1 when a
 case is not bitwise."""
 import argparse
+import gc
 import json
 import os
 import sys
@@ -43,6 +44,8 @@ def make_opt(params, optim):
 
 def train_mixtral(args, autocast, budget=None, tier_gib=None):
     """STEPS steps; returns (losses, params on CPU, stats or None, step seconds, peak bytes)."""
+    gc.collect()  # the last run's optimizer is garbage in a reference cycle: free its device memory
+    torch.cuda.empty_cache()
     model = mixtral(args.hidden, args.layers, args.vocab).to(dev)
     opt = make_opt(model.parameters(), args.optim)
     session = None
@@ -125,6 +128,8 @@ def case_trainer(args):
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     def run(out, budget):
+        gc.collect()
+        torch.cuda.empty_cache()
         torch.manual_seed(0)
         cfg = transformers.LlamaConfig(vocab_size=8192, hidden_size=1024, intermediate_size=2048,
                                        num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,

@@ -6,6 +6,7 @@
 2. overhead: step time of a Llama with a budget that holds everything (empty plan) vs without
    teraio, median of many steps.
 Writes one JSON file with everything to argv[1]."""
+import gc
 import json
 import os
 import statistics
@@ -156,6 +157,10 @@ def main(out_path):
             key = f"{name}-{mode}"
             s = None
             try:
+                # the last case's model and optimizer are garbage in reference cycles (torch's
+                # optimizers are in one): collect them, or the Session counts their device memory
+                # as used outside its tensors
+                gc.collect()
                 torch.cuda.empty_cache()
                 ref = to_cpu(run(mf, bf, 6))
                 fp, largest = footprint(mf)

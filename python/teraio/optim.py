@@ -139,10 +139,13 @@ def _install(optimizer, session) -> None:
     splitter = opt.__dict__.get("_teraio_splitter")
     if splitter is None:
         splitter = _Splitter(opt.step, "step" in opt.__dict__)
-        inner = splitter.inner
 
-        @functools.wraps(inner, updated=())
+        # The wrapper reads splitter.inner at each call and holds nothing else of the optimizer:
+        # _uninstall drops splitter.inner, so that no reference cycle keeps the optimizer (and its
+        # states on the device) alive after the Session closes until a garbage collection.
+        @functools.wraps(splitter.inner, updated=())
         def step(self, *args, **kwargs):
+            inner = splitter.inner
             session = splitter.session_ref()
             limit = session._part_bytes() if session is not None else None
             groups = _sub_groups(self, limit) if limit else None
@@ -167,7 +170,7 @@ def _install(optimizer, session) -> None:
         # An LR scheduler made before wrapped step() to see that it is called (and warns when
         # step() is replaced): the mark stays visible. A method, not a function: a scheduler made
         # later wraps `optimizer.step.__func__`.
-        if getattr(inner, "_wrapped_by_lr_sched", False):
+        if getattr(splitter.inner, "_wrapped_by_lr_sched", False):
             step._wrapped_by_lr_sched = True
         splitter.bound = types.MethodType(step, opt)
         opt.step = splitter.bound
@@ -189,6 +192,7 @@ def _uninstall(optimizer, session) -> None:
         else:
             del opt.step
         del opt._teraio_splitter
+        splitter.inner = splitter.bound = None  # the wrapper's hold on the optimizer
 
 
 # --- the gradient norm ------------------------------------------------------------------------
