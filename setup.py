@@ -15,7 +15,7 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension
 ROOT = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(ROOT, "VERSION")) as f:
     VERSION = f.readline().strip()  # the one place the version is written (CMake reads it too)
-MODULES = ["core", "trace", "planner", "sim", "storage", "runtime"]
+MODULES = ["core", "trace", "planner", "sim", "storage", "runtime", "offload"]
 
 
 def rel(paths):
