@@ -150,5 +150,46 @@ TEST(CompileSchedule, EngineRunsTheSchedulesMovesAndStartPlacement) {
   EXPECT_FALSE(e.has_plan());
 }
 
+// A tensor whose memory can die (host bytes, never moved in this test).
+class DyingMemory : public runtime::Memory {
+ public:
+  DyingMemory(uint64_t n, const bool* alive) : data_(n), alive_(alive) {}
+  uint64_t bytes() const override { return data_.size(); }
+  storage::BufferView detach() override { return storage::BufferView::host(data_.data(), 0); }
+  void attach() override {}
+  void drop() override {}
+  storage::BufferView allocate() override { return storage::BufferView::host(data_.data(), 0); }
+  bool alive() const override { return *alive_; }
+
+ private:
+  std::vector<std::byte> data_;
+  const bool* alive_;
+};
+
+TEST(CompileSchedule, EngineForgetsTheProfilesDeathsBeforeTheirOperator) {
+  const Recording r = make_recording();
+  const uint64_t sigs[] = {1, 2, 3, 4, 5};
+  auto s = std::make_shared<const runtime::Schedule>(compile_schedule(r, Plan{}, sigs));
+  storage::HostTierOptions h;
+  h.capacity_bytes = 1 << 20;
+  h.pin = false;
+  auto host = storage::make_host_tier(h);
+  runtime::Engine e(runtime::EngineOptions{0}, {{"host", host.get(), 1 << 20}});
+  bool a_alive = true, t_alive = true;
+  e.bind(12, std::make_unique<DyingMemory>(500, &a_alive));
+  e.bind(14, std::make_unique<DyingMemory>(300, &t_alive));
+  e.set_schedule(s);
+  EXPECT_EQ(e.stats().resident_bytes, 800u);
+  t_alive = false;
+  a_alive = false;  // both died; only T is due (before operator 3), A before 4
+  e.before_operator(3);
+  EXPECT_EQ(e.location(14), runtime::Location::kUnbound);
+  EXPECT_EQ(e.location(12), runtime::Location::kResident) << "not its operator yet";
+  EXPECT_EQ(e.stats().resident_bytes, 500u);
+  e.before_operator(4);
+  EXPECT_EQ(e.location(12), runtime::Location::kUnbound);
+  EXPECT_EQ(e.stats().resident_bytes, 0u);
+}
+
 }  // namespace
 }  // namespace teraio::offload
