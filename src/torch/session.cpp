@@ -3,7 +3,9 @@
 // thread; tensors are identified by StorageImpl (held weakly) and given logical ids that repeat
 // every iteration (first appearance: operator ordinal + slot). Bytes move by swapping the storage's
 // DataPtr (views stay valid); an absent storage has a null DataPtr, so a kernel reaching it through
-// an unobserved path fails loudly instead of reading garbage.
+// an unobserved path fails loudly instead of reading garbage. What does not need torch (the trace,
+// modes, drift, plans, the budget policy, the step's errors) is src/offload's Controller, called
+// here at step and operator boundaries with logical ids (docs/architecture.md).
 #include "teraio/session.h"
 
 #include <ATen/ATen.h>
