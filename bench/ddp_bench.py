@@ -67,11 +67,12 @@ from llm_bench import MODELS as LLM_BENCH_MODELS
 
 MODELS = {name: LLM_BENCH_MODELS[name] for name in ("tiny", "llama-1b", "llama-3b")}
 PROFILING_ITERATIONS = 2  # teraio.Session's default
-# The Session counters that say what the measured steps did (cumulative: end minus start).
-DELTA_KEYS = ("bytes_offloaded", "bytes_prefetched", "stall_us", "plan_moves", "skipped_moves",
-              "aligned_moves", "drift_events", "urgent_fetches", "evictions", "budget_violations")
-STEP_KEYS = ("iteration", "step_peak_resident_bytes", "untracked_bytes", "plan_budget_bytes",
-             "pinned_bytes") + DELTA_KEYS
+
+
+# The Session's fields are teraio's lists: per step every field but the tiers (teraio.STATS_FIELDS),
+# and for the measured steps the deltas of the cumulative ones (teraio.STATS_COUNTERS).
+def step_keys(teraio):
+    return tuple(k for k in teraio.STATS_FIELDS if k != "tiers")
 
 
 def log(msg: str, tag: str = "") -> None:
@@ -283,7 +284,7 @@ def train(cfg: dict, rank: int, device, tag: str, budget: int | None = None):
             if session is not None:
                 st = session.stats()
                 drifted = st["drift_events"] > before["drift_events"]
-                per_step.append(dict({k: st.get(k) for k in STEP_KEYS}, step_mode=before["mode"], drifted=drifted))
+                per_step.append(dict({k: st.get(k) for k in step_keys(teraio)}, step_mode=before["mode"], drifted=drifted))
                 msg += (f", {before['mode']}{' (drifted: ran reactively)' if drifted else ''}, "
                         f"offloaded {st['bytes_offloaded'] / 2**20:.1f} MiB in all")
             log(msg, tag)
@@ -293,7 +294,7 @@ def train(cfg: dict, rank: int, device, tag: str, budget: int | None = None):
         if session is not None:
             st = session.stats()
             res.update(stats=st, per_step_stats=per_step,
-                       measured_delta={k: st[k] - stats0[k] for k in DELTA_KEYS if k in st and k in stats0})
+                       measured_delta={k: st[k] - stats0[k] for k in teraio.STATS_COUNTERS})
     mean = statistics.fmean(step_s)
     res.update(warmup_step_s=warm_s, step_s=step_s, losses=[x.item() for x in losses], step_s_mean=mean,
                step_s_median=statistics.median(step_s), tokens_per_s=tokens / mean)

@@ -427,11 +427,9 @@ class Teraio(Ideal):
         with self.session.step():
             loss = self._train_step(ids)
         st = self.session.stats()
-        self.per_step_stats.append({k: st.get(k) for k in (
-            "mode", "iteration", "peak_resident_bytes", "step_peak_resident_bytes", "untracked_bytes",
-            "plan_budget_bytes", "bytes_offloaded", "bytes_prefetched", "stall_us", "plan_moves", "skipped_moves",
-            "aligned_moves", "stream_ordered_offloads", "urgent_fetches", "evictions", "drift_events",
-            "budget_violations")})
+        # Every field but the tiers: teraio's one list (Note [Options and stats fields]).
+        teraio = sys.modules["teraio"]
+        self.per_step_stats.append({k: st[k] for k in teraio.STATS_FIELDS if k != "tiers"})
         return loss
 
     def mark_measured(self):
@@ -444,9 +442,7 @@ class Teraio(Ideal):
                  teraio_file=__import__("teraio").__file__)
         s0 = getattr(self, "stats_at_measure", None)
         if s0 is not None:  # counters are cumulative: what the measured steps alone did
-            d["measured_delta"] = {k: st[k] - s0[k] for k in (
-                "bytes_offloaded", "bytes_prefetched", "stall_us", "plan_moves", "skipped_moves", "aligned_moves",
-                "stream_ordered_offloads", "drift_events", "urgent_fetches", "evictions", "budget_violations") if k in st and k in s0}
+            d["measured_delta"] = {k: st[k] - s0[k] for k in sys.modules["teraio"].STATS_COUNTERS}
         return d
 
     def close(self):

@@ -122,6 +122,90 @@ struct SessionStats {
   std::vector<SessionTierStats> tiers;  // per tier, in SessionOptions::tiers order
 };
 
+// Note [Options and stats fields]: SessionOptions, SessionStats and SessionTierStats are declared
+// once, here, and every reader goes through these lists in declaration order: the Python binding
+// (keyword arguments, stats() and the names exported as teraio.SESSION_OPTIONS / STATS_FIELDS /
+// STATS_COUNTERS / TIER_STATS_FIELDS), `teraio train`'s report and the bench scripts (which record
+// teraio.STATS_FIELDS and the deltas of teraio.STATS_COUNTERS). tests/offload/fields_test.cpp fails
+// when a struct gains a field the list lacks, tests/python/test_api.py when the Python side
+// disagrees. f is called as f(name, member pointer) (options, tier stats) or f(name, member
+// pointer, kind) (stats); `tiers` (a list of structs) is visited like the others.
+template <class F>
+constexpr void for_each_option_field(F&& f) {
+  f("budget_bytes", &SessionOptions::budget_bytes);
+  f("tiers", &SessionOptions::tiers);
+  f("profiling_iterations", &SessionOptions::profiling_iterations);
+  f("min_tensor_bytes", &SessionOptions::min_tensor_bytes);
+  f("planning", &SessionOptions::planning);
+  f("trace_path", &SessionOptions::trace_path);
+  f("plan_path", &SessionOptions::plan_path);
+  f("plan_search", &SessionOptions::plan_search);
+  f("stream_ordered_offloads", &SessionOptions::stream_ordered_offloads);
+  f("verify", &SessionOptions::verify);
+  f("fault_injection", &SessionOptions::fault_injection);
+}
+
+// kCounter: cumulative since the Session began (a delta over steps is what those steps did);
+// kGauge: a value now or the most so far; kText: a name or message.
+enum class StatKind { kText, kGauge, kCounter };
+
+template <class F>
+constexpr void for_each_stats_field(F&& f) {
+  using S = SessionStats;
+  using K = StatKind;
+  f("mode", &S::mode, K::kText);
+  f("iteration", &S::iteration, K::kGauge);
+  f("budget_bytes", &S::budget_bytes, K::kGauge);
+  f("peak_resident_bytes", &S::peak_resident_bytes, K::kGauge);
+  f("step_peak_resident_bytes", &S::step_peak_resident_bytes, K::kGauge);
+  f("resident_bytes", &S::resident_bytes, K::kGauge);
+  f("pinned_bytes", &S::pinned_bytes, K::kGauge);
+  f("untracked_bytes", &S::untracked_bytes, K::kGauge);
+  f("plan_budget_bytes", &S::plan_budget_bytes, K::kGauge);
+  f("plan_variant", &S::plan_variant, K::kText);
+  f("predicted_iteration_us", &S::predicted_iteration_us, K::kGauge);
+  f("kernel_timing", &S::kernel_timing, K::kText);
+  f("profiled_kernel_us", &S::profiled_kernel_us, K::kGauge);
+  f("profiled_event_us", &S::profiled_event_us, K::kGauge);
+  f("bytes_offloaded", &S::bytes_offloaded, K::kCounter);
+  f("bytes_prefetched", &S::bytes_prefetched, K::kCounter);
+  f("stall_us", &S::stall_us, K::kCounter);
+  f("plan_moves", &S::plan_moves, K::kCounter);
+  f("skipped_moves", &S::skipped_moves, K::kCounter);
+  f("aligned_moves", &S::aligned_moves, K::kCounter);
+  f("stream_ordered_offloads", &S::stream_ordered_offloads, K::kCounter);
+  f("drift_events", &S::drift_events, K::kCounter);
+  f("urgent_fetches", &S::urgent_fetches, K::kCounter);
+  f("evictions", &S::evictions, K::kCounter);
+  f("operators", &S::operators, K::kGauge);
+  f("tracked_tensors", &S::tracked_tensors, K::kGauge);
+  f("plans_cached", &S::plans_cached, K::kGauge);
+  f("budget_violations", &S::budget_violations, K::kCounter);
+  f("failed_transfers", &S::failed_transfers, K::kCounter);
+  f("retried_reads", &S::retried_reads, K::kCounter);
+  f("lost_tensors", &S::lost_tensors, K::kCounter);
+  f("last_error", &S::last_error, K::kText);
+  f("tiers", &S::tiers, K::kText);
+}
+
+template <class F>
+constexpr void for_each_tier_stats_field(F&& f) {
+  using T = SessionTierStats;
+  f("name", &T::name);
+  f("engine", &T::engine);
+  f("read_gbps", &T::read_gbps);
+  f("write_gbps", &T::write_gbps);
+  f("read_source", &T::read_source);
+  f("write_source", &T::write_source);
+  f("read_gbps_min", &T::read_gbps_min);
+  f("read_gbps_max", &T::read_gbps_max);
+  f("write_gbps_min", &T::write_gbps_min);
+  f("write_gbps_max", &T::write_gbps_max);
+  f("probe_s", &T::probe_s);
+  f("probe_memory", &T::probe_memory);
+  f("notes", &T::notes);
+}
+
 class Session {
  public:
   // Validates the options (tiers, paths writable, budget) and creates the tiers; throws

@@ -28,9 +28,17 @@ from . import _C
 Error = _C.Error  # a ValueError: bad argument, budget too small
 IoError = _C.IoError  # a teraio.Error: a transfer failed (docs/pytorch.md, "Faults")
 __version__ = _C.__version__  # the VERSION file's, compiled into the extension
+# The one list of each (include/teraio/session.h, Note [Options and stats fields]): Session's options
+# (as SessionOptions names them: `budget` is budget_bytes), the keys of Session.stats() (STATS_COUNTERS:
+# the cumulative ones, whose difference over steps is what those steps did) and of each of its tiers.
+SESSION_OPTIONS = tuple(_C.SESSION_OPTIONS)
+STATS_FIELDS = tuple(_C.STATS_FIELDS)
+STATS_COUNTERS = tuple(_C.STATS_COUNTERS)
+TIER_STATS_FIELDS = tuple(_C.TIER_STATS_FIELDS)
 
 __all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size", "clip_grad_norm_",
-           "get_total_norm", "clip_grads_with_norm_"]
+           "get_total_norm", "clip_grads_with_norm_", "SESSION_OPTIONS", "STATS_FIELDS",
+           "STATS_COUNTERS", "TIER_STATS_FIELDS"]
 
 _MAX_BYTES = 2**64 - 1
 
@@ -222,9 +230,14 @@ class Session:
                 d = os.path.dirname(os.path.abspath(p))
                 if not os.access(d, os.W_OK):
                     raise Error(f"Session: cannot write '{p}' (directory not writable)")
-        self._impl = _C.Session(budget_bytes, [t._spec() for t in tiers], profiling_iterations,
-                                min_bytes, planning, trace_path or "", plan_path or "",
-                                plan_search, stream_ordered_offloads, verify, fault_injection)
+        # Keyword arguments named as SessionOptions' fields (SESSION_OPTIONS).
+        self._impl = _C.Session(budget_bytes=budget_bytes, tiers=[t._spec() for t in tiers],
+                                profiling_iterations=profiling_iterations,
+                                min_tensor_bytes=min_bytes, planning=planning,
+                                trace_path=trace_path or "", plan_path=plan_path or "",
+                                plan_search=plan_search,
+                                stream_ordered_offloads=stream_ordered_offloads, verify=verify,
+                                fault_injection=fault_injection)
         self._budget_bytes = budget_bytes
         self._watched = []
         self._split = []  # optimizers whose steps run in parts (watch)

@@ -61,7 +61,10 @@ struct Engine::Entry {
 };
 
 Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
-    : options_(options), tiers_(std::move(tiers)) {
+    : options_(options),
+      tiers_(std::move(tiers)),
+      schedule_(std::make_shared<const Schedule>()) {
+  budget_.budget_bytes = options_.budget_bytes;
   for (const EngineTier& t : tiers_) {
     TERAIO_CHECK(t.tier != nullptr, "engine tier '{}' has no storage tier", t.name);
     TERAIO_CHECK(t.capacity_bytes > 0, "engine tier '{}' has no capacity", t.name);
@@ -542,13 +545,18 @@ void Engine::sweep_dead_locked(size_t max_entries) {
 
 void Engine::set_reserve(uint64_t reserve_bytes) {
   std::lock_guard lock(mutex_);
-  reserve_bytes_ = reserve_bytes;
+  budget_.untracked_bytes = reserve_bytes;
+}
+
+BudgetPolicy Engine::budget_policy() const {
+  std::lock_guard lock(mutex_);
+  return budget_;
 }
 
 bool Engine::enforce_budget(uint64_t extra_bytes) {
   std::lock_guard lock(mutex_);
   shortfall_.clear();
-  if (options_.budget_bytes == 0) return true;
+  if (!budget_.limited()) return true;
   return make_room_locked(extra_bytes, {});
 }
 
@@ -556,9 +564,8 @@ bool Engine::enforce_budget(uint64_t extra_bytes) {
 // completes offloads in flight, then evicts unpinned tensors least recently used first (never one of
 // `spare`), and waits until their memory is freed. On failure shortfall_ says why.
 bool Engine::make_room_locked(uint64_t bytes, std::span<const LogicalId> spare) {
-  if (options_.budget_bytes == 0) return true;
-  const uint64_t keep = reserve_bytes_ + bytes;
-  const uint64_t target = options_.budget_bytes > keep ? options_.budget_bytes - keep : 0;
+  if (!budget_.limited()) return true;
+  const uint64_t target = budget_.resident_target_bytes(bytes);
   if (stats_.resident_bytes <= target) return true;
   sweep_dead_locked(0);  // tensors that died still count until forgotten
   if (stats_.resident_bytes <= target) return true;
@@ -611,7 +618,7 @@ bool Engine::make_room_locked(uint64_t bytes, std::span<const LogicalId> spare) 
       "{} resident for a target of {} (budget {} less {} reserved{}): {} are in use by running "
       "operators, pinned or arriving{}; tiers: {}",
       format_bytes(double(stats_.resident_bytes)), format_bytes(double(target)),
-      format_bytes(double(options_.budget_bytes)), format_bytes(double(reserve_bytes_)),
+      format_bytes(double(budget_.budget_bytes)), format_bytes(double(budget_.untracked_bytes)),
       bytes ? fmt::format(" and {} needed next", format_bytes(double(bytes))) : "",
       format_bytes(double(busy)),
       homeless ? fmt::format(", and {} could not be offloaded because no tier has room left "
@@ -701,34 +708,80 @@ size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
   return moved;
 }
 
-void Engine::set_plan(const Plan& plan, size_t num_kernels) {
-  std::lock_guard lock(mutex_);
-  schedule_.clear();
-  if (plan.moves.empty()) return;
-  schedule_.resize(num_kernels);
-  for (const Move& m : plan.moves) {
-    TERAIO_CHECK(m.start < num_kernels && m.deadline < num_kernels,
-                 "plan move of tensor {} names kernel {} but the iteration has {}", m.tensor,
-                 std::max(m.start, m.deadline), num_kernels);
+size_t Engine::align() {
+  std::shared_ptr<const Schedule> s;
+  {
+    std::lock_guard lock(mutex_);
+    s = schedule_;
+  }
+  return align(s->start_out, s->start_in);
+}
+
+void Schedule::add_move(const Move& m) {
+  const size_t n = operators.size();
+  TERAIO_CHECK(m.start < n && m.deadline < n,
+               "plan move of tensor {} names kernel {} but the iteration has {}", m.tensor,
+               std::max(m.start, m.deadline), n);
+  switch (m.op) {
+    case MoveOp::offload:
+      operators[m.start].offload_at.push_back(m);
+      operators[m.deadline].offload_due.push_back(m.tensor);
+      break;
+    case MoveOp::prefetch:
+      operators[m.start].prefetch_at.push_back(m);
+      break;
+  }
+  moves++;
+}
+
+Schedule Schedule::from_plan(const Plan& plan, size_t num_operators) {
+  Schedule s;
+  s.operators.resize(num_operators);
+  for (const Move& m : plan.moves) s.add_move(m);
+  return s;
+}
+
+void Engine::set_schedule(std::shared_ptr<const Schedule> schedule) {
+  if (!schedule) schedule = std::make_shared<const Schedule>();
+  auto check = [&](const Move& m) {
     TERAIO_CHECK(m.tier < tiers_.size(),
                  "plan move of tensor {} names tier {} but the engine has {}", m.tensor, m.tier,
                  tiers_.size());
-    if (m.op == MoveOp::offload) {
-      schedule_[m.start].offload_at.push_back(m);
-      schedule_[m.deadline].offload_due.push_back(m.tensor);
-    } else {
-      schedule_[m.start].prefetch_at.push_back(m);
-    }
+  };
+  for (const Schedule::Operator& op : schedule->operators) {
+    for (const Move& m : op.prefetch_at) check(m);
+    for (const Move& m : op.offload_at) check(m);
   }
+  for (const Move& m : schedule->start_out) check(m);
+  std::lock_guard lock(mutex_);
+  schedule_ = std::move(schedule);
+}
+
+void Engine::set_plan(const Plan& plan, size_t num_kernels) {
+  if (plan.moves.empty()) {
+    set_schedule(nullptr);
+    return;
+  }
+  set_schedule(std::make_shared<const Schedule>(Schedule::from_plan(plan, num_kernels)));
+}
+
+bool Engine::has_plan() const {
+  std::lock_guard lock(mutex_);
+  return schedule_->moves > 0;
 }
 
 void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
   std::lock_guard lock(mutex_);
-  if (k >= schedule_.size()) return;
+  if (k >= schedule_->operators.size()) return;
+  const Schedule::Operator& op = schedule_->operators[k];
+  for (LogicalId id : op.deaths) {
+    Entry* e = find(id);
+    if (e && e->loc != Location::kUnbound && e->pins == 0 && !e->memory->alive()) forget_locked(*e);
+  }
   // Tensors that died since the last sweep still count as resident; forget them before taking
   // memory, so that the resident bytes (and their peak) are the live ones.
-  if (!schedule_[k].prefetch_at.empty()) sweep_dead_locked(0);
-  for (const Move& m : schedule_[k].prefetch_at) {
+  if (!op.prefetch_at.empty()) sweep_dead_locked(0);
+  for (const Move& m : op.prefetch_at) {
     Entry* e = find(m.tensor);
     if (!e || e->loc == Location::kUnbound) continue;  // died (swept): nothing to bring back
     if (e->loc == Location::kOffloaded && !e->memory->alive()) {
@@ -750,8 +803,9 @@ void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
 
 void Engine::after_operator(uint32_t k) {
   std::lock_guard lock(mutex_);
-  if (k >= schedule_.size()) return;
-  for (const Move& m : schedule_[k].offload_at) {
+  if (k >= schedule_->operators.size()) return;
+  const Schedule::Operator& op = schedule_->operators[k];
+  for (const Move& m : op.offload_at) {
     Entry* e = find(m.tensor);
     if (!e || e->loc == Location::kUnbound) continue;  // died before its offload: nothing to do
     const bool movable =
@@ -775,7 +829,7 @@ void Engine::after_operator(uint32_t k) {
             *e);
     }
   }
-  for (LogicalId id : schedule_[k].offload_due)
+  for (LogicalId id : op.offload_due)
     if (Entry* e = find(id)) complete_offload_locked(*e, /*wait=*/true);
 }
 

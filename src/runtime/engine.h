@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "budget.h"
 #include "teraio/plan.h"
 #include "teraio/storage.h"
 
@@ -105,6 +106,40 @@ struct Fault {
   std::string message;  // names the tensor, the tier and the tier's own message (path, offset)
 };
 
+// One iteration's schedule, by operator index: made once per plan and shared, so that installing a
+// plan again (a plan cache hit) costs nothing. offload::compile_schedule makes one from a profiled
+// trace and its plan (src/offload/schedule.h); from_plan from a bare plan. The engine runs the
+// moves and deaths (before_operator, after_operator) and the start placement (align); the
+// signatures and created bytes are read by the controller that installed it.
+struct Schedule {
+  struct Operator {
+    std::vector<Move> prefetch_at;       // prefetches that start before operator k
+    std::vector<Move> offload_at;        // offloads that start after operator k
+    std::vector<LogicalId> offload_due;  // offloads that must be complete after operator k
+    // Transient tensors that died just before operator k in the profile: forgotten there, so that
+    // resident bytes are the live ones without sweeping every tensor.
+    std::vector<LogicalId> deaths;
+    // Bytes of the transient tensors operator k creates in the profile: the budget is enforced at
+    // its start with room for them, so that a run off the plan (a skipped move, an urgent fetch)
+    // cannot take its outputs past the budget.
+    uint64_t created_bytes = 0;
+    uint64_t signature = 0;  // the profiled operator's name and input shapes (a hash)
+  };
+  std::vector<Operator> operators;  // one per operator of the iteration
+  // Where persistent tensors are when an iteration starts (align()): offloaded, with the move whose
+  // tier they are read back from, or resident.
+  std::vector<Move> start_out;
+  std::vector<LogicalId> start_in;
+  size_t moves = 0;  // planned moves in `operators`
+
+  // Adds `m` (naming a logical id) at its operators. Throws teraio::Error for a move that names an
+  // operator past the iteration.
+  void add_move(const Move& m);
+  // The moves of `plan` (whose moves name logical ids) over an iteration of `num_operators`
+  // operators (no signatures, deaths or start placement).
+  static Schedule from_plan(const Plan& plan, size_t num_operators);
+};
+
 // Note [Faults in the engine]: a transfer that fails never throws out of the engine and never leaves
 // a tensor half-moved. A failed write gives the bytes back (the tensor stays resident, over budget
 // if need be). A failed read frees the memory it was reading into and leaves the tensor where it
@@ -114,7 +149,7 @@ struct Fault {
 // every later use reports the fault again. Each failure is recorded as a Fault; the binding takes
 // them with take_faults() and reports them to the user.
 //
-// The location table plus the plan schedule. Thread-safe: every public method takes one mutex.
+// The location table plus the schedule. Thread-safe: every public method takes one mutex.
 class Engine {
  public:
   Engine(EngineOptions options, std::vector<EngineTier> tiers);
@@ -154,9 +189,10 @@ class Engine {
   // operator that started it. Idempotent. Its bytes keep counting as resident (pinned_bytes).
   void pin_permanently(LogicalId id);
   bool pinned_permanently(LogicalId id) const;
-  // Device memory the budget leaves to what the engine does not track (the binding measures it);
-  // every budget check aims at budget - reserve.
+  // Device memory the budget leaves to what the engine does not track (the binding measures it):
+  // the policy's untracked_bytes. Every budget check aims at budget_policy().resident_target_bytes.
   void set_reserve(uint64_t reserve_bytes);
+  BudgetPolicy budget_policy() const;
   // Offloads unpinned tensors, least recently used first, until resident bytes <= budget - reserve -
   // extra_bytes; waits until their memory is really freed. Returns false when it could not get
   // there; budget_shortfall() then says why.
@@ -189,16 +225,21 @@ class Engine {
   // leave tensors elsewhere; without this a plan would start from the wrong place every iteration.
   // Offloads go first (their memory is freed before anything is read back). Returns the moves made.
   size_t align(std::span<const Move> out, std::span<const LogicalId> in);
+  // The same for the installed schedule's start_out and start_in (none: nothing moves).
+  size_t align();
 
-  // --- plan -----------------------------------------------------------------------------------
-  // Installs a plan (tier indices of the plan must be engine tier indices; moves name logical
-  // ids). An empty plan clears it.
+  // --- schedule -------------------------------------------------------------------------------
+  // Installs a schedule (tier indices of its moves must be engine tier indices; moves name logical
+  // ids); null clears it. Throws teraio::Error, keeping the installed one, for a bad tier index.
+  void set_schedule(std::shared_ptr<const Schedule> schedule);
+  // set_schedule(Schedule::from_plan(plan, num_kernels)); an empty plan clears it.
   void set_plan(const Plan& plan, size_t num_kernels);
-  bool has_plan() const { return !schedule_.empty(); }
-  // Called when operator `k` of the iteration is about to run / has run: issues the moves that
-  // start there (prefetches before the operator, offloads after it) and completes offloads whose
-  // deadline it is. A prefetch takes its memory within the budget: offloads in flight are completed
-  // and, if need be, tensors evicted first (never one of `in_use`, the operator's own tensors).
+  bool has_plan() const;
+  // Called when operator `k` of the iteration is about to run / has run: forgets the tensors that
+  // died before it in the profile (if they are dead), issues the moves that start there
+  // (prefetches before the operator, offloads after it) and completes offloads whose deadline it
+  // is. A prefetch takes its memory within the budget: offloads in flight are completed and, if
+  // need be, tensors evicted first (never one of `in_use`, the operator's own tensors).
   void before_operator(uint32_t k, std::span<const LogicalId> in_use = {});
   void after_operator(uint32_t k);
 
@@ -215,11 +256,6 @@ class Engine {
 
  private:
   struct Entry;
-  struct KernelMoves {
-    std::vector<Move> prefetch_at;       // prefetches that start before kernel k
-    std::vector<Move> offload_at;        // offloads that start after kernel k
-    std::vector<LogicalId> offload_due;  // offloads that must be complete after kernel k
-  };
 
   Entry* find(LogicalId id);
   const Entry* find(LogicalId id) const;
@@ -254,10 +290,10 @@ class Engine {
   std::vector<std::unique_ptr<storage::ExtentAllocator>> extents_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Entry>> entries_;  // indexed by LogicalId
-  std::vector<KernelMoves> schedule_;
+  std::shared_ptr<const Schedule> schedule_;  // never null (an empty one when cleared)
   uint64_t clock_ = 0;  // use counter for LRU
   EngineStats stats_;
-  uint64_t reserve_bytes_ = 0;
+  BudgetPolicy budget_;  // budget_bytes from the options, untracked_bytes from set_reserve
   std::string shortfall_;
   std::vector<Fault> faults_;
   std::function<std::string(LogicalId)> namer_;

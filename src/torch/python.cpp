@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/extension.h>
 
+#include <type_traits>
+
 #include "teraio/error.h"
 #include "teraio/session.h"
 #include "teraio/units.h"
@@ -29,60 +31,66 @@ teraio::SessionTier tier_from_dict(const py::dict& d) {
   return t;
 }
 
+// Note [Options and stats fields]: every field through the lists of include/teraio/session.h.
+py::dict tier_stats_dict(const teraio::SessionTierStats& t) {
+  py::dict e;
+  teraio::for_each_tier_stats_field([&](const char* name, auto member) { e[name] = t.*member; });
+  return e;
+}
+
 py::dict stats_dict(const teraio::SessionStats& s) {
   py::dict d;
-  d["mode"] = s.mode;
-  d["iteration"] = s.iteration;
-  d["budget_bytes"] = s.budget_bytes;
-  d["peak_resident_bytes"] = s.peak_resident_bytes;
-  d["resident_bytes"] = s.resident_bytes;
-  d["pinned_bytes"] = s.pinned_bytes;
-  d["step_peak_resident_bytes"] = s.step_peak_resident_bytes;
-  d["untracked_bytes"] = s.untracked_bytes;
-  d["plan_budget_bytes"] = s.plan_budget_bytes;
-  d["plan_variant"] = s.plan_variant;
-  d["predicted_iteration_us"] = s.predicted_iteration_us;
-  d["kernel_timing"] = s.kernel_timing;
-  d["profiled_kernel_us"] = s.profiled_kernel_us;
-  d["profiled_event_us"] = s.profiled_event_us;
-  d["bytes_offloaded"] = s.bytes_offloaded;
-  d["bytes_prefetched"] = s.bytes_prefetched;
-  d["stall_us"] = s.stall_us;
-  d["plan_moves"] = s.plan_moves;
-  d["skipped_moves"] = s.skipped_moves;
-  d["aligned_moves"] = s.aligned_moves;
-  d["stream_ordered_offloads"] = s.stream_ordered_offloads;
-  d["drift_events"] = s.drift_events;
-  d["urgent_fetches"] = s.urgent_fetches;
-  d["evictions"] = s.evictions;
-  d["operators"] = s.operators;
-  d["tracked_tensors"] = s.tracked_tensors;
-  d["plans_cached"] = s.plans_cached;
-  d["budget_violations"] = s.budget_violations;
-  d["failed_transfers"] = s.failed_transfers;
-  d["retried_reads"] = s.retried_reads;
-  d["lost_tensors"] = s.lost_tensors;
-  d["last_error"] = s.last_error;
-  py::list tiers;
-  for (const teraio::SessionTierStats& t : s.tiers) {
-    py::dict e;
-    e["name"] = t.name;
-    e["engine"] = t.engine;
-    e["read_gbps"] = t.read_gbps;
-    e["write_gbps"] = t.write_gbps;
-    e["read_source"] = t.read_source;
-    e["write_source"] = t.write_source;
-    e["read_gbps_min"] = t.read_gbps_min;
-    e["read_gbps_max"] = t.read_gbps_max;
-    e["write_gbps_min"] = t.write_gbps_min;
-    e["write_gbps_max"] = t.write_gbps_max;
-    e["probe_s"] = t.probe_s;
-    e["probe_memory"] = t.probe_memory;
-    e["notes"] = t.notes;
-    tiers.append(std::move(e));
-  }
-  d["tiers"] = std::move(tiers);
+  teraio::for_each_stats_field([&](const char* name, auto member, teraio::StatKind) {
+    using T = std::decay_t<decltype(s.*member)>;
+    if constexpr (std::is_same_v<T, std::vector<teraio::SessionTierStats>>) {
+      py::list tiers;
+      for (const teraio::SessionTierStats& t : s.*member) tiers.append(tier_stats_dict(t));
+      d[name] = std::move(tiers);
+    } else {
+      d[name] = s.*member;
+    }
+  });
   return d;
+}
+
+// SessionOptions from arguments named as its fields (keywords; positional ones in the fields'
+// order). Unknown names, too many arguments and one given twice are errors.
+teraio::SessionOptions options_from_args(const py::args& args, const py::kwargs& kw) {
+  teraio::SessionOptions o;
+  size_t index = 0, known = 0;
+  teraio::for_each_option_field([&](const char* name, auto member) {
+    const size_t i = index++;
+    py::object value;
+    if (i < args.size()) {
+      if (kw.contains(name))
+        throw teraio::Error(std::string("Session: option '") + name + "' given twice");
+      value = args[i];
+    } else if (kw.contains(name)) {
+      known++;
+      value = kw[name];
+    } else {
+      return;
+    }
+    using T = std::decay_t<decltype(o.*member)>;
+    if constexpr (std::is_same_v<T, std::vector<teraio::SessionTier>>) {
+      for (const auto& t : py::cast<py::list>(value))
+        (o.*member).push_back(tier_from_dict(py::cast<py::dict>(t)));
+    } else {
+      o.*member = py::cast<T>(value);
+    }
+  });
+  if (args.size() > index)
+    throw teraio::Error("Session: " + std::to_string(args.size()) + " arguments given, at most " +
+                        std::to_string(index) + " exist");
+  if (known != kw.size()) {
+    for (const auto& [key, value] : kw) {
+      const std::string k = py::cast<std::string>(key);
+      bool found = false;
+      teraio::for_each_option_field([&](const char* name, auto) { found = found || k == name; });
+      if (!found) throw teraio::Error("Session: unknown option '" + k + "'");
+    }
+  }
+  return o;
 }
 
 // Trains a small MLP with libtorch's C++ AdamW (no Python in the step) for `steps` steps, inside a
@@ -150,30 +158,31 @@ PYBIND11_MODULE(_C, m) {
   m.def("parse_size", [](const std::string& text, const std::string& what) {
     return teraio::parse_size(text, what);
   });
+  // The field lists (Note [Options and stats fields]), for the package and the bench scripts.
+  py::list option_names, stats_names, counter_names, tier_names;
+  py::dict option_defaults;
+  const teraio::SessionOptions defaults;
+  teraio::for_each_option_field([&](const char* name, auto member) {
+    option_names.append(name);
+    using T = std::decay_t<decltype(defaults.*member)>;
+    if constexpr (!std::is_same_v<T, std::vector<teraio::SessionTier>>)
+      option_defaults[name] = defaults.*member;
+  });
+  teraio::for_each_stats_field([&](const char* name, auto, teraio::StatKind kind) {
+    stats_names.append(name);
+    if (kind == teraio::StatKind::kCounter) counter_names.append(name);
+  });
+  teraio::for_each_tier_stats_field([&](const char* name, auto) { tier_names.append(name); });
+  m.attr("SESSION_OPTIONS") = option_names;
+  m.attr("SESSION_OPTION_DEFAULTS") = option_defaults;
+  m.attr("STATS_FIELDS") = stats_names;
+  m.attr("STATS_COUNTERS") = counter_names;
+  m.attr("TIER_STATS_FIELDS") = tier_names;
   py::class_<teraio::Session>(m, "Session")
-      .def(py::init([](uint64_t budget_bytes, const py::list& tiers, int profiling_iterations,
-                       uint64_t min_tensor_bytes, bool planning, std::string trace_path,
-                       std::string plan_path, bool plan_search, bool stream_ordered_offloads,
-                       bool verify, bool fault_injection) {
-             teraio::SessionOptions o;
-             o.budget_bytes = budget_bytes;
-             for (const auto& t : tiers) o.tiers.push_back(tier_from_dict(py::cast<py::dict>(t)));
-             o.profiling_iterations = profiling_iterations;
-             o.min_tensor_bytes = min_tensor_bytes;
-             o.planning = planning;
-             o.trace_path = std::move(trace_path);
-             o.plan_path = std::move(plan_path);
-             o.plan_search = plan_search;
-             o.stream_ordered_offloads = stream_ordered_offloads;
-             o.verify = verify;
-             o.fault_injection = fault_injection;
-             return std::make_unique<teraio::Session>(std::move(o));
-           }),
-           py::arg("budget_bytes"), py::arg("tiers"), py::arg("profiling_iterations") = 2,
-           py::arg("min_tensor_bytes") = 4096, py::arg("planning") = true,
-           py::arg("trace_path") = "", py::arg("plan_path") = "", py::arg("plan_search") = true,
-           py::arg("stream_ordered_offloads") = true, py::arg("verify") = true,
-           py::arg("fault_injection") = false)
+      // Arguments named as SessionOptions' fields (tiers: a list of dicts).
+      .def(py::init([](const py::args& args, const py::kwargs& kw) {
+        return std::make_unique<teraio::Session>(options_from_args(args, kw));
+      }))
       .def("begin_step", &teraio::Session::begin_step, py::call_guard<py::gil_scoped_release>())
       .def("end_step", &teraio::Session::end_step, py::call_guard<py::gil_scoped_release>())
       .def("fetch_all", &teraio::Session::fetch_all, py::call_guard<py::gil_scoped_release>())

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -162,7 +163,7 @@ struct OffloadCounters {
   uint64_t drift_events = 0;
   // Per tier: the bandwidth the planner uses and where it comes from (SessionStats::tiers).
   Json tiers = Json::array();
-  Json all;  // every SessionStats field
+  Json all;  // every SessionStats field (for_each_stats_field), `tiers` as above
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -312,37 +313,20 @@ class Offload {
     c.bytes_prefetched = s.bytes_prefetched;
     c.stall_us = s.stall_us;
     c.drift_events = s.drift_events;
-    for (const SessionTierStats& t : s.tiers)
-      c.tiers.push_back({{"name", t.name},
-                         {"engine", t.engine},
-                         {"read_gbps", t.read_gbps},
-                         {"write_gbps", t.write_gbps},
-                         {"read_source", t.read_source},
-                         {"write_source", t.write_source},
-                         {"probe_s", t.probe_s},
-                         {"notes", t.notes}});
-    c.all = {{"mode", s.mode},
-             {"iteration", s.iteration},
-             {"budget_bytes", s.budget_bytes},
-             {"peak_resident_bytes", s.peak_resident_bytes},
-             {"resident_bytes", s.resident_bytes},
-             {"bytes_offloaded", s.bytes_offloaded},
-             {"bytes_prefetched", s.bytes_prefetched},
-             {"stall_us", s.stall_us},
-             {"plan_moves", s.plan_moves},
-             {"skipped_moves", s.skipped_moves},
-             {"drift_events", s.drift_events},
-             {"urgent_fetches", s.urgent_fetches},
-             {"evictions", s.evictions},
-             {"operators", s.operators},
-             {"tracked_tensors", s.tracked_tensors},
-             {"plans_cached", s.plans_cached},
-             {"budget_violations", s.budget_violations},
-             {"failed_transfers", s.failed_transfers},
-             {"retried_reads", s.retried_reads},
-             {"lost_tensors", s.lost_tensors},
-             {"last_error", s.last_error},
-             {"tiers", c.tiers}};
+    // Every field, through the one list of each (Note [Options and stats fields]).
+    for (const SessionTierStats& t : s.tiers) {
+      Json tier;
+      for_each_tier_stats_field([&](const char* name, auto member) { tier[name] = t.*member; });
+      c.tiers.push_back(std::move(tier));
+    }
+    c.all = Json::object();
+    for_each_stats_field([&](const char* name, auto member, StatKind) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(s.*member)>,
+                                   std::vector<SessionTierStats>>)
+        c.all[name] = c.tiers;
+      else
+        c.all[name] = s.*member;
+    });
     return c;
   }
   uint64_t budget_bytes() const { return session_ ? session_->options().budget_bytes : 0; }

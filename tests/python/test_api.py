@@ -61,6 +61,32 @@ def test_stats_keys_and_one_session_at_a_time(tmp_path):
     teraio.Session(budget="1MiB", tiers=[teraio.HostTier("1MiB")]).close()
 
 
+def test_options_and_stats_are_declared_once(tmp_path):
+    """Note [Options and stats fields]: the Python Session takes every SessionOptions field (as
+    `budget` for budget_bytes) with the C++ defaults, and stats() returns every SessionStats field and
+    every SessionTierStats field per tier, in the one list's order. A field added in C++ but not
+    here fails."""
+    import inspect
+    params = inspect.signature(teraio.Session.__init__).parameters
+    names = ["budget_bytes" if n == "budget" else n for n in params if n != "self"]
+    assert names == list(teraio.SESSION_OPTIONS)
+    for name, default in teraio._C.SESSION_OPTION_DEFAULTS.items():
+        p = params["budget" if name == "budget_bytes" else name]
+        if p.default is inspect.Parameter.empty:
+            continue  # required in Python
+        assert (p.default if p.default is not None else "") == default, name
+    assert set(teraio.STATS_COUNTERS) <= set(teraio.STATS_FIELDS)
+    s = teraio.Session(budget="1MiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")])
+    try:
+        st = s.stats()
+        assert list(st) == list(teraio.STATS_FIELDS)
+        assert [list(t) for t in st["tiers"]] == [list(teraio.TIER_STATS_FIELDS)]
+    finally:
+        s.close()
+    with pytest.raises(teraio.Error, match="unknown option 'budget'"):
+        teraio._C.Session(budget=1 << 20, tiers=[])
+
+
 def test_budget_smaller_than_one_operator(tmp_path):
     a = torch.randn(256, 256, requires_grad=True)  # 256 KiB; a parameter-like leaf sets the device
     b = torch.randn(256, 256)

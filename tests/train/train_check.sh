@@ -46,6 +46,12 @@ assert hist[-1] < hist[0] - 0.5, f"loss did not fall: {hist}"
 assert hist == plain["loss"]["history"], (hist, plain["loss"]["history"])
 assert run["offloading"] == "on" and plain["offloading"] == "off"
 assert run["session"]["mode"] == "planned", run["session"]
+# Every SessionStats field (for_each_stats_field), among them those the report once lacked.
+for key in ["step_peak_resident_bytes", "pinned_bytes", "untracked_bytes", "plan_budget_bytes",
+            "plan_variant", "predicted_iteration_us", "aligned_moves", "stream_ordered_offloads",
+            "tiers"]:
+    assert key in run["session"], f"session lacks {key}"
+assert "probe_memory" in run["session"]["tiers"][0], run["session"]["tiers"]
 assert run["memory"]["budget_bytes"] == 6 * 2**20
 assert run["memory"]["peak_resident_bytes"] < 3 * run["memory"]["budget_bytes"] // 2
 assert run["traffic"]["bytes_offloaded"] > 0 and run["traffic"]["bytes_prefetched"] > 0

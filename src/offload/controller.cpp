@@ -1,0 +1,402 @@
+// The controller (controller.h): modes, drift, the plan cache, the budget checks of each operator
+// and the step's errors.
+#include "controller.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "schedule.h"
+#include "teraio/error.h"
+#include "teraio/sweep.h"
+#include "teraio/units.h"
+
+namespace teraio::offload {
+
+// Note [Controller modes]: a Session starts in profiling mode. A profiled step runs reactively (the
+// engine evicts least recently used tensors when the budget is exceeded) and is recorded; after
+// profiling_iterations such steps the last one is traced, planned, compiled into a schedule and
+// cached under its iteration signature (the hash of every operator's name and input shapes), and
+// the mode becomes planned. A planned step runs the schedule at operator starts and ends, checking
+// each operator's signature against the profile's:
+//   - a mismatch at operator k is a drift: the rest of the iteration runs reactively and is
+//     recorded, the operators before k being the plan's own (spliced in from its profile);
+//   - an iteration that ends early or late is a drift too (at its end).
+// At the end of a drifted step: a plan cached for the new iteration signature is installed (a
+// cache hit: nothing is planned); else, when the whole iteration was recorded (the drift was seen
+// at an operator), that iteration is the new shape's profile and is planned at once; else the
+// next step is profiled and then planned. A plan that cannot be made (a budget that leaves nothing
+// for tensors, a planner error) makes the mode reactive for good: steps run on the budget alone.
+// With planning off the mode stays profiling (reported as reactive): traces are still written.
+// A planned step whose plan has no moves is fast: operators only advance the index and check the
+// signature, lock-free, with lean hooks (inputs only), until a drift.
+
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kProfiling:
+      return "profiling";
+    case Mode::kPlanned:
+      return "planned";
+    case Mode::kReactive:
+      return "reactive";
+  }
+  return "?";
+}
+
+std::string group_hint(std::string_view op) {
+  if (op.find("_foreach_norm") != std::string_view::npos)
+    return ". The gradient norm (torch.nn.utils.clip_grad_norm_) takes every gradient in one "
+           "operator: call teraio.clip_grad_norm_ instead, which computes the same norm in parts "
+           "that fit the budget (docs/pytorch.md, \"Optimizers\")";
+  if (op.find("_foreach_zero_") != std::string_view::npos)
+    return ". optimizer.zero_grad(set_to_none=False) zeroes every gradient in one operator: use "
+           "zero_grad() (set_to_none=True, the default)";
+  // _foreach_mul_ alone: clip_grad_norm_'s scaling, after its _foreach_norm over the same gradients
+  // (an optimizer's own _foreach_mul_ comes with larger foreach operators, which give the advice).
+  if (op.find("_foreach_mul_") != std::string_view::npos ||
+      (op.find("_foreach_") == std::string_view::npos && op.find("_fused_") == std::string_view::npos))
+    return "";
+  return ". A foreach or fused optimizer step touches every parameter of a group at once (foreach "
+         "is PyTorch's default on CUDA): call session.watch(optimizer=optimizer) so that teraio "
+         "runs each step in parts that fit the budget, or create the optimizer with foreach=False "
+         "(and fused=False) (docs/pytorch.md, \"Optimizers\")";
+}
+
+void raise_step_errors(const StepErrors& e) {
+  if (!e.fault.empty()) throw IoError(e.fault, e.results_intact);
+  if (!e.error.empty()) throw Error(e.error);
+}
+
+Controller::Controller(runtime::Engine& engine, ControllerOptions options)
+    : engine_(engine), options_(std::move(options)) {
+  budget_.budget_bytes = options_.budget_bytes;
+}
+
+const char* Controller::reported_mode() const {
+  return mode_name(!options_.planning && mode_ == Mode::kProfiling ? Mode::kReactive : mode_);
+}
+
+void Controller::note_error(const std::string& what) {
+  last_error_ = what;
+  if (pending_error_.empty()) pending_error_ = what;
+}
+
+void Controller::collect_faults(bool of_the_step) {
+  for (runtime::Fault& f : engine_.take_faults()) {
+    last_error_ = f.message;
+    if (!of_the_step) continue;
+    if (f.lost || f.read) step_read_faults_++;
+    if (pending_fault_.empty()) pending_fault_ = std::move(f.message);
+    step_faults_++;
+  }
+}
+
+// The budget could not be met at operator k (engine.budget_shortfall() says why): an error of the
+// step, once per operator.
+void Controller::note_shortfall(uint32_t k, const char* op, bool* noted) {
+  if (*noted) return;
+  *noted = true;
+  budget_violations_++;
+  note_error(fmt::format("budget {} could not be met at operator {} ({}): {}",
+                         format_bytes(double(budget_.budget_bytes)), k, op,
+                         engine_.budget_shortfall()));
+}
+
+void Controller::install(const CachedPlan* p) {
+  active_ = p;
+  engine_.set_schedule(p->schedule);
+  mode_ = Mode::kPlanned;
+  if (p->schedule->moves == 0) {
+    engine_.fetch_all();  // nothing may stay out: the fast path fetches nothing
+    fast_.store(true, std::memory_order_relaxed);
+  } else {
+    fast_.store(false, std::memory_order_relaxed);
+  }
+}
+
+void Controller::uninstall(Mode mode) {
+  engine_.set_schedule(nullptr);
+  active_ = nullptr;
+  mode_ = mode;
+}
+
+void Controller::begin_step(StepBinding& binding) {
+  TERAIO_CHECK(!in_step(), "Session.step(): a step is already running (end it first)");
+  pending_error_.clear();
+  pending_fault_.clear();
+  step_faults_ = 0;
+  step_read_faults_ = 0;
+  step_need_bytes_ = 0;
+  step_need_error_.clear();
+  step_need_hint_.clear();
+  collect_faults(false);  // faults met between steps were reported where they happened
+  in_step_ = true;
+  op_counter_ = 0;
+  iter_sig_ = 0;
+  recorder_.begin_iteration(iteration_);
+  iteration_reactive_ = false;
+  // Measured afresh in each profiled iteration: in the first, tensors not yet seen (parameters
+  // before their first operator) are allocated but not tracked, which would count them twice.
+  if (mode_ == Mode::kProfiling) {
+    budget_.untracked_bytes = 0;
+    engine_.set_reserve(budget_.untracked_bytes);
+  }
+  fast_.store(mode_ == Mode::kPlanned && active_ && active_->schedule->moves == 0,
+              std::memory_order_relaxed);
+  binding.use_lean_hooks(fast());
+  if (!fast()) {
+    try {
+      engine_.poll();
+      // Within the budget before the step begins (a failed transfer of the last step can have
+      // left tensors resident), then the plan's starting point.
+      engine_.enforce_budget();
+      engine_.reset_step_peak();
+      if (mode_ == Mode::kPlanned && active_) engine_.align();
+    } catch (const std::exception& e) {
+      note_error(e.what());  // reported by end_step; the step runs (reactively where need be)
+    }
+    collect_faults();
+  } else {
+    engine_.reset_step_peak();
+  }
+}
+
+StepErrors Controller::end_step(StepBinding& binding) {
+  TERAIO_CHECK(in_step(), "Session.step(): no step is running");
+  collect_faults(true);
+  in_step_ = false;
+  const uint32_t ops_run = op_counter_;
+  last_operators_ = ops_run;
+  fast_.store(false, std::memory_order_relaxed);
+  const uint64_t sig = iter_sig_.load();
+  try {
+    if (mode_ == Mode::kPlanned && !iteration_reactive_ &&
+        ops_run != active_->schedule->operators.size()) {
+      iteration_reactive_ = true;  // the iteration ended early or late: drift
+      drift_events_++;
+    }
+    if (mode_ == Mode::kProfiling) {
+      profiled_++;
+      make_and_install_plan(sig, /*force=*/false, binding);
+    } else if (mode_ == Mode::kPlanned && iteration_reactive_) {
+      auto it = cache_.find(sig);
+      if (it != cache_.end()) {
+        install(&it->second);
+      } else if (recorder_.operators().size() == ops_run) {
+        make_and_install_plan(sig, /*force=*/true, binding);  // the new shape's profile
+      } else {
+        uninstall(Mode::kProfiling);  // profile the next iteration, then plan it
+        profiled_ = std::max(0, options_.profiling_iterations - 1);
+      }
+    }
+  } catch (const std::exception& e) {
+    note_error(e.what());
+    uninstall(Mode::kReactive);
+  }
+  try {
+    engine_.poll();
+  } catch (const std::exception& e) {
+    note_error(e.what());
+  }
+  collect_faults(true);
+  recorder_.clear_operators();
+  iteration_++;
+  StepErrors r;
+  r.error = step_need_error_.empty() ? std::move(pending_error_)
+                                     : std::move(step_need_error_) + step_need_hint_;
+  r.fault = std::move(pending_fault_);
+  if (!r.fault.empty()) {
+    if (step_faults_ > 1)
+      r.fault += fmt::format(" (and {} more failed transfers in this step)", step_faults_ - 1);
+    if (step_read_faults_ == 0)
+      r.fault +=
+          ". Only writes failed: no data was lost and the step's results are intact (the "
+          "tensors stayed on the device)";
+  }
+  r.results_intact = step_read_faults_ == 0;
+  pending_error_.clear();
+  pending_fault_.clear();
+  step_need_error_.clear();
+  step_faults_ = step_read_faults_ = 0;
+  return r;
+}
+
+void Controller::note_drift(uint32_t k, StepBinding& binding) {
+  iteration_reactive_ = true;
+  fast_.store(false, std::memory_order_relaxed);
+  binding.use_lean_hooks(false);
+  drift_events_++;
+  const std::vector<runtime::Schedule::Operator>& planned = active_->schedule->operators;
+  const size_t n = std::min({static_cast<size_t>(k), active_->ops.size(), planned.size()});
+  std::vector<uint64_t> sigs(n);
+  for (size_t i = 0; i < n; ++i) sigs[i] = planned[i].signature;
+  recorder_.splice(std::span(active_->ops).first(n), sigs);
+}
+
+bool Controller::try_fast(uint64_t signature, uint32_t* k) {
+  *k = op_counter_.load(std::memory_order_relaxed);
+  const std::vector<runtime::Schedule::Operator>& planned = active_->schedule->operators;
+  if (*k < planned.size() && planned[*k].signature == signature) {
+    op_counter_.store(*k + 1, std::memory_order_relaxed);
+    iter_sig_.store(mix(iter_sig_.load(std::memory_order_relaxed), signature),
+                    std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+void Controller::drift_at(uint32_t k, StepBinding& binding) {
+  if (fast()) note_drift(k, binding);
+}
+
+void Controller::begin_operator(uint32_t k, uint64_t signature, const char* name,
+                                std::span<const LogicalId> ids, uint64_t own_bytes, bool collective,
+                                bool* violation, StepBinding& binding) {
+  iter_sig_.store(mix(iter_sig_.load(std::memory_order_relaxed), signature),
+                  std::memory_order_relaxed);
+  if (mode_ == Mode::kPlanned && !iteration_reactive_) {
+    const std::vector<runtime::Schedule::Operator>& planned = active_->schedule->operators;
+    if (k >= planned.size() || planned[k].signature != signature)
+      note_drift(k, binding);
+    else
+      engine_.before_operator(k, ids);
+  }
+  if (recording()) recorder_.add_signature(signature);
+  engine_.begin_use(ids);
+  collect_faults();
+  if (collective)
+    for (LogicalId id : ids) engine_.pin_permanently(id);
+  if (budget_.violated_by(own_bytes)) {
+    *violation = true;
+    budget_violations_++;
+    // The step reports its largest such operator: the budget that would work for all of them.
+    const uint64_t need = budget_.operator_need_bytes(own_bytes);
+    if (need > step_need_bytes_) {
+      step_need_bytes_ = need;
+      const uint64_t untracked = budget_.untracked_bytes;
+      step_need_error_ = fmt::format(
+          "budget {} is smaller than the tensors of operator {} ({}): {}{}; the step needs a "
+          "budget "
+          "of at least {} for that operator alone",
+          format_bytes(double(budget_.budget_bytes)), k, name, format_bytes(double(own_bytes)),
+          untracked ? fmt::format(" plus {} of device memory used outside tracked tensors",
+                                  format_bytes(double(untracked)))
+                    : "",
+          format_bytes(double(need)));
+      last_error_ = step_need_error_;
+    }
+    // Each kind of whole-group operator that broke the budget adds its advice once (an
+    // unwatched foreach optimizer and torch's gradient norm may both have).
+    if (std::string hint = group_hint(name);
+        !hint.empty() && step_need_hint_.find(hint) == std::string::npos)
+      step_need_hint_ += hint;
+  }
+  // Room for what the operator creates (known from the plan's profile), so that its outputs too
+  // stay within the budget in planned steps.
+  const std::vector<runtime::Schedule::Operator>* planned =
+      planned_now() ? &active_->schedule->operators : nullptr;
+  const uint64_t created = planned && k < planned->size() ? (*planned)[k].created_bytes : 0;
+  if (!engine_.enforce_budget(created)) note_shortfall(k, name, violation);
+}
+
+void Controller::note_device_peak(uint64_t peak_bytes) {
+  engine_.forget_dead();  // what died is no longer allocated: it must not count as tracked
+  const uint64_t tracked = engine_.stats().resident_bytes;
+  if (peak_bytes > tracked && peak_bytes - tracked > budget_.untracked_bytes) {
+    budget_.untracked_bytes = peak_bytes - tracked;
+    engine_.set_reserve(budget_.untracked_bytes);
+  }
+}
+
+void Controller::end_operator(uint32_t k, const char* name, std::span<const LogicalId> ids,
+                              std::span<const LogicalId> outputs, bool collective,
+                              bool* violation) {
+  engine_.end_use(ids);
+  engine_.touch(outputs);
+  if (collective)  // a functional collective's result
+    for (LogicalId id : outputs) engine_.pin_permanently(id);
+  if (planned_now()) engine_.after_operator(k);
+  // The safety net in every mode (a plan keeps below it: the planner's budget is lower).
+  if (!engine_.enforce_budget()) note_shortfall(k, name, violation);
+  collect_faults();
+}
+
+void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
+                                       StepBinding& binding) {
+  Recording rec = recorder_.build_trace(engine_, binding);
+  if (!options_.trace_path.empty()) write_trace(rec.trace, options_.trace_path);
+  if (!options_.planning || (!force && profiled_ < options_.profiling_iterations)) return;
+  recorder_.set_times(rec.trace);
+  if (!budget_.can_plan())
+    throw Error(fmt::format(
+        "budget {} leaves nothing for tensors: {} of device memory is used outside the "
+        "tracked tensors (operator workspaces and temporaries, tensors under {}){}",
+        format_bytes(double(budget_.budget_bytes)), format_bytes(double(budget_.untracked_bytes)),
+        format_bytes(double(options_.min_tensor_bytes)),
+        budget_.device_margin ? ", plus a margin of 1/32" : ""));
+  PlannerOptions po;
+  po.budget_bytes = budget_.planner_budget_bytes();
+  plan_budget_bytes_ = po.budget_bytes;
+  po.tiers = options_.tiers;
+  po.min_tensor_bytes = options_.min_tensor_bytes;
+  Plan plan;
+  try {
+    if (options_.plan_search) {
+      BestPlan best = plan_best(rec.trace, po);
+      plan = std::move(best.plan);
+      plan_variant_ = best.variant;
+    } else {
+      plan = make_plan(rec.trace, po);
+      plan_variant_ = "default";
+    }
+  } catch (const Error& e) {
+    if (budget_.planner_reserve_bytes() == 0) throw;
+    throw Error(fmt::format(
+        "{} (the planner's budget is the Session's {} less {} of device memory used outside "
+        "tracked tensors and a margin of 1/32)",
+        e.what(), format_bytes(double(budget_.budget_bytes)),
+        format_bytes(double(budget_.untracked_bytes))));
+  }
+  predicted_iteration_us_ = plan.predicted.iteration_us;
+  if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);
+  CachedPlan cp;
+  cp.schedule = std::make_shared<const runtime::Schedule>(
+      compile_schedule(rec, plan, recorder_.signatures()));
+  cp.ops = recorder_.take_operators();
+  CachedPlan& slot = cache_[iteration_signature];
+  slot = std::move(cp);
+  install(&slot);
+}
+
+void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) const {
+  r->mode = reported_mode();
+  r->iteration = iteration_;
+  r->budget_bytes = budget_.budget_bytes;
+  r->peak_resident_bytes = e.peak_resident_bytes;
+  r->step_peak_resident_bytes = e.step_peak_resident_bytes;
+  r->untracked_bytes = budget_.untracked_bytes;
+  r->plan_budget_bytes = plan_budget_bytes_;
+  r->plan_variant = plan_variant_;
+  r->predicted_iteration_us = predicted_iteration_us_;
+  r->resident_bytes = e.resident_bytes;
+  r->pinned_bytes = e.pinned_bytes;
+  r->bytes_offloaded = e.bytes_offloaded;
+  r->bytes_prefetched = e.bytes_prefetched;
+  r->stall_us = e.stall_us;
+  r->plan_moves = e.plan_moves;
+  r->skipped_moves = e.skipped_moves;
+  r->aligned_moves = e.aligned;
+  r->stream_ordered_offloads = e.stream_ordered;
+  r->drift_events = drift_events_;
+  r->urgent_fetches = e.urgent_fetches;
+  r->evictions = e.evictions;
+  r->operators = last_operators_;
+  r->plans_cached = cache_.size();
+  r->budget_violations = budget_violations_;
+  r->failed_transfers = e.failed_transfers;
+  r->retried_reads = e.retried_reads;
+  r->lost_tensors = e.lost_tensors;
+  r->last_error = last_error_;
+}
+
+}  // namespace teraio::offload

@@ -1,0 +1,193 @@
+// The controller: the policy of a Session, without PyTorch. It decides, step by step, whether the
+// iteration is profiled, run by a plan or run reactively (Note [Controller modes]); detects drift
+// from the plan's operator signatures; keeps a plan per iteration shape (the plan cache); turns a
+// recorded iteration into a trace, a plan and a schedule for the engine; derives every budget
+// number from one BudgetPolicy (Note [Budget policy] in src/runtime/budget.h); and gathers the
+// step's errors and failed transfers. The binding layer (src/torch) calls it at step and operator
+// boundaries with logical ids.
+//
+// Thread-safety: not thread-safe; the caller serialises every call (the Session's lock), except
+// in_step(), fast(), try_fast() and next_operator(), which are lock-free for the operator hooks.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "budget.h"
+#include "engine.h"
+#include "recorder.h"
+#include "teraio/planner.h"
+#include "teraio/session.h"
+
+namespace teraio::offload {
+
+enum class Mode { kProfiling, kPlanned, kReactive };
+const char* mode_name(Mode mode);
+
+// For an operator that touches a whole parameter group at once (foreach or fused optimizers): what
+// to do instead, as the end of a budget message ("" for other operators).
+std::string group_hint(std::string_view op_name);
+
+struct ControllerOptions {
+  uint64_t budget_bytes = 0;     // the Session's budget (> 0)
+  int profiling_iterations = 2;  // profiled steps before planning; the last is traced
+  bool planning = true;          // false: never plan (reported as reactive)
+  bool plan_search = true;       // plan_best instead of make_plan
+  uint64_t min_tensor_bytes = 4096;
+  std::string trace_path;       // when set, each profiled trace is written there
+  std::string plan_path;        // when set, each plan made is written there
+  std::vector<TierSpec> tiers;  // the planner's tiers, engine tier order
+};
+
+// What the controller asks of the binding layer besides the tensors' state.
+class StepBinding : public TensorSource {
+ public:
+  // Operators need only their inputs observed (a planned step with an empty plan and no drift:
+  // only signatures are checked) or everything (lean = false). Called on every change.
+  virtual void use_lean_hooks(bool lean) { (void)lean; }
+};
+
+// The problems of a step, raised by raise_step_errors once the Session's lock is released.
+struct StepErrors {
+  std::string fault;           // the first failed transfer, with the count of the others (IoError)
+  bool results_intact = true;  // only writes failed
+  std::string error;           // otherwise: the first other error (Error)
+};
+// Throws teraio::IoError for a fault, else teraio::Error for an error; nothing when neither.
+void raise_step_errors(const StepErrors& errors);
+
+class Controller {
+ public:
+  Controller(runtime::Engine& engine, ControllerOptions options);
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  Recorder& recorder() { return recorder_; }
+  const Recorder& recorder() const { return recorder_; }
+  const runtime::BudgetPolicy& budget() const { return budget_; }
+  // The planner's view of tier i (its bandwidth, measured after construction by the binding).
+  TierSpec& tier(size_t i) { return options_.tiers.at(i); }
+  // The tensors live on a device whose memory is measured (CUDA): the planner keeps a margin.
+  void set_device_margin(bool on) { budget_.device_margin = on; }
+
+  Mode mode() const { return mode_; }
+  // The mode stats() reports ("reactive" when planning is off).
+  const char* reported_mode() const;
+  uint64_t iteration() const { return iteration_; }  // completed steps
+  bool in_step() const { return in_step_.load(std::memory_order_relaxed); }
+  bool fast() const { return fast_.load(std::memory_order_relaxed); }
+  uint32_t operators_started() const { return op_counter_.load(std::memory_order_relaxed); }
+  // Operators are recorded while profiling and, after a drift, for the rest of the iteration.
+  bool recording() const { return in_step() && (mode_ == Mode::kProfiling || iteration_reactive_); }
+  // The step runs the installed plan (no drift so far).
+  bool planned_now() const { return in_step() && mode_ == Mode::kPlanned && !iteration_reactive_; }
+  size_t plans_cached() const { return cache_.size(); }
+
+  // --- steps --------------------------------------------------------------------------------
+  // Begins a step: resets its errors, puts tensors within the budget and where the plan starts.
+  // Throws teraio::Error (changing nothing) when a step is running.
+  void begin_step(StepBinding& binding);
+  // Ends it: checks drift, plans after profiling or for a new shape, installs a cached plan.
+  // Returns the step's problems (raise them with raise_step_errors after unlocking). Throws
+  // teraio::Error when no step is running.
+  StepErrors end_step(StepBinding& binding);
+  // The Session closes: no step runs from now on (a running one is dropped, its errors too).
+  void abandon_step() {
+    in_step_ = false;
+    fast_.store(false, std::memory_order_relaxed);
+  }
+
+  // --- operators of a step ------------------------------------------------------------------
+  // Lock-free, for fast() steps: the operator at the next index has the planned signature (it is
+  // counted, true) or not (false; *k is its index: call drift_at under the lock).
+  bool try_fast(uint64_t signature, uint32_t* k);
+  void drift_at(uint32_t k, StepBinding& binding);
+  // The index of a new operator of the step.
+  uint32_t next_operator() { return op_counter_.fetch_add(1, std::memory_order_relaxed); }
+  // Operator k (name, signature) is about to run on `ids` (own_bytes: their bytes): checks the
+  // plan's signature (drift), runs the schedule's start of k, makes the tensors usable, checks the
+  // budget (a violation marks *violation, once per operator) and makes room for what k creates.
+  // `collective`: its tensors are pinned for good.
+  void begin_operator(uint32_t k, uint64_t signature, const char* name,
+                      std::span<const LogicalId> ids, uint64_t own_bytes, bool collective,
+                      bool* violation, StepBinding& binding);
+  // The device's allocator peak during a recorded operator (CUDA): raises the untracked bytes to
+  // what the peak shows beyond the tracked resident bytes.
+  void note_device_peak(uint64_t peak_bytes);
+  // Operator k has run: releases its tensors, marks its outputs used, runs the schedule's end of k,
+  // and puts resident bytes back within the budget (the safety net in every mode).
+  void end_operator(uint32_t k, const char* name, std::span<const LogicalId> ids,
+                    std::span<const LogicalId> outputs, bool collective, bool* violation);
+
+  // --- errors -------------------------------------------------------------------------------
+  // An error caught during the step (raised by end_step as teraio::Error), or between steps.
+  void note_error(const std::string& what);
+  // Takes the engine's failed transfers: the step's faults in a step, else only last_error.
+  void collect_faults() { collect_faults(in_step()); }
+  void collect_faults(bool of_the_step);
+  const std::string& last_error() const { return last_error_; }
+  void set_last_error(std::string what) { last_error_ = std::move(what); }
+
+  // The controller's and the engine's fields of SessionStats (the binding adds tracked_tensors
+  // and tiers).
+  void fill_stats(const runtime::EngineStats& engine, SessionStats* stats) const;
+
+ private:
+  struct CachedPlan {
+    std::shared_ptr<const runtime::Schedule> schedule;  // moves name logical ids
+    std::vector<OperatorRecord> ops;  // the profiled operators (times final), spliced on drift
+  };
+  void note_drift(uint32_t k, StepBinding& binding);
+  void note_shortfall(uint32_t k, const char* op, bool* noted);
+  void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
+  void install(const CachedPlan* p);
+  void uninstall(Mode mode);
+
+  runtime::Engine& engine_;
+  ControllerOptions options_;
+  runtime::BudgetPolicy budget_;
+  Recorder recorder_;
+
+  Mode mode_ = Mode::kProfiling;
+  bool iteration_reactive_ = false;  // drift switched this iteration to reactive
+  int profiled_ = 0;                 // profiled iterations since the last (re)start
+  uint64_t iteration_ = 0;
+  std::atomic<bool> in_step_{false};
+  // Planned with an empty plan and no drift yet: operators only advance the index and check the
+  // signature, without taking the lock (the hooks must cost < 1% of a step).
+  std::atomic<bool> fast_{false};
+  std::atomic<uint32_t> op_counter_{0};
+  std::atomic<uint64_t> iter_sig_{0};  // running hash of this iteration's operator signatures
+  std::unordered_map<uint64_t, CachedPlan> cache_;  // by iteration signature
+  const CachedPlan* active_ = nullptr;
+
+  uint64_t drift_events_ = 0;
+  uint64_t budget_violations_ = 0;
+  uint64_t plan_budget_bytes_ = 0;     // the budget the last plan was made for
+  std::string plan_variant_;           // which of the planner's variants the last plan is
+  double predicted_iteration_us_ = 0;  // the simulator's replay of the last plan
+  uint64_t last_operators_ = 0;
+
+  std::string last_error_;
+  std::string pending_error_;      // the first error of this step (raised by end_step as Error)
+  std::string pending_fault_;      // the first failed transfer of this step (raised as IoError)
+  uint64_t step_faults_ = 0;       // failed transfers this step
+  uint64_t step_read_faults_ = 0;  // of which reads (or lost bytes): results may be partial
+  // The largest operator of this step whose own tensors exceed the budget, and what to say of it.
+  uint64_t step_need_bytes_ = 0;
+  std::string step_need_error_, step_need_hint_;
+};
+
+// Mixes v into the running hash h (operator and iteration signatures).
+inline uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+}  // namespace teraio::offload

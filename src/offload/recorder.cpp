@@ -1,0 +1,248 @@
+// The recorder (recorder.h): tensor facts, kind guessing and the trace of a recorded iteration.
+#include "recorder.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "teraio/json_text.h"
+
+namespace teraio::offload {
+
+bool is_collective(const char* name) {
+  return std::strncmp(name, "c10d::", 6) == 0 ||
+         std::strncmp(name, "_c10d_functional::", 18) == 0 ||
+         std::strncmp(name, "c10d_functional::", 17) == 0;
+}
+
+std::string TensorFacts::display_name() const {
+  if (!name.empty()) return name;
+  return fmt::format("op{}.{}{}", key >> 32, (key & 1) ? "out" : "in", (key >> 1) & 0x7fffffff);
+}
+
+// Note [Tensor kinds]: a kind given with name_tensor wins. Otherwise: a leaf that requires grad is
+// a parameter; a tensor produced by the backward pass is a gradient when it outlives the iteration
+// or the optimizer uses it, else a temporary; one alive at the end and bound before the recorded
+// iteration is optimizer state; one produced by the forward pass (grad enabled) and used by the
+// backward pass is an activation; other forward outputs, and any operator output, are temporaries;
+// the rest (inputs seen first as inputs: a batch) is "other".
+TensorKind TensorFacts::guess_kind(bool alive, uint64_t iteration) const {
+  const bool long_lived = alive && first_iteration < iteration;
+  if (named_kind) return *named_kind;
+  if (is_param) return TensorKind::parameter;
+  if (produced_in_backward)
+    return (alive || used_after_backward) ? TensorKind::gradient : TensorKind::temporary;
+  if (long_lived) return TensorKind::optimizer_state;
+  if (produced_in_forward && used_in_backward) return TensorKind::activation;
+  if (produced_in_forward || (key & 1)) return TensorKind::temporary;
+  return TensorKind::other;
+}
+
+TensorKind TensorFacts::idle_kind() const {
+  return named_kind ? *named_kind : is_param ? TensorKind::parameter : TensorKind::optimizer_state;
+}
+
+LogicalId Recorder::id_for_key(uint64_t key, const TensorSource& source) {
+  auto it = key_ids_.find(key);
+  if (it != key_ids_.end() && !source.alive(it->second)) return it->second;
+  const auto id = static_cast<LogicalId>(facts_.size());
+  facts_.emplace_back();
+  key_ids_[key] = id;
+  return id;
+}
+
+void Recorder::note_bound(LogicalId id, uint64_t key, uint64_t bytes, bool is_param) {
+  TensorFacts& m = facts_.at(id);
+  if (m.key != key || m.bytes == 0) {  // a new logical tensor; the same key keeps its labels
+    m = TensorFacts{};
+    m.key = key;
+  }
+  m.bytes = bytes;
+  m.first_iteration = iteration_;
+  m.is_param = is_param;
+}
+
+void Recorder::begin_iteration(uint64_t iteration) {
+  iteration_ = iteration;
+  signatures_.clear();
+  ops_.clear();
+  live_.clear();
+}
+
+void Recorder::note_input(LogicalId id, bool in_backward) {
+  TensorFacts& m = facts_.at(id);
+  if (in_backward)
+    m.used_in_backward = true;
+  else if (m.produced_in_backward)
+    m.used_after_backward = true;
+}
+
+void Recorder::note_output(LogicalId id, bool in_backward, bool grad_enabled) {
+  TensorFacts& m = facts_.at(id);
+  if (in_backward)
+    m.produced_in_backward = true;
+  else if (grad_enabled)
+    m.produced_in_forward = true;
+}
+
+void Recorder::add_operator(std::string name, double time_us, std::span<const LogicalId> inputs,
+                            std::span<const LogicalId> outputs, const TensorSource& source) {
+  OperatorRecord r;
+  r.name = std::move(name);
+  r.time_us = time_us;
+  r.ids.assign(inputs.begin(), inputs.end());
+  for (LogicalId id : outputs)
+    if (std::find(r.ids.begin(), r.ids.end(), id) == r.ids.end()) r.ids.push_back(id);
+  for (LogicalId id : r.ids) {
+    TensorFacts& m = facts_.at(id);
+    if (m.live_mark != iteration_ + 1) {
+      m.live_mark = iteration_ + 1;
+      live_.push_back(id);
+    }
+  }
+  ops_.push_back(std::move(r));
+  // Marks the recorded tensors still alive after this operator; forgets the dead ones.
+  const auto k = static_cast<int64_t>(ops_.size()) - 1;
+  for (size_t i = 0; i < live_.size();) {
+    const LogicalId id = live_[i];
+    if (source.alive(id)) {
+      facts_[id].last_alive_op = k;
+      ++i;
+    } else {
+      live_[i] = live_.back();
+      live_.pop_back();
+    }
+  }
+}
+
+void Recorder::splice(std::span<const OperatorRecord> ops, std::span<const uint64_t> signatures) {
+  ops_.assign(ops.begin(), ops.end());
+  signatures_.assign(signatures.begin(), signatures.end());
+}
+
+void Recorder::set_times(const Trace& trace) {
+  for (size_t k = 0; k < ops_.size(); ++k)
+    ops_[k].time_us = trace.kernel_time_us(static_cast<KernelIndex>(k));
+}
+
+std::vector<OperatorRecord> Recorder::take_operators() {
+  std::vector<OperatorRecord> out = std::move(ops_);
+  ops_.clear();
+  return out;
+}
+
+// Note [Trace of a recording]: one trace kernel per recorded operator, listing the tensors it
+// touches. A transient tensor alive past its last use (Python holds it; a gradient until zero_grad)
+// gets the last operator it was alive at as its `alive_until`: its memory is taken until then, but
+// it is not used there, so it may leave after its last use. One alive at the end is persistent.
+// Tensors pinned by a collective are listed at every operator where they are pinned, so that the
+// planner sees no inactive period there (no move) and counts their bytes: a persistent one (DDP's
+// gradient buckets) at every operator, since it is pinned when the next iterations start; a
+// transient one from its first collective until it dies. Tensors alive and tracked but not used in
+// the iteration (an expert that got no token, the states of parameters without a gradient this
+// time) are persistent tensors no kernel uses, so the planner may keep them out for the whole
+// iteration (pinned ones are listed at every operator instead).
+Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSource& source) const {
+  Recording rec;
+  std::unordered_map<LogicalId, TensorId> to_trace;
+  Trace& trace = rec.trace;
+  trace.set_meta("source", "\"teraio.Session\"");
+  trace.set_meta("device", fmt::format("\"{}\"", source.device_name()));
+  trace.set_meta("iteration", std::to_string(iteration_));
+  auto add = [&](LogicalId id) {
+    const TensorFacts& m = facts_.at(id);
+    rec.tensors.push_back({id, m.first_iteration >= iteration_, m.last_alive_op});
+  };
+  std::unordered_map<LogicalId, size_t> last_use;
+  for (size_t k = 0; k < ops_.size(); ++k)
+    for (LogicalId id : ops_[k].ids) last_use[id] = k;
+  std::vector<std::vector<LogicalId>> pinned_at(ops_.size());
+  if (!ops_.empty()) {
+    std::unordered_map<LogicalId, size_t> first_collective;
+    for (size_t k = 0; k < ops_.size(); ++k)
+      if (is_collective(ops_[k].name.c_str()))
+        for (LogicalId id : ops_[k].ids) first_collective.emplace(id, k);
+    std::vector<std::pair<LogicalId, size_t>> sorted(last_use.begin(), last_use.end());
+    std::sort(sorted.begin(), sorted.end());  // a deterministic trace
+    for (const auto& [id, last] : sorted) {
+      const bool alive = source.alive(id);
+      auto it = first_collective.find(id);
+      size_t from = 0, to = ops_.size() - 1;
+      if (alive && engine.pinned_permanently(id)) {
+        // pinned from the first operator to the last
+      } else if (it != first_collective.end()) {
+        from = it->second;
+        if (!alive)
+          to = static_cast<size_t>(std::clamp<int64_t>(facts_[id].last_alive_op,
+                                                       static_cast<int64_t>(last), int64_t(to)));
+      } else {
+        continue;
+      }
+      for (size_t k = from; k <= to; ++k) pinned_at[k].push_back(id);
+    }
+  }
+  std::vector<LogicalId> idle;  // tracked, alive and not used in this iteration
+  for (LogicalId id : source.live_tensors())
+    if (!last_use.count(id) && engine.bound(id) && engine.location(id) != runtime::Location::kLost)
+      idle.push_back(id);
+  std::sort(idle.begin(), idle.end());  // a deterministic trace
+  for (LogicalId id : idle)
+    if (engine.pinned_permanently(id))
+      for (auto& at : pinned_at) at.push_back(id);  // never moves: counted at every operator
+  std::vector<TensorId> ids;
+  std::vector<LogicalId> op_ids;
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    ids.clear();
+    op_ids = ops_[k].ids;
+    op_ids.insert(op_ids.end(), pinned_at[k].begin(), pinned_at[k].end());
+    for (LogicalId id : op_ids) {
+      auto [it, inserted] = to_trace.emplace(id, static_cast<TensorId>(rec.tensors.size()));
+      if (inserted) {
+        add(id);
+        const TensorFacts& m = facts_[id];
+        const bool alive = source.alive(id);
+        TensorInfo info;
+        info.bytes = m.bytes;
+        // Alive when the iteration ends: its memory stays taken into the next iteration (a
+        // gradient until zero_grad, a batch the loop still holds), so the planner must count it
+        // there. Modelled as persistent (its gap wraps around); when the next iteration frees it
+        // before its first use, the runtime drops a prefetch of the dead tensor (no read).
+        info.persistent = alive;
+        info.kind = m.guess_kind(alive, iteration_);
+        info.name = m.display_name();
+        trace.add_tensor(std::move(info));
+      }
+      ids.push_back(it->second);
+    }
+    trace.add_kernel(ops_[k].name, std::max(0.0, source.operator_time_us(k, ops_[k].time_us)), ids);
+  }
+  // alive_until, for transient tensors whose memory outlived their last listed use.
+  std::vector<int64_t> last_listed(trace.num_tensors(), -1);
+  for (size_t k = 0; k < trace.num_kernels(); ++k)
+    for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k)))
+      last_listed[t] = static_cast<int64_t>(k);
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    const int64_t until = rec.tensors[t].last_alive_op;
+    if (!trace.tensors[t].persistent && until > last_listed[t] &&
+        until < static_cast<int64_t>(ops_.size()))
+      trace.tensors[t].alive_until = static_cast<KernelIndex>(until);
+  }
+  for (LogicalId id : idle) {
+    if (to_trace.count(id)) continue;
+    const TensorFacts& m = facts_[id];
+    TensorInfo info;
+    info.bytes = m.bytes;
+    info.persistent = true;
+    info.kind = m.idle_kind();
+    info.name = m.display_name();
+    to_trace.emplace(id, static_cast<TensorId>(rec.tensors.size()));
+    add(id);
+    trace.add_tensor(std::move(info));
+  }
+  trace.set_meta("kernel_timing", json_quote(source.kernel_timing()));
+  trace.validate();
+  return rec;
+}
+
+}  // namespace teraio::offload

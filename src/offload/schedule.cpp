@@ -1,0 +1,78 @@
+// The schedule compiler (schedule.h; Note [Compiling a schedule]).
+#include "schedule.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "teraio/analysis.h"
+
+namespace teraio::offload {
+
+runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
+                                   std::span<const uint64_t> signatures) {
+  const Trace& trace = recording.trace;
+  const Lifetimes lifetimes(trace);
+  auto recreated = [&](TensorId t) {
+    return trace.tensors[t].persistent && recording.tensors.at(t).made_this_iteration;
+  };
+  std::vector<Move> moves = plan.moves;
+  std::erase_if(moves, [&](const Move& m) {
+    switch (m.op) {
+      case MoveOp::prefetch:
+        return recreated(m.tensor) && lifetimes.used(m.tensor) &&
+               m.deadline == lifetimes.first_use(m.tensor);
+      case MoveOp::offload:
+        return false;
+    }
+    return false;
+  });
+  runtime::Schedule s;
+  s.operators.resize(signatures.size());
+  for (size_t k = 0; k < signatures.size(); ++k) s.operators[k].signature = signatures[k];
+
+  auto earlier = [](const Move& a, const Move& b) {
+    return a.start != b.start ? a.start < b.start
+                              : a.op == MoveOp::prefetch && b.op == MoveOp::offload;
+  };
+  std::vector<const Move*> first(trace.num_tensors(), nullptr);
+  for (const Move& m : moves)
+    if (!first[m.tensor] || earlier(m, *first[m.tensor])) first[m.tensor] = &m;
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    if (!trace.tensors[t].persistent || recreated(t)) continue;
+    const LogicalId id = recording.tensors.at(t).id;
+    bool starts_out = false;
+    if (first[t]) {
+      switch (first[t]->op) {
+        case MoveOp::prefetch:
+          starts_out = true;
+          break;
+        case MoveOp::offload:
+          starts_out = !lifetimes.used(t);
+          break;
+      }
+    }
+    if (starts_out) {
+      Move out = *first[t];
+      out.tensor = id;
+      s.start_out.push_back(out);
+    } else {
+      s.start_in.push_back(id);
+    }
+  }
+  for (Move m : moves) {
+    m.tensor = recording.tensors.at(m.tensor).id;
+    s.add_move(m);
+  }
+  const size_t n = std::min<size_t>(trace.num_kernels(), s.operators.size());
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    if (trace.tensors[t].persistent) continue;
+    if (lifetimes.used(t) && lifetimes.first_use(t) < n)
+      s.operators[lifetimes.first_use(t)].created_bytes += trace.tensors[t].bytes;
+    const int64_t died_before = recording.tensors.at(t).last_alive_op + 1;
+    if (died_before > 0 && died_before < static_cast<int64_t>(n))
+      s.operators[died_before].deaths.push_back(recording.tensors.at(t).id);
+  }
+  return s;
+}
+
+}  // namespace teraio::offload

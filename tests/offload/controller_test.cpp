@@ -1,0 +1,427 @@
+// The controller (src/offload/controller.h) driven as the PyTorch binding drives it, over fake
+// tensors (host bytes that can be taken away) and a real engine with a host tier: every mode
+// transition (Note [Controller modes]), drift at an operator and at the end of an iteration, the
+// plan cache, the fast path, the budget checks and the step's errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "controller.h"
+#include "teraio/error.h"
+
+namespace teraio::offload {
+namespace {
+
+struct FakeTensor {
+  uint64_t size = 0;
+  std::vector<std::byte> data;  // empty while offloaded
+  bool alive = true;
+  int seed = 0;
+};
+
+class FakeMemory : public runtime::Memory {
+ public:
+  explicit FakeMemory(std::shared_ptr<FakeTensor> t) : t_(std::move(t)) {}
+  uint64_t bytes() const override { return t_->size; }
+  storage::BufferView detach() override {
+    held_ = std::move(t_->data);
+    t_->data.clear();
+    return storage::BufferView::host(held_.data(), held_.size());
+  }
+  void attach() override {
+    t_->data = std::move(held_);
+    held_.clear();
+  }
+  void drop() override { held_ = {}; }
+  storage::BufferView allocate() override {
+    held_.assign(t_->size, std::byte{0});
+    return storage::BufferView::host(held_.data(), held_.size());
+  }
+  bool alive() const override { return t_->alive; }
+
+ private:
+  std::shared_ptr<FakeTensor> t_;
+  std::vector<std::byte> held_;
+};
+
+std::shared_ptr<FakeTensor> make_tensor(uint64_t size, int seed) {
+  auto t = std::make_shared<FakeTensor>();
+  t->size = size;
+  t->seed = seed;
+  t->data.resize(size);
+  for (uint64_t i = 0; i < size; ++i) t->data[i] = std::byte(static_cast<uint8_t>(i * 7 + seed));
+  return t;
+}
+bool intact(const FakeTensor& t) {
+  if (t.data.size() != t.size) return false;
+  for (uint64_t i = 0; i < t.size; ++i)
+    if (t.data[i] != std::byte(static_cast<uint8_t>(i * 7 + t.seed))) return false;
+  return true;
+}
+
+// One operator of a fake iteration: inputs are named tensors (persistent ones, or outputs of
+// earlier operators of the same iteration); outputs are new tensors of the given sizes.
+struct FakeOp {
+  std::string name;
+  std::vector<std::string> inputs;
+  std::vector<std::pair<std::string, uint64_t>> outputs;
+  bool backward = false;
+};
+
+// The binding's part, as src/torch does it: storages to logical ids by first appearance, the
+// engine's Memory, the tensors' liveness; and a training loop running fake iterations.
+class FakeBinding : public StepBinding {
+ public:
+  bool alive(LogicalId id) const override {
+    return id < id_tensor.size() && id_tensor[id] && id_tensor[id]->alive;
+  }
+  std::vector<LogicalId> live_tensors() const override {
+    std::vector<LogicalId> out;
+    for (const auto& [t, id] : ids)
+      if (t->alive) out.push_back(id);
+    return out;
+  }
+  void use_lean_hooks(bool lean) override { lean_calls.push_back(lean); }
+
+  std::map<FakeTensor*, LogicalId> ids;
+  std::vector<std::shared_ptr<FakeTensor>> id_tensor;
+  std::vector<bool> lean_calls;
+};
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    storage::HostTierOptions h;
+    h.capacity_bytes = 8 << 20;
+    h.pin = false;
+    host_ = storage::make_host_tier(h);
+  }
+  void start(uint64_t budget, ControllerOptions o = {}) {
+    engine_ = std::make_unique<runtime::Engine>(
+        runtime::EngineOptions{budget},
+        std::vector<runtime::EngineTier>{{"host", host_.get(), 8 << 20}});
+    o.budget_bytes = budget;
+    o.plan_search = false;  // make_plan alone: quicker, same transitions
+    o.tiers = {{"host", 8 << 20, 10, 10}};
+    ctl_ = std::make_unique<Controller>(*engine_, o);
+    for (const char* n : {"w1", "w2", "s1", "s2"}) persistent_[n] = make_tensor(64 << 10, seed_++);
+  }
+
+  std::optional<LogicalId> bind(const std::shared_ptr<FakeTensor>& t, uint64_t key) {
+    auto it = b_.ids.find(t.get());
+    if (it != b_.ids.end()) return it->second;
+    Recorder& rec = ctl_->recorder();
+    const LogicalId id = rec.id_for_key(key, b_);
+    if (id >= b_.id_tensor.size()) b_.id_tensor.resize(id + 1);
+    if (b_.id_tensor[id]) b_.ids.erase(b_.id_tensor[id].get());
+    engine_->bind(id, std::make_unique<FakeMemory>(t));
+    b_.ids.emplace(t.get(), id);
+    b_.id_tensor[id] = t;
+    rec.note_bound(id, key, t->size, t->seed < 2);
+    return id;
+  }
+
+  // Runs one step of `ops` as the binding does (full path, or the fast path when the controller
+  // says so). Transient tensors die after their last use in the iteration. Returns the step's
+  // error ("" when none; "io: ..." for a failed transfer).
+  std::string run(const std::vector<FakeOp>& ops) {
+    ctl_->begin_step(b_);
+    std::map<std::string, std::shared_ptr<FakeTensor>> transient;
+    std::map<std::string, size_t> last_use;
+    for (size_t k = 0; k < ops.size(); ++k)
+      for (const std::string& in : ops[k].inputs) last_use[in] = k;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const FakeOp& op = ops[i];
+      auto tensor = [&](const std::string& n) {
+        auto it = persistent_.find(n);
+        return it != persistent_.end() ? it->second : transient.at(n);
+      };
+      uint64_t sig = std::hash<std::string>()(op.name);
+      for (const std::string& in : op.inputs) sig = mix(sig, tensor(in)->size);
+      uint32_t k = 0;
+      if (ctl_->fast() && ctl_->try_fast(sig, &k)) {
+        fast_ops_++;  // outputs exist, untracked (the lean hooks do not see them)
+        for (const auto& [name, bytes] : op.outputs) transient[name] = make_tensor(bytes, seed_++);
+      } else {
+        if (ctl_->fast()) ctl_->drift_at(k, b_);
+        k = ctl_->next_operator();
+        std::vector<LogicalId> in_ids;
+        uint64_t own = 0;
+        for (size_t s = 0; s < op.inputs.size(); ++s) {
+          auto t = tensor(op.inputs[s]);
+          const LogicalId id = *bind(t, make_key(k, static_cast<uint32_t>(s), false));
+          if (std::find(in_ids.begin(), in_ids.end(), id) == in_ids.end()) {
+            in_ids.push_back(id);
+            own += t->size;
+          }
+          if (ctl_->recording()) ctl_->recorder().note_input(id, op.backward);
+        }
+        bool violation = false;
+        ctl_->begin_operator(k, sig, op.name.c_str(), in_ids, own, false, &violation, b_);
+        for (const std::string& in : op.inputs) {
+          EXPECT_TRUE(intact(*tensor(in)))
+              << op.name << " reads " << in << " at step " << ctl_->iteration();
+        }
+        const bool rec = ctl_->recording();
+        std::vector<LogicalId> out_ids;
+        for (size_t s = 0; s < op.outputs.size(); ++s) {
+          auto t = make_tensor(op.outputs[s].second, seed_++);
+          transient[op.outputs[s].first] = t;
+          const LogicalId id = *bind(t, make_key(k, static_cast<uint32_t>(s), true));
+          out_ids.push_back(id);
+          if (rec) ctl_->recorder().note_output(id, op.backward, true);
+        }
+        if (rec) ctl_->recorder().add_operator(op.name, 100, in_ids, out_ids, b_);
+        ctl_->end_operator(k, op.name.c_str(), in_ids, out_ids, false, &violation);
+      }
+      for (const std::string& in : op.inputs)  // transient tensors die after their last use
+        if (last_use[in] == i && !persistent_.count(in) && transient.count(in)) {
+          transient[in]->alive = false;
+          transient[in]->data.clear();
+        }
+    }
+    for (auto& [n, t] : transient) {
+      t->alive = false;
+      t->data.clear();
+    }
+    const StepErrors errors = ctl_->end_step(b_);
+    for (auto it = b_.ids.begin(); it != b_.ids.end();) {  // forget storages that died
+      if (!it->first->alive) {
+        b_.id_tensor[it->second] = nullptr;
+        it = b_.ids.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    try {
+      raise_step_errors(errors);
+    } catch (const IoError& e) {
+      return std::string("io: ") + e.what();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  SessionStats stats() const {
+    SessionStats s;
+    ctl_->fill_stats(engine_->stats(), &s);
+    return s;
+  }
+
+  // A two-layer model: forward, backward and an optimizer step over 64 KiB parameters and states.
+  static std::vector<FakeOp> model() {
+    return {
+        {"fwd1", {"w1"}, {{"a1", 64 << 10}}},
+        {"fwd2", {"a1", "w2"}, {{"a2", 64 << 10}}},
+        {"loss", {"a2"}, {{"l", 8 << 10}}},
+        {"bwd2", {"l", "a1", "w2"}, {{"g2", 64 << 10}, {"d1", 64 << 10}}, true},
+        {"bwd1", {"d1", "w1"}, {{"g1", 64 << 10}}, true},
+        {"opt1", {"w1", "g1", "s1"}, {}},
+        {"opt2", {"w2", "g2", "s2"}, {}},
+    };
+  }
+  // The same model with an operator more in its forward pass (another input shape).
+  static std::vector<FakeOp> longer_model() {
+    std::vector<FakeOp> ops = model();
+    ops.insert(ops.begin() + 1, FakeOp{"extra", {"a1"}, {{"x", 16 << 10}}});
+    return ops;
+  }
+  // Every persistent tensor holds its bytes once everything is brought back.
+  bool persistent_intact() {
+    engine_->fetch_all();
+    for (const auto& [n, t] : persistent_)
+      if (!intact(*t)) return false;
+    return true;
+  }
+
+  std::unique_ptr<storage::Tier> host_;
+  std::unique_ptr<runtime::Engine> engine_;
+  std::unique_ptr<Controller> ctl_;
+  FakeBinding b_;
+  std::map<std::string, std::shared_ptr<FakeTensor>> persistent_;
+  int seed_ = 0;
+  uint64_t fast_ops_ = 0;
+};
+
+constexpr uint64_t kTight = 400 << 10;  // below the model's peak: the plan must move tensors
+constexpr uint64_t kRoomy = 64 << 20;   // everything fits: the plan has no moves
+
+TEST_F(ControllerTest, ProfilesThenPlansAndStaysPlanned) {
+  start(kTight);
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling);
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling) << "profiling_iterations = 2";
+  EXPECT_EQ(ctl_->plans_cached(), 0u);
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(ctl_->plans_cached(), 1u);
+  EXPECT_TRUE(engine_->has_plan());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(run(model()), "");
+  const SessionStats s = stats();
+  EXPECT_EQ(s.mode, "planned");
+  EXPECT_EQ(s.iteration, 5u);
+  EXPECT_EQ(s.drift_events, 0u);
+  EXPECT_EQ(s.plans_cached, 1u);
+  EXPECT_EQ(s.operators, 7u);
+  EXPECT_GT(s.plan_moves, 0u) << "a tight budget needs planned moves";
+  EXPECT_EQ(s.plan_budget_bytes, kTight) << "CPU: nothing untracked, no margin";
+  EXPECT_LE(s.step_peak_resident_bytes, kTight);
+  EXPECT_TRUE(persistent_intact());
+}
+
+TEST_F(ControllerTest, PlanningOffStaysReactiveAndPlansNothing) {
+  ControllerOptions o;
+  o.planning = false;
+  start(kTight, o);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling) << "kept internally: traces are still written";
+  EXPECT_STREQ(ctl_->reported_mode(), "reactive");
+  EXPECT_EQ(stats().mode, "reactive");
+  EXPECT_EQ(ctl_->plans_cached(), 0u);
+  EXPECT_GT(stats().evictions, 0u) << "the budget is held by evictions alone";
+  EXPECT_LE(stats().resident_bytes, kTight) << "within the budget after each operator";
+  EXPECT_TRUE(persistent_intact());
+}
+
+TEST_F(ControllerTest, DriftAtAnOperatorPlansTheNewShapeAndTheCacheServesBoth) {
+  start(kTight);
+  run(model());
+  run(model());
+  ASSERT_EQ(ctl_->mode(), Mode::kPlanned);
+  // Another shape: the plan's signature differs at operator 1; the rest runs reactively and is
+  // recorded, the operator before is spliced in from the profile: the whole iteration is known.
+  EXPECT_EQ(run(longer_model()), "");
+  EXPECT_EQ(stats().drift_events, 1u);
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(ctl_->plans_cached(), 2u) << "the drifted iteration was the new shape's profile";
+  EXPECT_EQ(run(longer_model()), "");
+  EXPECT_EQ(stats().drift_events, 1u) << "the new plan fits the new shape";
+  // Back to the first shape: a drift, then the cached plan (no new plan).
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(stats().drift_events, 2u);
+  EXPECT_EQ(ctl_->plans_cached(), 2u) << "a cache hit";
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(stats().drift_events, 2u);
+  EXPECT_TRUE(persistent_intact());
+}
+
+TEST_F(ControllerTest, IterationEndingEarlyIsADriftAndIsProfiledAgain) {
+  start(kTight);
+  run(model());
+  run(model());
+  ASSERT_EQ(ctl_->mode(), Mode::kPlanned);
+  std::vector<FakeOp> shorter = model();
+  shorter.pop_back();  // every operator matches the plan, but one is missing at the end
+  EXPECT_EQ(run(shorter), "");
+  EXPECT_EQ(stats().drift_events, 1u);
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling) << "nothing recorded: profile the next one";
+  EXPECT_FALSE(engine_->has_plan());
+  EXPECT_EQ(run(shorter), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned) << "one profiled step, then its plan";
+  EXPECT_EQ(ctl_->plans_cached(), 2u);
+  EXPECT_EQ(run(shorter), "");
+  EXPECT_EQ(stats().drift_events, 1u);
+  EXPECT_TRUE(persistent_intact());
+}
+
+TEST_F(ControllerTest, EmptyPlanRunsTheFastPathUntilADrift) {
+  start(kRoomy);
+  run(model());
+  run(model());
+  ASSERT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(stats().plan_moves, 0u);
+  b_.lean_calls.clear();
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(fast_ops_, 7u) << "every operator matched lock-free";
+  EXPECT_EQ(b_.lean_calls, std::vector<bool>{true}) << "lean hooks for the whole step";
+  EXPECT_EQ(stats().operators, 7u);
+  b_.lean_calls.clear();
+  fast_ops_ = 0;
+  EXPECT_EQ(run(longer_model()), "");
+  EXPECT_EQ(fast_ops_, 1u) << "the operator before the drift";
+  EXPECT_EQ(stats().drift_events, 1u);
+  EXPECT_EQ(b_.lean_calls, (std::vector<bool>{true, false})) << "full hooks from the drift on";
+  EXPECT_EQ(ctl_->plans_cached(), 2u);
+  EXPECT_TRUE(persistent_intact());
+}
+
+TEST_F(ControllerTest, OperatorLargerThanTheBudgetIsReportedWithWhatItNeeds) {
+  start(150 << 10);  // opt1 and opt2 need 192 KiB each, _foreach_add_ 256 KiB: the largest wins
+  std::vector<FakeOp> ops = model();
+  ops.push_back({"_foreach_add_", {"w1", "w2", "s1", "s2"}, {}});  // 256 KiB at once
+  const std::string err = run(ops);
+  EXPECT_NE(
+      err.find("is smaller than the tensors of operator 7 (_foreach_add_): 256.0 KiB; the step "
+               "needs a budget of at least 256.0 KiB"),
+      std::string::npos)
+      << err;
+  EXPECT_NE(err.find("foreach=False"), std::string::npos) << "the hint for group operators";
+  EXPECT_GE(stats().budget_violations, 1u);
+  EXPECT_EQ(ctl_->last_error().find("budget 150.0 KiB is smaller"), 0u) << ctl_->last_error();
+  EXPECT_TRUE(persistent_intact()) << "a violation runs the operator anyway";
+}
+
+TEST_F(ControllerTest, UntrackedMemoryThatLeavesNothingMakesTheModeReactive) {
+  start(kTight);
+  run(model());
+  ctl_->begin_step(b_);
+  ctl_->note_device_peak(engine_->stats().resident_bytes + kTight);  // untracked = budget
+  EXPECT_EQ(ctl_->budget().untracked_bytes, kTight);
+  const StepErrors e = ctl_->end_step(b_);
+  EXPECT_NE(e.error.find("leaves nothing for tensors"), std::string::npos) << e.error;
+  EXPECT_THROW(raise_step_errors(e), Error);
+  EXPECT_EQ(ctl_->mode(), Mode::kReactive);
+  EXPECT_FALSE(engine_->has_plan());
+  EXPECT_EQ(ctl_->plans_cached(), 0u);
+  // The untracked bytes stay what was measured: every operator now exceeds the budget.
+  EXPECT_NE(run(model()).find("device memory used outside tracked tensors"), std::string::npos);
+  EXPECT_EQ(ctl_->mode(), Mode::kReactive) << "for good";
+  EXPECT_EQ(ctl_->budget().untracked_bytes, kTight) << "measured in profiled steps only";
+}
+
+TEST_F(ControllerTest, UntrackedMemoryIsMeasuredAfreshInProfiledStepsAndLowersThePlanBudget) {
+  start(kTight);
+  ctl_->set_device_margin(true);
+  ctl_->begin_step(b_);
+  ctl_->note_device_peak(engine_->stats().resident_bytes + 5000);
+  ctl_->note_device_peak(engine_->stats().resident_bytes + 3000);  // the most is kept
+  EXPECT_EQ(ctl_->budget().untracked_bytes, 5000u);
+  EXPECT_EQ(engine_->budget_policy().untracked_bytes, 5000u) << "the engine's target follows";
+  ctl_->end_step(b_);
+  ctl_->begin_step(b_);
+  EXPECT_EQ(ctl_->budget().untracked_bytes, 0u) << "measured afresh in each profiled step";
+  EXPECT_EQ(engine_->budget_policy().untracked_bytes, 0u);
+  ctl_->note_device_peak(engine_->stats().resident_bytes + 4000);
+  ctl_->end_step(b_);
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(stats().plan_budget_bytes, kTight - 4000 - kTight / 32);
+  EXPECT_EQ(stats().untracked_bytes, 4000u);
+}
+
+TEST_F(ControllerTest, StepMisuseThrowsAndChangesNothing) {
+  start(kTight);
+  EXPECT_THROW(ctl_->end_step(b_), Error);
+  ctl_->begin_step(b_);
+  EXPECT_THROW(ctl_->begin_step(b_), Error);
+  EXPECT_TRUE(ctl_->in_step());
+  ctl_->end_step(b_);
+  EXPECT_EQ(ctl_->iteration(), 1u);
+  ctl_->begin_step(b_);
+  ctl_->abandon_step();
+  EXPECT_FALSE(ctl_->in_step());
+}
+
+TEST(ControllerModes, Names) {
+  EXPECT_STREQ(mode_name(Mode::kProfiling), "profiling");
+  EXPECT_STREQ(mode_name(Mode::kPlanned), "planned");
+  EXPECT_STREQ(mode_name(Mode::kReactive), "reactive");
+  EXPECT_EQ(group_hint("aten::add"), "");
+  EXPECT_NE(group_hint("aten::_fused_adamw_").find("fused=False"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace teraio::offload

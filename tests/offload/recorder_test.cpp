@@ -1,0 +1,186 @@
+// The recorder (src/offload/recorder.h): logical ids by first appearance, kind guessing (Note
+// [Tensor kinds]) and the trace of a recording (Note [Trace of a recording]): lifetimes extended to
+// where a tensor was still alive, persistent tensors, idle and pinned ones.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "recorder.h"
+
+namespace teraio::offload {
+namespace {
+
+class HostMemory : public runtime::Memory {
+ public:
+  HostMemory(uint64_t n, const std::set<LogicalId>* alive, LogicalId id)
+      : data_(n), alive_(alive), id_(id) {}
+  uint64_t bytes() const override { return data_.size(); }
+  storage::BufferView detach() override { return storage::BufferView::host(data_.data(), 0); }
+  void attach() override {}
+  void drop() override {}
+  storage::BufferView allocate() override { return storage::BufferView::host(data_.data(), 0); }
+  bool alive() const override { return alive_->count(id_) > 0; }
+
+ private:
+  std::vector<std::byte> data_;
+  const std::set<LogicalId>* alive_;
+  LogicalId id_;
+};
+
+class FakeSource : public TensorSource {
+ public:
+  bool alive(LogicalId id) const override { return live.count(id) > 0; }
+  std::vector<LogicalId> live_tensors() const override { return {live.begin(), live.end()}; }
+  double operator_time_us(size_t k, double host_us) const override {
+    return host_us + static_cast<double>(k);  // "device time": distinguishable from the host's
+  }
+  std::string device_name() const override { return "fake:0"; }
+  std::set<LogicalId> live;
+};
+
+TEST(Recorder, KeysNameTheSameTensorAcrossIterationsWhileItIsGone) {
+  Recorder r;
+  FakeSource src;
+  const uint64_t key = make_key(3, 1, true);
+  const LogicalId a = r.id_for_key(key, src);
+  r.note_bound(a, key, 4096, false);
+  r.tensor(a).name = "x";
+  src.live.insert(a);
+  EXPECT_NE(r.id_for_key(key, src), a) << "the key's tensor is alive: another tensor";
+  const LogicalId b = static_cast<LogicalId>(r.num_tensors() - 1);
+  src.live = {};
+  EXPECT_EQ(r.id_for_key(make_key(3, 1, true), src), b) << "the key now names the newer one";
+  r.note_bound(a, key, 4096, false);
+  EXPECT_EQ(r.tensor(a).name, "x") << "the same key keeps its labels";
+  r.note_bound(a, make_key(4, 0, false), 4096, false);
+  EXPECT_EQ(r.tensor(a).name, "") << "a new key is a new logical tensor";
+  EXPECT_EQ(r.tensor(a).display_name(), "op4.in0");
+}
+
+TEST(Recorder, GuessesKinds) {
+  TensorFacts f;
+  f.key = make_key(0, 0, false);
+  EXPECT_EQ(f.guess_kind(false, 1), TensorKind::other) << "an input never produced: a batch";
+  f.is_param = true;
+  EXPECT_EQ(f.guess_kind(true, 1), TensorKind::parameter);
+  f.named_kind = TensorKind::optimizer_state;
+  EXPECT_EQ(f.guess_kind(true, 1), TensorKind::optimizer_state) << "a given kind wins";
+  TensorFacts g;
+  g.key = make_key(5, 0, true);
+  g.produced_in_backward = true;
+  EXPECT_EQ(g.guess_kind(true, 1), TensorKind::gradient) << "alive at the end";
+  EXPECT_EQ(g.guess_kind(false, 1), TensorKind::temporary);
+  g.used_after_backward = true;
+  EXPECT_EQ(g.guess_kind(false, 1), TensorKind::gradient) << "the optimizer used it";
+  TensorFacts a;
+  a.key = make_key(1, 0, true);
+  a.produced_in_forward = true;
+  a.used_in_backward = true;
+  a.first_iteration = 1;
+  EXPECT_EQ(a.guess_kind(false, 1), TensorKind::activation);
+  a.used_in_backward = false;
+  EXPECT_EQ(a.guess_kind(false, 1), TensorKind::temporary);
+  TensorFacts s;
+  s.key = make_key(7, 2, true);
+  s.first_iteration = 0;
+  EXPECT_EQ(s.guess_kind(true, 1), TensorKind::optimizer_state) << "alive, from an earlier one";
+  EXPECT_EQ(s.idle_kind(), TensorKind::optimizer_state);
+}
+
+TEST(Recorder, TraceOfAnIteration) {
+  storage::HostTierOptions h;
+  h.capacity_bytes = 1 << 20;
+  h.pin = false;
+  auto host = storage::make_host_tier(h);
+  runtime::Engine engine(runtime::EngineOptions{0}, {{"host", host.get(), 1 << 20}});
+  Recorder r;
+  FakeSource src;
+  auto bind = [&](uint64_t key, uint64_t bytes, bool param) {
+    const LogicalId id = r.id_for_key(key, src);
+    r.note_bound(id, key, bytes, param);
+    engine.bind(id, std::make_unique<HostMemory>(bytes, &src.live, id));
+    src.live.insert(id);
+    return id;
+  };
+  // Iteration 0 binds the optimizer state and an idle tensor; iteration 1 is recorded.
+  r.begin_iteration(0);
+  const LogicalId s = bind(make_key(3, 2, false), 1000, false);
+  const LogicalId idle = bind(make_key(3, 3, false), 700, false);
+  r.begin_iteration(1);
+  const LogicalId p = bind(make_key(0, 0, false), 2000, true);
+  const LogicalId x = bind(make_key(0, 1, false), 100, false);
+  auto op = [&](const char* name, std::vector<LogicalId> in, std::vector<LogicalId> out,
+                bool backward) {
+    for (LogicalId id : in) r.note_input(id, backward);
+    for (LogicalId id : out) r.note_output(id, backward, /*grad_enabled=*/true);
+    r.add_signature(r.operators().size());
+    r.add_operator(name, 10, in, out, src);
+  };
+  const LogicalId a = bind(make_key(0, 0, true), 500, false);
+  op("fwd", {p, x}, {a}, false);
+  const LogicalId y = bind(make_key(1, 0, true), 300, false);
+  op("fwd2", {a}, {y}, false);
+  const LogicalId g = bind(make_key(2, 0, true), 2000, false);
+  op("bwd", {a, y, p}, {g}, true);
+  src.live.erase(a);  // a dies after its last use; y lives on (Python holds it) until after opt
+  op("opt", {p, g, s}, {}, false);
+  src.live.erase(y);
+  src.live.erase(x);
+  op("log", {}, {}, false);
+  engine.pin_permanently(s);  // as if given to a collective
+
+  const Recording rec = r.build_trace(engine, src);
+  const Trace& t = rec.trace;
+  ASSERT_EQ(t.num_kernels(), 5u);
+  auto find = [&](LogicalId id) {
+    for (size_t i = 0; i < rec.tensors.size(); ++i)
+      if (rec.tensors[i].id == id) return static_cast<TensorId>(i);
+    ADD_FAILURE() << "tensor " << id << " not in the trace";
+    return TensorId(0);
+  };
+  EXPECT_EQ(t.tensors[find(p)].kind, TensorKind::parameter);
+  EXPECT_TRUE(t.tensors[find(p)].persistent);
+  EXPECT_EQ(t.tensors[find(x)].kind, TensorKind::other);
+  EXPECT_EQ(t.tensors[find(a)].kind, TensorKind::activation);
+  EXPECT_FALSE(t.tensors[find(a)].alive_until.has_value()) << "died after its last use";
+  EXPECT_EQ(t.tensors[find(y)].kind, TensorKind::activation);
+  EXPECT_EQ(t.tensors[find(y)].alive_until, std::optional<KernelIndex>(3))
+      << "alive through opt, last used by bwd";
+  EXPECT_EQ(t.tensors[find(g)].kind, TensorKind::gradient);
+  EXPECT_TRUE(rec.tensors[find(g)].made_this_iteration);
+  EXPECT_EQ(t.tensors[find(s)].kind, TensorKind::optimizer_state);
+  EXPECT_FALSE(rec.tensors[find(s)].made_this_iteration);
+  // The pinned state is listed at every operator (no move can plan around it).
+  for (KernelIndex k = 0; k < 5; ++k) {
+    const auto ts = t.kernel_tensors(k);
+    EXPECT_NE(std::find(ts.begin(), ts.end(), find(s)), ts.end()) << "kernel " << k;
+  }
+  // The idle tensor: persistent, used by no operator, at the end of the tensor list.
+  const TensorId i = find(idle);
+  EXPECT_EQ(i, t.num_tensors() - 1);
+  EXPECT_TRUE(t.tensors[i].persistent);
+  EXPECT_EQ(t.tensors[i].kind, TensorKind::optimizer_state);
+  EXPECT_DOUBLE_EQ(t.kernel_time_us(2), 12.0) << "the source's device time";
+  EXPECT_EQ(t.tensors[find(a)].name, "op0.out0");
+  bool device_meta = false;
+  for (const auto& [k, v] : t.meta)
+    device_meta = device_meta || (k == "device" && v == "\"fake:0\"");
+  EXPECT_TRUE(device_meta);
+  EXPECT_EQ(r.signatures().size(), 5u);
+  r.set_times(t);
+  EXPECT_DOUBLE_EQ(r.operators()[4].time_us, 14.0);
+  const std::vector<OperatorRecord> ops = r.take_operators();
+  EXPECT_EQ(ops.size(), 5u);
+  EXPECT_TRUE(r.operators().empty());
+}
+
+TEST(Recorder, CollectivesAreRecognised) {
+  EXPECT_TRUE(is_collective("c10d::allreduce_"));
+  EXPECT_TRUE(is_collective("_c10d_functional::all_reduce"));
+  EXPECT_TRUE(is_collective("c10d_functional::all_gather_into_tensor"));
+  EXPECT_FALSE(is_collective("aten::add"));
+}
+
+}  // namespace
+}  // namespace teraio::offload
