@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One short device call that checks a merged tree on the H200 (2026-12-03, session 4): install,
+# issue 17 on CUDA with PyTorch's default optimizer (bench/hf_gpu.py --optim default: HF Mixtral 20
+# steps bitwise in fp32 and autocast, the HF Trainer's defaults under TeraioCallback), the bitwise
+# checks of bench/torch_gpu.py (no overhead blocks), and llama-1b fp32 at 1/2 with the measured
+# host link (issue 14: tokens/s as before the refactor; issue 16: operator times, prediction).
+# Usage: OUT=... bash bench/h200_final.sh   (results: $OUT/final.tgz, summary on stdout)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/h200-out}
+R=$OUT/final
+mkdir -p "$R"
+source bench/h200_env.sh
+finish() { tar czf "$OUT/final.tgz" -C "$R" .; }
+trap finish EXIT
+ensure_teraio > "$R/install.txt" 2>&1 || { tail -20 "$R/install.txt"; exit 1; }
+tail -1 "$R/install.txt"
+timeout 150 $PY bench/hf_gpu.py --out "$R/hf_gpu-default.json" --optim default > "$R/hf.txt" 2>&1
+echo "hf_gpu rc=$?"; grep -E "^(mixtral|trainer)" "$R/hf.txt" | cut -c1-300
+finish
+TORCH_GPU_BITWISE_ONLY=1 timeout 100 $PY bench/torch_gpu.py "$R/torch_gpu.json" > "$R/torch_gpu.txt" 2>&1
+echo "torch_gpu rc=$?"; cut -c1-110 "$R/torch_gpu.txt"
+finish
+timeout 130 $PY bench/llm_bench.py --system teraio --model llama-1b --dtype fp32 --tiers host \
+  --budget 18770466048B --host-gbps 0 --steps 3 --out "$R/teraio-half-llama-1b.json" > "$R/llm.txt" 2>&1
+echo "llm_bench rc=$?"; grep -E "step [0-9]|mean" "$R/llm.txt"
+$PY - "$R/teraio-half-llama-1b.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); st = r["system_info"]["stats"]
+print({k: st.get(k) for k in ("kernel_timing", "profiled_kernel_us", "profiled_event_us", "predicted_iteration_us", "plan_variant")})
+PY
