@@ -164,6 +164,7 @@ void Controller::begin_step(StepBinding& binding) {
 StepErrors Controller::end_step(StepBinding& binding) {
   TERAIO_CHECK(in_step(), "Session.step(): no step is running");
   collect_faults(true);
+  const bool recorded = recording();
   in_step_ = false;
   const uint32_t ops_run = op_counter_;
   last_operators_ = ops_run;
@@ -199,6 +200,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
     note_error(e.what());
   }
   collect_faults(true);
+  if (recorded) first_recording_ = false;
   recorder_.clear_operators();
   iteration_++;
   StepErrors r;
@@ -266,14 +268,15 @@ void Controller::begin_operator(uint32_t k, uint64_t signature, const char* name
   collect_faults();
   if (collective)
     for (LogicalId id : ids) engine_.pin_permanently(id);
-  if (budget_.violated_by(own_bytes)) {
+  const runtime::BudgetPolicy check = check_policy();
+  if (check.violated_by(own_bytes)) {
     *violation = true;
     budget_violations_++;
     // The step reports its largest such operator: the budget that would work for all of them.
-    const uint64_t need = budget_.operator_need_bytes(own_bytes);
+    const uint64_t need = check.operator_need_bytes(own_bytes);
     if (need > step_need_bytes_) {
       step_need_bytes_ = need;
-      const uint64_t untracked = budget_.untracked_bytes;
+      const uint64_t untracked = check.untracked_bytes;
       step_need_error_ = fmt::format(
           "budget {} is smaller than the tensors of operator {} ({}): {}{}; the step needs a "
           "budget "
@@ -302,10 +305,9 @@ void Controller::begin_operator(uint32_t k, uint64_t signature, const char* name
 void Controller::note_device_peak(uint64_t peak_bytes) {
   engine_.forget_dead();  // what died is no longer allocated: it must not count as tracked
   const uint64_t tracked = engine_.stats().resident_bytes;
-  if (peak_bytes > tracked && peak_bytes - tracked > budget_.untracked_bytes) {
-    budget_.untracked_bytes = peak_bytes - tracked;
-    engine_.set_reserve(budget_.untracked_bytes);
-  }
+  live_untracked_ = peak_bytes > tracked ? peak_bytes - tracked : 0;
+  budget_.untracked_bytes = std::max(budget_.untracked_bytes, live_untracked_);
+  engine_.set_reserve(check_policy().untracked_bytes);
 }
 
 void Controller::end_operator(uint32_t k, const char* name, std::span<const LogicalId> ids,

@@ -152,6 +152,22 @@ class Controller {
   runtime::Engine& engine_;
   ControllerOptions options_;
   runtime::BudgetPolicy budget_;
+  // Note [Untracked bytes in the first step]: the untracked bytes the last operator measured, and
+  // whether no iteration has been recorded yet. In the Session's first step the tensors that exist
+  // already (the parameters) are tracked only from their first operator on, so until then the
+  // measurement counts them as untracked too, and the running maximum (budget_.untracked_bytes)
+  // keeps that for the rest of the step: an optimizer step or gradient norm over every parameter
+  // would then seem to need the parameters twice. In that step the budget check and the engine's
+  // target use the last measurement instead, which counts only what is untracked now. The maximum
+  // is measured afresh in every later profiled step, and only those plan.
+  uint64_t live_untracked_ = 0;
+  bool first_recording_ = true;
+  // The policy the checks of this moment use (see the Note above).
+  runtime::BudgetPolicy check_policy() const {
+    runtime::BudgetPolicy p = budget_;
+    if (first_recording_) p.untracked_bytes = live_untracked_;
+    return p;
+  }
   Recorder recorder_;
 
   Mode mode_ = Mode::kProfiling;
