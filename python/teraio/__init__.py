@@ -28,7 +28,7 @@ Error = _C.Error  # a ValueError: bad argument, budget too small
 IoError = _C.IoError  # a teraio.Error: a transfer failed (docs/pytorch.md, "Faults")
 __version__ = _C.__version__  # the VERSION file's, compiled into the extension
 
-__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size"]
+__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size", "parse_tiers"]
 
 _MAX_BYTES = 2**64 - 1
 
@@ -113,6 +113,9 @@ class FileTier:
 
     def __repr__(self) -> str:
         return f"FileTier({self.paths!r}, {self.capacity_bytes})"
+
+
+from .tiers import parse_tiers  # noqa: E402  (after HostTier and FileTier, which it builds)
 
 
 # torch.save reads storages directly, not through an operator: an offloaded tensor then has no data

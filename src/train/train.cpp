@@ -36,6 +36,7 @@
 #include "teraio/output_file.h"
 #include "teraio/plan.h"
 #include "teraio/simulator.h"
+#include "teraio/tier_args.h"
 #include "teraio/trace.h"
 #include "teraio/units.h"
 #ifdef TERAIO_TRAIN_HAVE_SESSION
@@ -185,31 +186,23 @@ struct Prediction {
 #ifdef TERAIO_TRAIN_HAVE_SESSION
 constexpr bool kSessionBuilt = true;
 
-// --tier host:SIZE | file:DIR[,DIR...]:SIZE
-SessionTier parse_tier(const std::string& spec) {
-  const size_t first = spec.find(':');
-  const size_t last = spec.rfind(':');
-  TERAIO_CHECK(first != std::string::npos,
-               "--tier \"{}\": expected host:SIZE or file:DIR[,DIR]:SIZE", spec);
-  SessionTier t;
-  const std::string kind = spec.substr(0, first);
-  t.capacity_bytes = parse_size(spec.substr(last + 1), "--tier capacity");
-  TERAIO_CHECK(t.capacity_bytes > 0, "--tier \"{}\": the capacity must be positive", spec);
-  if (kind == "host") {
-    TERAIO_CHECK(first == last, "--tier \"{}\": a host tier is host:SIZE", spec);
-    t.kind = SessionTier::Kind::kHost;
-  } else if (kind == "file") {
-    TERAIO_CHECK(first != last, "--tier \"{}\": a file tier is file:DIR[,DIR]:SIZE", spec);
-    t.kind = SessionTier::Kind::kFile;
-    for (const std::string& dir : split(spec.substr(first + 1, last - first - 1), ',')) {
-      TERAIO_CHECK(!dir.empty(), "--tier \"{}\": empty directory", spec);
-      t.paths.push_back(dir);
+// --tier: the tier specs of include/teraio/tier_args.h (host:SIZE[:R:W], file:DIR[,DIR]:SIZE[:R:W],
+// or a comma-separated list of them); bandwidths given are used as given, else measured.
+std::vector<SessionTier> parse_tiers(const std::vector<std::string>& texts) {
+  std::vector<SessionTier> tiers;
+  for (const std::string& text : texts) {
+    for (const TierArg& a : parse_tier_arg_list(text, "--tier")) {
+      check_session_tier(a, "--tier");
+      SessionTier t;
+      t.kind = a.kind == TierArg::Kind::kHost ? SessionTier::Kind::kHost : SessionTier::Kind::kFile;
+      t.capacity_bytes = a.capacity_bytes;
+      t.paths = a.paths;
+      t.read_gbps = a.read_gbps;
+      t.write_gbps = a.write_gbps;
+      tiers.push_back(std::move(t));
     }
-  } else {
-    throw Error(
-        fmt::format("--tier \"{}\": unknown tier kind \"{}\" (expected host or file)", spec, kind));
   }
-  return t;
+  return tiers;
 }
 
 // --inject-fault STEP:ERROR:DIRECTION[:COUNT]: from step STEP on, COUNT transfers (default 1) of
@@ -262,7 +255,7 @@ class Offload {
     if (args.budget.empty()) return;
     SessionOptions o;
     o.budget_bytes = parse_size(args.budget, "--budget");
-    for (const std::string& spec : args.tiers) o.tiers.push_back(parse_tier(spec));
+    o.tiers = parse_tiers(args.tiers);
     o.profiling_iterations = args.profile_steps;
     o.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
     o.verify = !args.no_verify;
@@ -826,8 +819,9 @@ int main(int argc, char** argv) {
                  "resident bytes of tracked tensors allowed (e.g. 8MiB, 40GiB); turns on "
                  "offloading through a teraio Session");
   app.add_option("--tier", a.tiers,
-                 "where offloaded bytes go, in order of preference, repeatable: host:SIZE or "
-                 "file:DIR[,DIR]:SIZE");
+                 "where offloaded bytes go, most preferred first: host:SIZE[:READ_GBPS:WRITE_GBPS] "
+                 "or file:DIR[,DIR...]:SIZE[:READ_GBPS:WRITE_GBPS] (bandwidths measured unless "
+                 "given); repeat or separate with commas");
   app.add_option("--profile-steps", a.profile_steps,
                  "steps profiled (reactive) before the plan is made")
       ->capture_default_str();
