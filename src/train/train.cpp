@@ -89,8 +89,8 @@ struct PresetRun {
 
 // The llama-* shapes need a warmup: at a constant 3e-4 from step 1, llama-1b's loss jumped from
 // 9.3 to 18.1 at step 3 and llama-8b's from 12.7 to 25.3 (H200, no warmup).
-PresetRun preset_run(const std::string& model) {
-  if (model == "tiny") return {16, 128, 3e-3, 0};
+PresetRun preset_run(const LlamaConfig& model) {
+  if (model.shape == "train-tiny") return {16, 128, 3e-3, 0};
   return {1, 2048, 3e-4, 20};
 }
 
@@ -460,9 +460,24 @@ struct StepRecord {
   std::string mode;
 };
 
+// --list-models: one JSON object per model name, with the shape it means and its parameters.
+int list_models() {
+  for (const std::string& name : llama_preset_names()) {
+    const LlamaConfig c = llama_preset(name);
+    const Json line = {{"name", c.name},         {"shape", c.shape},
+                       {"layers", c.layers},     {"dim", c.dim},
+                       {"heads", c.heads},       {"kv_heads", c.kv_heads},
+                       {"ffn_dim", c.ffn_dim},   {"vocab", c.vocab},
+                       {"tied", c.tie_embeddings}, {"rope_theta", c.rope_theta},
+                       {"max_seq", c.max_seq},   {"parameters", c.parameter_count()}};
+    fmt::print("{}\n", line.dump());
+  }
+  return 0;
+}
+
 int run(Args args) {
   const LlamaConfig config = llama_preset(args.model);
-  const PresetRun preset = preset_run(args.model);
+  const PresetRun preset = preset_run(config);
   // A given value is checked, never replaced: --batch 0 is an error, not the preset's batch.
   if (!args.batch_given) args.batch = preset.batch;
   if (!args.seq_given) args.seq = preset.seq;
@@ -717,6 +732,7 @@ int run(Args args) {
       {"tiers", tiers},
       {"config",
        {{"model", config.name},
+        {"shape", config.shape},
         {"parameters", config.parameter_count()},
         {"layers", config.layers},
         {"dim", config.dim},
@@ -794,8 +810,13 @@ int main(int argc, char** argv) {
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("teraio-train: error: {} (see --help)\n", e.what());
   });
-  app.add_option("--model", a.model, "tiny (CPU), llama-1b, llama-3b or llama-8b")
+  app.add_option("--model", a.model,
+                 "tiny (CPU), llama-1b, llama-3b or llama-8b, or the model table's name of one "
+                 "(--list-models)")
       ->capture_default_str();
+  bool list_models = false;
+  app.add_flag("--list-models", list_models,
+               "print the models (data/models.json's shapes) as JSON lines, then exit");
   app.add_option("--steps", a.steps, "training steps")->capture_default_str();
   app.add_option("--batch", a.batch, "sequences per step (default: tiny 16, llama-* 1)");
   app.add_option("--seq", a.seq, "tokens per sequence (default: tiny 128, llama-* 2048)");
@@ -861,6 +882,7 @@ int main(int argc, char** argv) {
     const int status = app.exit(e) == 0 ? 0 : 2;
     return finish_stdout(status, errno);
   }
+  if (list_models) return finish_stdout(teraio::train::list_models(), 0);
   a.batch_given = app.count("--batch") > 0;
   a.seq_given = app.count("--seq") > 0;
   a.lr_given = app.count("--lr") > 0;
