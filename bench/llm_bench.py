@@ -41,26 +41,44 @@ import traceback
 
 SYSTEMS = ("ideal", "teraio", "fsdp2-offload", "ds-offload", "ds-infinity")
 
-# Llama shapes (transformers.LlamaConfig fields; "arch": "mixtral" for transformers.MixtralConfig);
-# untied embeddings like the Llama family.
-MODELS = {
-    "tiny": dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=688, vocab_size=4096, max_position_embeddings=2048),
-    "llama-small": dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
-                        intermediate_size=2816, vocab_size=32000, max_position_embeddings=4096),
-    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                     intermediate_size=8192, vocab_size=32000, max_position_embeddings=4096),
-    "llama-3b": dict(hidden_size=3072, num_hidden_layers=26, num_attention_heads=24, num_key_value_heads=8,
-                     intermediate_size=8192, vocab_size=32000, max_position_embeddings=4096),
-    "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                     intermediate_size=14336, vocab_size=128256, max_position_embeddings=8192,
-                     rope_theta=500000.0),
-    # Mixtral-style MoE (transformers.MixtralConfig): 8 experts, top 2; 1.9 B parameters of which about
-    # 0.5 B are active per token
-    "mixtral-2b": dict(arch="mixtral", hidden_size=2048, num_hidden_layers=12, num_attention_heads=16,
-                       num_key_value_heads=8, intermediate_size=2816, num_local_experts=8,
-                       num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=4096),
-}
+# Hugging Face arguments' defaults that the model table's values are compared with: a value equal
+# to the default is not passed, so each model's config (recorded as model_shape) stays as it was.
+_HF_ROPE_THETA = {"llama": 10000.0, "mixtral": 1e6}
+
+
+def _load_models():
+    """The bench's --model names, from the model table data/models.json (docs/formats.md, "Model
+    table"; teraio synth and teraio train compile the same file in), read by its path so that the
+    peers' runs need no teraio package. Each name maps to transformers.LlamaConfig fields ("arch":
+    "mixtral" for transformers.MixtralConfig); the table's own names of the same shapes are accepted
+    too. Returns (models, the shape name of each model name, the bench's own names)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data", "models.json")
+    with open(path) as f:
+        table = json.load(f)
+    if table.get("format") != "teraio.models" or table.get("version") != 1:
+        raise SystemExit(f"{path}: not a teraio.models version 1 file")
+    entries = {m["name"]: m for m in table["models"]}
+    bench_names = list(table["names"]["bench"])
+    names = dict(table["names"]["bench"])
+    names.update({shape: shape for shape in list(names.values())})
+    models = {}
+    for name, shape in names.items():
+        m = entries[shape]
+        d = {} if m["arch"] == "llama" else {"arch": m["arch"]}
+        d.update(hidden_size=m["d_model"], num_hidden_layers=m["layers"], num_attention_heads=m["heads"],
+                 num_key_value_heads=m["kv_heads"], intermediate_size=m["ffn"])
+        if m["arch"] == "mixtral":
+            d.update(num_local_experts=m["experts"], num_experts_per_tok=m["experts_per_token"])
+        d.update(vocab_size=m["vocab"], max_position_embeddings=m["max_seq"])
+        if float(m["rope_theta"]) != _HF_ROPE_THETA[m["arch"]]:
+            d["rope_theta"] = float(m["rope_theta"])
+        if m["tied_embeddings"]:  # the HF default is untied, as the Llama family
+            d["tie_word_embeddings"] = True
+        models[name] = d
+    return models, names, bench_names
+
+
+MODELS, MODEL_SHAPES, BENCH_NAMES = _load_models()
 
 LR = 1e-4  # torch.optim.AdamW defaults otherwise: betas (0.9, 0.999), eps 1e-8, weight_decay 0.01
 BETAS = (0.9, 0.999)
@@ -116,7 +134,9 @@ def parse_args(argv=None):
         epilog="models: " + "; ".join(
             f"{k} (hidden {v['hidden_size']}, {v['num_hidden_layers']} layers, {v['num_attention_heads']} heads, "
             f"kv {v['num_key_value_heads']}, ffn {v['intermediate_size']}, vocab {v['vocab_size']})"
-            for k, v in MODELS.items()) + ". Details and GPU commands: bench/README-peers.md.")
+            for k, v in MODELS.items() if k in BENCH_NAMES) + "; or the model table's name of each: " + ", ".join(
+            f"{MODEL_SHAPES[k]} = {k}" for k in BENCH_NAMES if MODEL_SHAPES[k] != k) +
+        " (data/models.json). Details and GPU commands: bench/README-peers.md.")
     p.add_argument("--system", required=True, choices=SYSTEMS, help="which system trains the model")
     p.add_argument("--model", default="tiny", choices=sorted(MODELS), help="model shape (listed at the end of this help)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "amp", "bf16"),
@@ -719,6 +739,7 @@ def run(args) -> dict:
         nparams = sum(p.numel() for p in model.parameters())
         res["config"]["parameters"] = nparams
         res["config"]["model_shape"] = dict(MODELS[args.model])
+        res["config"]["model_table_name"] = MODEL_SHAPES[args.model]
         res["config"]["tokens_per_step"] = args.batch * args.seq
         res["estimates"] = estimates(args, nparams)
         res["build_s"] = time.perf_counter() - t

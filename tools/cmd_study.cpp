@@ -249,7 +249,7 @@ const Registration kStudy{{
       g->add_option("--time-limit", gap->time_limit_s, "solver seconds per instance")
           ->capture_default_str()
           ->check(positive_at_most(1e6));
-      g->add_option("--tier", gap->tiers, "NAME:CAPACITY:READ_GBPS:WRITE_GBPS; repeat")->capture_default_str();
+      g->add_option("--tier", gap->tiers, "a tier spec with bandwidths, as teraio plan's --tier; repeat")->capture_default_str();
       g->add_option("--budget-fractions", gap->fractions,
                     "budgets between the largest kernel (0) and the unplanned peak (1), next one every --max-layers instances")
           ->capture_default_str()
@@ -266,7 +266,7 @@ const Registration kStudy{{
       auto sens = std::make_shared<SensArgs>();
       CLI::App* s = sub.add_subcommand("sensitivity", "plan with wrong bandwidths / noisy kernel times, simulate at truth");
       s->add_option("--model", sens->model, "synthetic model (teraio synth)")->capture_default_str();
-      s->add_option("--tier", sens->tiers, "true tiers NAME:CAPACITY:READ_GBPS:WRITE_GBPS; repeat")
+      s->add_option("--tier", sens->tiers, "the true tiers: tier specs with bandwidths, as teraio plan's --tier; repeat")
           ->capture_default_str();
       s->add_option("--budget-fractions", sens->fractions, "budgets as fractions of the unplanned peak")
           ->capture_default_str()

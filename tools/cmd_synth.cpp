@@ -26,9 +26,9 @@ int run_synth(const SynthArgs& args) {
   if (args.list) {
     for (const std::string& name : synth_models()) {
       ModelShape s = model_shape(name);
-      fmt::print("{:<11} layers {:>2}  d {:>5}  heads {:>2}/{:<2}  ffn {:>5}  vocab {:>6}  params {:.3g}  "
+      fmt::print("{:<11} {:<13} layers {:>2}  d {:>5}  heads {:>2}/{:<2}  ffn {:>5}  vocab {:>6}  params {:.3g}  "
                  "defaults: batch {} seq {} micro-batches {}\n",
-                 s.name, s.layers, s.d_model, s.heads, s.kv_heads, s.ffn, s.vocab,
+                 s.name, s.canonical, s.layers, s.d_model, s.heads, s.kv_heads, s.ffn, s.vocab,
                  static_cast<double>(parameter_count(s)), s.default_batch, s.default_seq,
                  s.default_micro_batches);
     }
@@ -56,7 +56,8 @@ const Registration kSynth{{
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<SynthArgs>();
       sub.add_option("--model", args->options.model,
-                     "tiny, llama-1b, llama-3b, llama3-8b or llama3-70b (--list shows shapes)")
+                     "tiny, llama-1b, llama-3b, llama3-8b or llama3-70b, or the model table's name of "
+                     "one (--list shows both, and the shapes)")
           ->capture_default_str();
       sub.add_option("--batch", args->options.batch,
                      "global batch in sequences, a multiple of --micro-batches (default: the model's, or "
@@ -86,7 +87,7 @@ const Registration kSynth{{
       sub.add_flag("--grad-set-to-none", [args](int64_t) { args->options.persistent_gradients = false; },
                    "gradients are freed after the optimizer (zero_grad(set_to_none=True)) instead "
                    "of persistent");
-      sub.add_flag("--list", args->list, "list the models and their defaults, then exit");
+      sub.add_flag("--list", args->list, "list the models (data/models.json), their shapes and defaults, then exit");
       sub.add_option("-o,--output", args->output, "trace file to write (JSON)");
       return [args] { return run_synth(*args); };
     },

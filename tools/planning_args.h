@@ -13,6 +13,13 @@
 
 namespace teraio::cli {
 
+// The --tier help of every planning command: the tier specs of teraio/tier_args.h, bandwidths
+// required (the planner cannot measure a tier).
+inline constexpr const char* kPlanningTierHelp =
+    "[NAME=]host:CAPACITY:READ_GBPS:WRITE_GBPS, [NAME=]file:DIR[,DIR...]:CAPACITY:READ_GBPS:WRITE_GBPS "
+    "or NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat or separate with commas, "
+    "most preferred first";
+
 struct PlanningArgs {
   std::string trace_path;
   std::string budget;
@@ -28,7 +35,7 @@ inline void add_planning_options(CLI::App& sub, PlanningArgs& a) {
   sub.add_option("trace", a.trace_path, "trace file (teraio.trace v1 JSON)")->required();
   sub.add_option("--budget", a.budget, "GPU memory for tensors, e.g. 40GiB")->required();
   sub.add_option("--tier", a.tiers,
-                 "NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat, most preferred first")
+                 kPlanningTierHelp)
       ->required();
   sub.add_option("-o,--output", a.out_path, "plan file to write (teraio.plan v1 JSON)")->required();
   sub.add_flag("--json", a.json, "print the summary as one JSON object");

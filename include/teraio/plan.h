@@ -20,9 +20,11 @@ struct TierSpec {
   double write_gbps = 0;
 };
 
-// Parses NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. "ssd:2TiB:6.5:6.5". Throws teraio::Error.
+// Parses one tier spec of include/teraio/tier_args.h with its bandwidths, e.g. "ssd:2TiB:6.5:6.5"
+// or "host:64GiB:50:50" (named "host"); throws teraio::Error, also when the bandwidths are missing.
 TierSpec parse_tier_spec(std::string_view text);
-// Parses every spec (the repeated --tier of a command) and checks that the names are distinct.
+// Parses every --tier text (each one spec or a comma-separated list of them) and checks that the
+// names are distinct.
 std::vector<TierSpec> parse_tier_specs(const std::vector<std::string>& texts);
 // Throws teraio::Error naming `what` when two tiers share a name: a plan names its tier in every
 // move, so the names must tell the tiers apart.

@@ -18,9 +18,11 @@ std::string_view to_string(SynthDtype dtype);
 // Throws teraio::Error naming `text` unless it is fp32, bf16 or fp16.
 SynthDtype parse_synth_dtype(std::string_view text);
 
-// Shape of a Llama-architecture model, with the iteration it is traced with by default.
+// Shape of a Llama-architecture model, with the iteration it is traced with by default: the
+// model table's entry (teraio/models.h, data/models.json) that a synth --model name means.
 struct ModelShape {
-  std::string name;
+  std::string name;       // as asked for, e.g. "llama3-8b"
+  std::string canonical;  // the table's name of the shape, e.g. "llama3.1-8b"
   uint32_t layers = 0;
   uint32_t d_model = 0;
   uint32_t heads = 0;
@@ -28,13 +30,16 @@ struct ModelShape {
   uint32_t ffn = 0;  // hidden size of the SwiGLU MLP
   uint32_t vocab = 0;
   bool tied_embeddings = false;  // LM head reuses the embedding matrix (Llama 3.2 1B/3B)
-  // Defaults chosen so that llama3-8b / llama3-70b land near the paper's ~50k / ~250k kernels.
+  // data/models.json's synth_iterations, chosen so that llama3-8b / llama3-70b land near the
+  // paper's ~50k / ~250k kernels.
   uint32_t default_batch = 1;
   uint32_t default_seq = 0;
   uint32_t default_micro_batches = 1;
 };
 
-// Names accepted by model_shape(): tiny, llama-1b, llama-3b, llama3-8b, llama3-70b.
+// Synth's names (tiny, llama-1b, llama-3b, llama3-8b, llama3-70b); model_shape() also takes the
+// table's canonical names of their shapes (synth-tiny, llama3.2-1b, llama3.2-3b, llama3.1-8b,
+// llama3.1-70b).
 std::vector<std::string> synth_models();
 // Throws teraio::Error listing the known models when `name` is not one of them.
 ModelShape model_shape(std::string_view name);

@@ -36,9 +36,9 @@ STATS_FIELDS = tuple(_C.STATS_FIELDS)
 STATS_COUNTERS = tuple(_C.STATS_COUNTERS)
 TIER_STATS_FIELDS = tuple(_C.TIER_STATS_FIELDS)
 
-__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size", "clip_grad_norm_",
-           "get_total_norm", "clip_grads_with_norm_", "SESSION_OPTIONS", "STATS_FIELDS",
-           "STATS_COUNTERS", "TIER_STATS_FIELDS"]
+__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size", "parse_tiers",
+           "clip_grad_norm_", "get_total_norm", "clip_grads_with_norm_", "SESSION_OPTIONS",
+           "STATS_FIELDS", "STATS_COUNTERS", "TIER_STATS_FIELDS"]
 
 _MAX_BYTES = 2**64 - 1
 
@@ -123,6 +123,9 @@ class FileTier:
 
     def __repr__(self) -> str:
         return f"FileTier({self.paths!r}, {self.capacity_bytes})"
+
+
+from .tiers import parse_tiers  # noqa: E402  (after HostTier and FileTier, which it builds)
 
 
 # torch.save reads storages directly, not through an operator: an offloaded tensor then has no data

@@ -5,27 +5,17 @@
 #include "teraio/synth.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <initializer_list>
 
 #include <fmt/format.h>
 
 #include "teraio/error.h"
+#include "teraio/models.h"
 
 namespace teraio {
 namespace {
 
-// clang-format off
-const std::array<ModelShape, 5> kModels = {{
-    // name         layers d_model heads kv ffn    vocab   tied  batch seq  micro-batches
-    {"tiny",        2,     64,     4,    2, 128,   256,    false, 2,   32,   2},
-    {"llama-1b",    16,    2048,   32,   8, 8192,  128256, true,  8,   4096, 8},
-    {"llama-3b",    28,    3072,   24,   8, 8192,  128256, true,  8,   4096, 8},
-    {"llama3-8b",   32,    4096,   32,   8, 14336, 128256, false, 13,  4096, 13},
-    {"llama3-70b",  80,    8192,   64,   8, 28672, 128256, false, 27,  2048, 27},
-}};
-// clang-format on
 
 constexpr double kFp32Tflops = 67.0;       // H100/H200 SXM, CUDA cores
 constexpr double kTensorCoreTflops = 989.0;  // H100/H200 SXM, dense bf16/fp16
@@ -557,15 +547,28 @@ SynthDtype parse_synth_dtype(std::string_view text) {
 
 std::vector<std::string> synth_models() {
   std::vector<std::string> names;
-  for (const auto& m : kModels) names.push_back(m.name);
+  for (const auto& [name, canonical] : model_names("synth")) names.push_back(name);
   return names;
 }
 
 ModelShape model_shape(std::string_view name) {
-  for (const auto& m : kModels) {
-    if (m.name == name) return m;
-  }
-  throw Error(fmt::format("unknown model '{}' (known: {})", name, fmt::join(synth_models(), ", ")));
+  const ModelEntry& m = find_model("synth", name);
+  const ModelIteration* it = synth_iteration(m.name);
+  TERAIO_INTERNAL_ASSERT(it != nullptr, "data/models.json: synth_iterations lacks {}", m.name);
+  ModelShape s;
+  s.name = std::string(name);
+  s.canonical = m.name;
+  s.layers = m.layers;
+  s.d_model = m.d_model;
+  s.heads = m.heads;
+  s.kv_heads = m.kv_heads;
+  s.ffn = m.ffn;
+  s.vocab = m.vocab;
+  s.tied_embeddings = m.tied_embeddings;
+  s.default_batch = it->batch;
+  s.default_seq = it->seq;
+  s.default_micro_batches = it->micro_batches;
+  return s;
 }
 
 uint64_t parameter_count(const ModelShape& s) {

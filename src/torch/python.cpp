@@ -7,6 +7,7 @@
 
 #include "teraio/error.h"
 #include "teraio/session.h"
+#include "teraio/tier_args.h"
 #include "teraio/units.h"
 #include "teraio/version.h"
 
@@ -178,6 +179,22 @@ PYBIND11_MODULE(_C, m) {
   m.attr("STATS_FIELDS") = stats_names;
   m.attr("STATS_COUNTERS") = counter_names;
   m.attr("TIER_STATS_FIELDS") = tier_names;
+  // The C++ tier spec parser (teraio/tier_args.h), for teraio.parse_tiers: one dict per tier of
+  // the list, each a tier a Session can open.
+  m.def("parse_tier_list", [](const std::string& text, const std::string& what) {
+    py::list out;
+    for (const teraio::TierArg& a : teraio::parse_tier_arg_list(text, what)) {
+      teraio::check_session_tier(a, what);
+      py::dict d;
+      d["kind"] = a.kind == teraio::TierArg::Kind::kHost ? "host" : "file";
+      d["paths"] = a.paths;
+      d["capacity_bytes"] = a.capacity_bytes;
+      d["read_gbps"] = a.read_gbps;
+      d["write_gbps"] = a.write_gbps;
+      out.append(std::move(d));
+    }
+    return out;
+  });
   py::class_<teraio::Session>(m, "Session")
       // Arguments named as SessionOptions' fields (tiers: a list of dicts).
       .def(py::init([](const py::args& args, const py::kwargs& kw) {

@@ -1,4 +1,4 @@
-// teraio.plan v1: reader and writer, and the NAME:CAPACITY:READ:WRITE tier syntax of the CLI.
+// teraio.plan v1: reader and writer, and the planner's view of the CLI's tier specs (tier_args.h).
 #include <string>
 #include <vector>
 
@@ -6,36 +6,34 @@
 #include "teraio/json_text.h"
 #include "teraio/output_file.h"
 #include "teraio/plan.h"
+#include "teraio/tier_args.h"
 #include "teraio/units.h"
 
 namespace teraio {
 
 std::string_view to_string(MoveOp op) { return op == MoveOp::offload ? "offload" : "prefetch"; }
 
-TierSpec parse_tier_spec(std::string_view text) {
-  std::vector<std::string_view> parts;
-  size_t pos = 0;
-  while (true) {
-    const size_t colon = text.find(':', pos);
-    parts.push_back(text.substr(pos, colon == std::string_view::npos ? colon : colon - pos));
-    if (colon == std::string_view::npos) break;
-    pos = colon + 1;
-  }
-  TERAIO_CHECK(parts.size() == 4 && !parts[0].empty(),
-               "--tier '{}': expected NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5",
-               std::string(text));
-  TierSpec spec;
-  spec.name = std::string(parts[0]);
-  spec.capacity_bytes = parse_size(parts[1], fmt::format("--tier {} capacity", spec.name));
-  spec.read_gbps = parse_positive_double(parts[2], fmt::format("--tier {} read GB/s", spec.name));
-  spec.write_gbps = parse_positive_double(parts[3], fmt::format("--tier {} write GB/s", spec.name));
-  return spec;
+namespace {
+
+// A tier for the planner: its name, capacity and bandwidths (a file tier's directories are not
+// used; they let the same spec serve `teraio train` and `teraio plan`).
+TierSpec planner_tier(const TierArg& t) {
+  TERAIO_CHECK(t.bandwidths_given(),
+               "--tier \"{}\": planning needs the tier's bandwidths; append :READ_GBPS:WRITE_GBPS "
+               "(GB/s), e.g. {}:6.5:6.5",
+               t.text, t.text);
+  return TierSpec{t.name, t.capacity_bytes, t.read_gbps, t.write_gbps};
 }
+
+}  // namespace
+
+TierSpec parse_tier_spec(std::string_view text) { return planner_tier(parse_tier_arg(text)); }
 
 std::vector<TierSpec> parse_tier_specs(const std::vector<std::string>& texts) {
   std::vector<TierSpec> tiers;
-  tiers.reserve(texts.size());
-  for (const std::string& text : texts) tiers.push_back(parse_tier_spec(text));
+  for (const std::string& text : texts) {
+    for (const TierArg& t : parse_tier_arg_list(text)) tiers.push_back(planner_tier(t));
+  }
   check_tier_names(tiers, "--tier");
   return tiers;
 }

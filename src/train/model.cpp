@@ -7,21 +7,11 @@
 #include <cmath>
 
 #include "teraio/error.h"
+#include "teraio/models.h"
 
 namespace teraio::train {
 
 namespace {
-
-// name, layers, dim, heads, kv_heads, ffn_dim, vocab, tied, rope_theta, max_seq.
-// tiny: byte-level vocabulary (256 bytes + BOS, EOS, PAD, padded to a multiple of 8), sized so that
-// the default CPU run takes about two minutes on 2 cores. The llama-* shapes are Llama 3.2-1B,
-// 3.2-3B and 3.1-8B with their 128,256-token vocabulary (byte tokens use its first rows).
-const LlamaConfig kPresets[] = {
-    {"tiny", 4, 128, 4, 2, 384, 264, false, 10000.0, 1e-5, 1024},
-    {"llama-1b", 16, 2048, 32, 8, 8192, 128256, true, 500000.0, 1e-5, 8192},
-    {"llama-3b", 28, 3072, 24, 8, 8192, 128256, true, 500000.0, 1e-5, 8192},
-    {"llama-8b", 32, 4096, 32, 8, 14336, 128256, false, 500000.0, 1e-5, 8192},
-};
 
 torch::nn::Linear linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
@@ -48,18 +38,28 @@ int64_t LlamaConfig::parameter_count() const {
 }
 
 LlamaConfig llama_preset(const std::string& name) {
-  for (const LlamaConfig& c : kPresets) {
-    if (c.name == name) return c;
-  }
-  throw Error(
-      fmt::format("--model \"{}\": unknown model (expected tiny, llama-1b, llama-3b or "
-                  "llama-8b)",
-                  name));
+  const ModelEntry& m = find_model("train", name);
+  TERAIO_CHECK(m.arch == "llama",
+               "--model \"{}\": {} is a {} model; teraio train trains Llama ones", name, m.name,
+               m.arch);
+  LlamaConfig c;
+  c.name = name;
+  c.shape = m.name;
+  c.layers = m.layers;
+  c.dim = m.d_model;
+  c.heads = m.heads;
+  c.kv_heads = m.kv_heads;
+  c.ffn_dim = m.ffn;
+  c.vocab = m.vocab;
+  c.tie_embeddings = m.tied_embeddings;
+  c.rope_theta = m.rope_theta;
+  c.max_seq = m.max_seq;
+  return c;
 }
 
 std::vector<std::string> llama_preset_names() {
   std::vector<std::string> names;
-  for (const LlamaConfig& c : kPresets) names.push_back(c.name);
+  for (const auto& [name, shape] : model_names("train")) names.push_back(name);
   return names;
 }
 

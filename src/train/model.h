@@ -1,7 +1,8 @@
 // The Llama-architecture decoder that `teraio train` trains (docs/train.md): token embeddings,
 // pre-norm blocks of RMSNorm, grouped-query attention with rotary position embeddings (RoPE)
 // through scaled_dot_product_attention, and a SwiGLU MLP; a final RMSNorm and the output head.
-// Presets give the CPU-sized default and the Llama 3.2-1B / 3.2-3B / 3.1-8B shapes.
+// Presets (data/models.json) give the CPU-sized default and the Llama 3.2-1B / 3.2-3B / 3.1-8B
+// shapes.
 #pragma once
 
 #include <torch/torch.h>
@@ -13,7 +14,8 @@
 namespace teraio::train {
 
 struct LlamaConfig {
-  std::string name;
+  std::string name;   // as asked for (--model), e.g. "llama-8b"
+  std::string shape;  // the model table's name of the shape (data/models.json), e.g. "llama3.1-8b"
   int64_t layers = 0;
   int64_t dim = 0;
   int64_t heads = 0;
@@ -30,7 +32,9 @@ struct LlamaConfig {
   int64_t parameter_count() const;
 };
 
-// "tiny", "llama-1b", "llama-3b", "llama-8b"; throws teraio::Error naming the others.
+// The model table's shape (teraio/models.h, data/models.json) that train's name (tiny, llama-1b,
+// llama-3b, llama-8b) or the shape's own name (train-tiny, llama3.2-1b, llama3.2-3b, llama3.1-8b)
+// means; throws teraio::Error naming the known ones.
 LlamaConfig llama_preset(const std::string& name);
 std::vector<std::string> llama_preset_names();
 

@@ -37,6 +37,7 @@
 #include "teraio/output_file.h"
 #include "teraio/plan.h"
 #include "teraio/simulator.h"
+#include "teraio/tier_args.h"
 #include "teraio/trace.h"
 #include "teraio/units.h"
 #ifdef TERAIO_TRAIN_HAVE_SESSION
@@ -89,8 +90,8 @@ struct PresetRun {
 
 // The llama-* shapes need a warmup: at a constant 3e-4 from step 1, llama-1b's loss jumped from
 // 9.3 to 18.1 at step 3 and llama-8b's from 12.7 to 25.3 (H200, no warmup).
-PresetRun preset_run(const std::string& model) {
-  if (model == "tiny") return {16, 128, 3e-3, 0};
+PresetRun preset_run(const LlamaConfig& model) {
+  if (model.shape == "train-tiny") return {16, 128, 3e-3, 0};
   return {1, 2048, 3e-4, 20};
 }
 
@@ -186,31 +187,23 @@ struct Prediction {
 #ifdef TERAIO_TRAIN_HAVE_SESSION
 constexpr bool kSessionBuilt = true;
 
-// --tier host:SIZE | file:DIR[,DIR...]:SIZE
-SessionTier parse_tier(const std::string& spec) {
-  const size_t first = spec.find(':');
-  const size_t last = spec.rfind(':');
-  TERAIO_CHECK(first != std::string::npos,
-               "--tier \"{}\": expected host:SIZE or file:DIR[,DIR]:SIZE", spec);
-  SessionTier t;
-  const std::string kind = spec.substr(0, first);
-  t.capacity_bytes = parse_size(spec.substr(last + 1), "--tier capacity");
-  TERAIO_CHECK(t.capacity_bytes > 0, "--tier \"{}\": the capacity must be positive", spec);
-  if (kind == "host") {
-    TERAIO_CHECK(first == last, "--tier \"{}\": a host tier is host:SIZE", spec);
-    t.kind = SessionTier::Kind::kHost;
-  } else if (kind == "file") {
-    TERAIO_CHECK(first != last, "--tier \"{}\": a file tier is file:DIR[,DIR]:SIZE", spec);
-    t.kind = SessionTier::Kind::kFile;
-    for (const std::string& dir : split(spec.substr(first + 1, last - first - 1), ',')) {
-      TERAIO_CHECK(!dir.empty(), "--tier \"{}\": empty directory", spec);
-      t.paths.push_back(dir);
+// --tier: the tier specs of include/teraio/tier_args.h (host:SIZE[:R:W], file:DIR[,DIR]:SIZE[:R:W],
+// or a comma-separated list of them); bandwidths given are used as given, else measured.
+std::vector<SessionTier> parse_tiers(const std::vector<std::string>& texts) {
+  std::vector<SessionTier> tiers;
+  for (const std::string& text : texts) {
+    for (const TierArg& a : parse_tier_arg_list(text, "--tier")) {
+      check_session_tier(a, "--tier");
+      SessionTier t;
+      t.kind = a.kind == TierArg::Kind::kHost ? SessionTier::Kind::kHost : SessionTier::Kind::kFile;
+      t.capacity_bytes = a.capacity_bytes;
+      t.paths = a.paths;
+      t.read_gbps = a.read_gbps;
+      t.write_gbps = a.write_gbps;
+      tiers.push_back(std::move(t));
     }
-  } else {
-    throw Error(
-        fmt::format("--tier \"{}\": unknown tier kind \"{}\" (expected host or file)", spec, kind));
   }
-  return t;
+  return tiers;
 }
 
 // --inject-fault STEP:ERROR:DIRECTION[:COUNT]: from step STEP on, COUNT transfers (default 1) of
@@ -263,7 +256,7 @@ class Offload {
     if (args.budget.empty()) return;
     SessionOptions o;
     o.budget_bytes = parse_size(args.budget, "--budget");
-    for (const std::string& spec : args.tiers) o.tiers.push_back(parse_tier(spec));
+    o.tiers = parse_tiers(args.tiers);
     o.profiling_iterations = args.profile_steps;
     o.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
     o.verify = !args.no_verify;
@@ -451,9 +444,24 @@ struct StepRecord {
   std::string mode;
 };
 
+// --list-models: one JSON object per model name, with the shape it means and its parameters.
+int list_models() {
+  for (const std::string& name : llama_preset_names()) {
+    const LlamaConfig c = llama_preset(name);
+    const Json line = {{"name", c.name},         {"shape", c.shape},
+                       {"layers", c.layers},     {"dim", c.dim},
+                       {"heads", c.heads},       {"kv_heads", c.kv_heads},
+                       {"ffn_dim", c.ffn_dim},   {"vocab", c.vocab},
+                       {"tied", c.tie_embeddings}, {"rope_theta", c.rope_theta},
+                       {"max_seq", c.max_seq},   {"parameters", c.parameter_count()}};
+    fmt::print("{}\n", line.dump());
+  }
+  return 0;
+}
+
 int run(Args args) {
   const LlamaConfig config = llama_preset(args.model);
-  const PresetRun preset = preset_run(args.model);
+  const PresetRun preset = preset_run(config);
   // A given value is checked, never replaced: --batch 0 is an error, not the preset's batch.
   if (!args.batch_given) args.batch = preset.batch;
   if (!args.seq_given) args.seq = preset.seq;
@@ -708,6 +716,7 @@ int run(Args args) {
       {"tiers", tiers},
       {"config",
        {{"model", config.name},
+        {"shape", config.shape},
         {"parameters", config.parameter_count()},
         {"layers", config.layers},
         {"dim", config.dim},
@@ -785,8 +794,13 @@ int main(int argc, char** argv) {
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return fmt::format("teraio-train: error: {} (see --help)\n", e.what());
   });
-  app.add_option("--model", a.model, "tiny (CPU), llama-1b, llama-3b or llama-8b")
+  app.add_option("--model", a.model,
+                 "tiny (CPU), llama-1b, llama-3b or llama-8b, or the model table's name of one "
+                 "(--list-models)")
       ->capture_default_str();
+  bool list_models = false;
+  app.add_flag("--list-models", list_models,
+               "print the models (data/models.json's shapes) as JSON lines, then exit");
   app.add_option("--steps", a.steps, "training steps")->capture_default_str();
   app.add_option("--batch", a.batch, "sequences per step (default: tiny 16, llama-* 1)");
   app.add_option("--seq", a.seq, "tokens per sequence (default: tiny 128, llama-* 2048)");
@@ -810,8 +824,9 @@ int main(int argc, char** argv) {
                  "resident bytes of tracked tensors allowed (e.g. 8MiB, 40GiB); turns on "
                  "offloading through a teraio Session");
   app.add_option("--tier", a.tiers,
-                 "where offloaded bytes go, in order of preference, repeatable: host:SIZE or "
-                 "file:DIR[,DIR]:SIZE");
+                 "where offloaded bytes go, most preferred first: host:SIZE[:READ_GBPS:WRITE_GBPS] "
+                 "or file:DIR[,DIR...]:SIZE[:READ_GBPS:WRITE_GBPS] (bandwidths measured unless "
+                 "given); repeat or separate with commas");
   app.add_option("--profile-steps", a.profile_steps,
                  "steps profiled (reactive) before the plan is made")
       ->capture_default_str();
@@ -851,6 +866,7 @@ int main(int argc, char** argv) {
     const int status = app.exit(e) == 0 ? 0 : 2;
     return finish_stdout(status, errno);
   }
+  if (list_models) return finish_stdout(teraio::train::list_models(), 0);
   a.batch_given = app.count("--batch") > 0;
   a.seq_given = app.count("--seq") > 0;
   a.lr_given = app.count("--lr") > 0;

@@ -142,6 +142,42 @@ TEST_F(Cli, TierNamesAreEscapedInEveryJsonAndDuplicatesAreRefused) {
   EXPECT_EQ(nlohmann::json::parse(slurp(s))["tiers"][0], "x\"y:1TiB:6.5:6.5");
 }
 
+// The tier specs of docs/formats.md: the host and file forms, NAME=, lists and the old form plan
+// alike (a train spec with bandwidths plans as written); one without bandwidths is refused.
+TEST_F(Cli, PlanTakesEveryTierSpecForm) {
+  const std::string p = path("forms.plan.json");
+  const std::string d = path("");
+  CmdResult r = run_teraio("plan " + trace_ + " --budget 1536KiB --tier host:4MiB:2:3,nvme=file:" + d +
+                           "," + d + ":1TiB:1:1 --tier ssd:1TiB:1:1 -o " + p);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto plan = nlohmann::json::parse(slurp(p));
+  ASSERT_EQ(plan["tiers"].size(), 3u);
+  EXPECT_EQ(plan["tiers"][0]["name"], "host");
+  EXPECT_EQ(plan["tiers"][0]["capacity_bytes"], 4u << 20);
+  EXPECT_EQ(plan["tiers"][0]["read_gbps"], 2.0);
+  EXPECT_EQ(plan["tiers"][0]["write_gbps"], 3.0);
+  EXPECT_EQ(plan["tiers"][1]["name"], "nvme");
+  EXPECT_EQ(plan["tiers"][2]["name"], "ssd");
+  // One --tier per spec is the same plan.
+  const std::string q = path("forms2.plan.json");
+  r = run_teraio("plan " + trace_ + " --budget 1536KiB --tier host:4MiB:2:3 --tier nvme=file:" + d +
+                 "," + d + ":1TiB:1:1 --tier ssd:1TiB:1:1 -o " + q);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(slurp(q))["moves"], plan["moves"]);
+
+  r = run_teraio("plan " + trace_ + " --budget 1536KiB --tier host:64GiB -o " + p);
+  expect_one_line_error(r, "--tier \"host:64GiB\": planning needs the tier's bandwidths; append "
+                           ":READ_GBPS:WRITE_GBPS", "plan without bandwidths");
+  r = run_teraio("exact " + path("none.json") + " --budget 1GiB --tier host:1GiB:5 -o " + p);
+  expect_one_line_error(r, "--tier \"host:1GiB:5\": a host tier is [NAME=]host:CAPACITY",
+                        "exact malformed tier");
+  r = run_teraio("plan " + trace_ + " --budget 1GiB --tier host:1GiB:1:1,file:/a:1GiB:1:1 -o " + p +
+                 " --tier file=host:1GiB:1:1");
+  expect_one_line_error(r, "--tier: two tiers are named \"file\"", "a named tier and a file tier");
+  r = run_teraio("study gap --instances 1 --tier host:1GiB --json " + p);
+  expect_one_line_error(r, "planning needs the tier's bandwidths", "study without bandwidths");
+}
+
 // Each command's output file, written under a file size limit of 0 bytes: the write fails (EFBIG),
 // the old file stays whole and no temporary file is left.
 TEST_F(Cli, AFailedWriteLeavesTheOldOutputWholeAndNoTemporaryFile) {
@@ -256,7 +292,7 @@ TEST_F(Cli, OutOfRangeNumbersAreOneLineErrorsWithStatus1) {
       {"analyze " + t + " --ssd-gbps nan", "--ssd-gbps: must be > 0, got nan"},
       {"plan " + t + " --budget -1 --tier ssd:1TiB:1:1" + o, "--budget: '-1' is not a size"},
       {"plan " + t + " --budget 1GiB --tier ssd:1TiB:0:1" + o,
-       "--tier ssd read GB/s: '0' is not a positive number"},
+       "--tier \"ssd:1TiB:0:1\" read GB/s: '0' is not a positive number"},
       {"exact " + t + " --budget 1GiB --tier ssd:1TiB:1:1 --time-limit 0" + o,
        "--time-limit: must be in (0, 1000000], got 0"},
       {"simulate " + t + " " + p + " --iterations 0", "--iterations: must be in [1, 1000], got 0"},

@@ -97,8 +97,9 @@ print("faults: write faults bitwise and reported, lasting read fault is an error
 PY
 
 # 5. Mixed precision (--dtype bf16: fp32 parameters and states, bf16 autocast): the loss falls and
-#    offloading leaves it bitwise the same.
-"$train" "${common[@]}" --dtype bf16 --budget 6MiB --tier "file:$work/tier:256MiB" \
+#    offloading leaves it bitwise the same. The tiers as one list, the host tier's bandwidths given
+#    (docs/formats.md, "Tier specs").
+"$train" "${common[@]}" --dtype bf16 --budget 6MiB --tier "host:1MiB:20:21,file:$work/tier:256MiB" \
   --report "$work/bf16.json" > "$work/bf16.log"
 "$train" "${common[@]}" --dtype bf16 --report "$work/bf16-plain.json" > "$work/bf16-plain.log"
 python3 - "$work" <<'PY'
@@ -109,6 +110,10 @@ hist = run["loss"]["history"]
 assert hist == plain["loss"]["history"], (hist, plain["loss"]["history"])
 assert hist[-1] < hist[0] - 0.5, f"loss did not fall: {hist}"
 assert run["config"]["dtype"] == "bf16"
+host, file = run["session"]["tiers"]
+assert (host["name"], file["name"]) == ("host", "file"), run["session"]["tiers"]
+assert (host["read_gbps"], host["write_gbps"], host["read_source"]) == (20, 21, "given"), host
+assert file["read_source"] != "given", file
 assert run["memory"]["parameter_bytes"] == 4 * run["config"]["parameters"], "fp32 master weights"
 fp32 = json.load(open(f"{work}/plain.json"))["loss"]["history"]
 assert hist != fp32, "bf16 autocast computed exactly what fp32 did: autocast is off"
@@ -123,7 +128,9 @@ expect_error() {
 }
 expect_error '--budget needs at least one --tier' --budget 8MiB
 expect_error '--tier needs --budget' --tier host:1GiB
-expect_error 'unknown tier kind "disk"' --budget 8MiB --tier disk:1GiB
+expect_error '--tier "disk:1GiB": expected host:CAPACITY' --budget 8MiB --tier disk:1GiB
+expect_error '--tier "ssd:1GiB:2:2": a Session.s tier is host:CAPACITY' --budget 8MiB --tier ssd:1GiB:2:2
+expect_error '--tier "host:1GiB:2": a host tier is' --budget 8MiB --tier host:1GiB:2
 expect_error 'unknown model' --model llama-9b
 expect_error '--dtype "fp16": expected fp32, bf16 (mixed precision) or bf16-pure' --dtype fp16
 expect_error 'cannot open the file' --data "$work/missing.txt"
