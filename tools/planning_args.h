@@ -25,12 +25,12 @@ struct PlanningArgs {
 };
 
 inline void add_planning_options(CLI::App& sub, PlanningArgs& a) {
-  sub.add_option("trace", a.trace_path, "trace file (teraio.trace v1 JSON)")->required();
+  sub.add_option("trace", a.trace_path, "trace file (teraio.trace JSON)")->required();
   sub.add_option("--budget", a.budget, "GPU memory for tensors, e.g. 40GiB")->required();
   sub.add_option("--tier", a.tiers,
                  "NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat, most preferred first")
       ->required();
-  sub.add_option("-o,--output", a.out_path, "plan file to write (teraio.plan v1 JSON)")->required();
+  sub.add_option("-o,--output", a.out_path, "plan file to write (teraio.plan JSON)")->required();
   sub.add_flag("--json", a.json, "print the summary as one JSON object");
 }
 

@@ -713,6 +713,13 @@ void Engine::set_plan(const Plan& plan, size_t num_kernels) {
     TERAIO_CHECK(m.tier < tiers_.size(),
                  "plan move of tensor {} names tier {} but the engine has {}", m.tensor, m.tier,
                  tiers_.size());
+    // The runtime half of recompute (rerunning the producer on the compute stream) is not built
+    // yet: refuse such a plan rather than treat its moves as prefetches or skip them and exceed the
+    // budget. Plans made from traces without recomputable tensors never contain one.
+    TERAIO_CHECK(m.op != MoveOp::recompute,
+                 "plan move of tensor {} is a recompute, which this runtime cannot execute yet; make the plan "
+                 "with `teraio plan --no-recompute` (PlannerOptions::recompute = false)",
+                 m.tensor);
     if (m.op == MoveOp::offload) {
       schedule_[m.start].offload_at.push_back(m);
       schedule_[m.deadline].offload_due.push_back(m.tensor);
