@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <queue>
 #include <set>
 
@@ -83,6 +84,7 @@ struct Span {
   TensorId tensor;
   KernelIndex start;
   KernelIndex point;
+  std::vector<TensorId> reads;  // the producer's inputs read at `point` that the kernel there does not use
 };
 
 struct Window {
@@ -135,6 +137,12 @@ class Planner {
   std::vector<Span> choose_recomputes(const Lifetimes& lifetimes, const std::vector<uint64_t>& curve,
                                       std::vector<std::vector<TensorId>>* reads) const;
   void take_recomputes(const std::vector<Span>& spans);
+  // Recompute pairs (by pair index) with their reads, and how many live recomputes read each
+  // (tensor, kernel): a read some move relies on keeps its last reader from being pruned.
+  std::vector<std::pair<uint32_t, Span>> recompute_pairs_;
+  std::map<uint64_t, uint32_t> readers_;
+  static uint64_t read_key(TensorId t, KernelIndex k) { return (uint64_t{k} << 32) | t; }
+  bool read_matters(TensorId t, KernelIndex k) const;
   void greedy();
   void force();
   void force_at(uint32_t gi, uint32_t x);
@@ -301,12 +309,18 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   std::vector<std::vector<uint32_t>> spans_of(nt);  // chosen spans per tensor
   const std::vector<uint64_t> active = active_bytes(trace_);
   std::vector<int64_t> extra_bytes(n_, 0);  // bytes read at a kernel beyond its own tensors
-  std::vector<TensorId> inputs, chained_inputs;
-  struct Chain {
-    uint32_t span;
-    std::vector<TensorId> inputs;
+  std::map<uint64_t, uint32_t> count;       // readers per (tensor, kernel)
+  auto key = [](TensorId t, KernelIndex k) { return (uint64_t{k} << 32) | t; };
+  auto add_read = [&](TensorId t, KernelIndex k) {
+    if (count[key(t, k)]++ == 0) extra_bytes[k] += static_cast<int64_t>(trace_.tensors[t].bytes);
   };
-  std::vector<Chain> chains;
+  auto drop_read = [&](TensorId t, KernelIndex k) {
+    auto it = count.find(key(t, k));
+    if (--it->second == 0) {
+      extra_bytes[k] -= static_cast<int64_t>(trace_.tensors[t].bytes);
+      count.erase(it);
+    }
+  };
   // The span of tensor t freeing it at kernel k (start < k < point), or -1.
   auto freed_at = [&](TensorId t, KernelIndex k) -> int64_t {
     for (uint32_t si : spans_of[t]) {
@@ -317,48 +331,57 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   auto alive_at = [&](TensorId t, KernelIndex k) {
     return trace_.tensors[t].persistent || (lifetimes.first_use(t) <= k && k <= lifetimes.alive_until(t));
   };
-  auto needed_at = [&](TensorId t, KernelIndex k) {
-    if (lifetimes.is_used_at(t, k)) return true;
-    const auto& r = (*reads)[k];
-    return std::find(r.begin(), r.end(), t) != r.end();
+  // The inputs of `producer` read at k that kernel k does not use.
+  auto reads_at = [&](KernelIndex producer, KernelIndex k) {
+    std::vector<TensorId> r;
+    for (TensorId i : kernel_inputs(trace_, lifetimes, producer)) {
+      if (!lifetimes.is_used_at(i, k)) r.push_back(i);
+    }
+    return r;
   };
+  std::vector<uint32_t> chains;
   for (const Cand& c : cands) {
     const KernelIndex d = c.end;
-    inputs = kernel_inputs(trace_, lifetimes, c.producer);
     chains.clear();
     bool ok = true;
-    for (TensorId i : inputs) {
+    for (TensorId i : kernel_inputs(trace_, lifetimes, c.producer)) {
       if (!alive_at(i, d)) { ok = false; break; }
       const int64_t si = freed_at(i, d);
       if (si < 0) continue;
       // A chain: make i at d instead, if its own inputs are resident there.
-      chained_inputs = kernel_inputs(trace_, lifetimes, *trace_.tensors[i].producer);
-      for (TensorId ii : chained_inputs) {
+      for (TensorId ii : kernel_inputs(trace_, lifetimes, *trace_.tensors[i].producer)) {
         if (!alive_at(ii, d) || freed_at(ii, d) >= 0) { ok = false; break; }
       }
       if (!ok) break;
-      chains.push_back({static_cast<uint32_t>(si), chained_inputs});
+      chains.push_back(static_cast<uint32_t>(si));
     }
     if (!ok) continue;
     // Everything that must be resident at d fits: d's own tensors, the reads so far and the new ones.
-    int64_t add = 0;
-    auto count = [&](TensorId t) {
-      if (!needed_at(t, d)) {
-        add += static_cast<int64_t>(trace_.tensors[t].bytes);
-        (*reads)[d].push_back(t);  // undone below if the candidate is refused
-      }
+    Span span{c.tensor, c.start, d, reads_at(c.producer, d)};
+    std::vector<TensorId> fresh;
+    auto note = [&](TensorId t) {
+      if (!count.count(key(t, d)) && std::find(fresh.begin(), fresh.end(), t) == fresh.end()) fresh.push_back(t);
     };
-    const size_t before = (*reads)[d].size();
-    for (TensorId i : inputs) count(i);
-    for (const Chain& ch : chains) for (TensorId ii : ch.inputs) count(ii);
-    if (static_cast<int64_t>(active[d]) + extra_bytes[d] + add > budget_) {
-      (*reads)[d].resize(before);
-      continue;
+    for (TensorId t : span.reads) note(t);
+    for (uint32_t si : chains) {
+      for (TensorId t : reads_at(*trace_.tensors[spans[si].tensor].producer, d)) note(t);
     }
-    extra_bytes[d] += add;
-    for (const Chain& ch : chains) spans[ch.span].point = d;
+    int64_t add = 0;
+    for (TensorId t : fresh) add += static_cast<int64_t>(trace_.tensors[t].bytes);
+    if (static_cast<int64_t>(active[d]) + extra_bytes[d] + add > budget_) continue;
+    for (uint32_t si : chains) {  // its reads move from the old point to d
+      Span& ch = spans[si];
+      for (TensorId t : ch.reads) drop_read(t, ch.point);
+      ch.point = d;
+      ch.reads = reads_at(*trace_.tensors[ch.tensor].producer, d);
+      for (TensorId t : ch.reads) add_read(t, d);
+    }
+    for (TensorId t : span.reads) add_read(t, d);
     spans_of[c.tensor].push_back(static_cast<uint32_t>(spans.size()));
-    spans.push_back({c.tensor, c.start, d});
+    spans.push_back(std::move(span));
+  }
+  for (const auto& [k, n] : count) {
+    (*reads)[static_cast<size_t>(k >> 32)].push_back(static_cast<TensorId>(k & 0xffffffffu));
   }
   return spans;
 }
@@ -377,8 +400,28 @@ void Planner::take_recomputes(const std::vector<Span>& spans) {
     pair_of_[gi] = static_cast<int32_t>(pairs_.size());
     Pair pr{gi, 0, 0, it->len};
     pr.recompute = true;
+    recompute_pairs_.emplace_back(static_cast<uint32_t>(pairs_.size()), sp);
+    for (TensorId t : sp.reads) ++readers_[read_key(t, sp.point)];
     pairs_.push_back(pr);
   }
+}
+
+// Whether a live move of t starts or is due at kernel k, where only a recompute's read needs t: a
+// gap of the planned-on trace starting or ending there that is chosen.
+bool Planner::read_matters(TensorId t, KernelIndex k) const {
+  auto it = std::lower_bound(gaps_.begin(), gaps_.end(), std::make_pair(t, k),
+                             [](const Gap& g, const std::pair<TensorId, KernelIndex>& x) {
+                               return g.tensor != x.first ? g.tensor < x.first : g.start < x.second;
+                             });
+  const auto live = [&](size_t gi) { return pair_of_[gi] >= 0 && pairs_[pair_of_[gi]].live; };
+  if (it != gaps_.end() && it->tensor == t && it->start == k && live(static_cast<size_t>(it - gaps_.begin()))) {
+    return true;
+  }
+  if (it != gaps_.begin()) {
+    const auto prev = static_cast<size_t>(it - gaps_.begin()) - 1;
+    if (gaps_[prev].tensor == t && gaps_[prev].end == k && live(prev)) return true;
+  }
+  return false;
 }
 
 // Idle gaps before the greedy loop (docs/planner.md, "Tensors no kernel uses again"): their score,
@@ -662,11 +705,20 @@ void Planner::prune_and_hoist() {
     return m;
   };
   if (tuning_.prune) {
+    std::vector<int32_t> recompute_of(pairs_.size(), -1);  // pair -> recompute_pairs_ index
+    for (size_t r = 0; r < recompute_pairs_.size(); ++r) recompute_of[recompute_pairs_[r].first] = static_cast<int32_t>(r);
     for (size_t i = pairs_.size(); i-- > 0;) {
       Pair& pr = pairs_[i];
       const Gap& g = gaps_[pr.gap];
       const uint32_t count = pr.begin - pr.done - 1;
       if (count > 0 && window_max(g, pr.done + 1, count) + g.bytes > budget_) continue;
+      if (pr.recompute) {  // its reads go with it, unless a move relies on one it alone makes
+        const Span& sp = recompute_pairs_[static_cast<size_t>(recompute_of[i])].second;
+        bool needed = false;
+        for (TensorId t : sp.reads) needed |= readers_[read_key(t, sp.point)] == 1 && read_matters(t, sp.point);
+        if (needed) continue;
+        for (TensorId t : sp.reads) --readers_[read_key(t, sp.point)];
+      }
       add_back(g, pr.done + 1, count);
       pr.live = false;
       pair_of_[pr.gap] = -1;

@@ -374,44 +374,42 @@ PlanCheck Checker::run() {
     }
   }
 
-  // Recompute moves: each alone, then against the pairs and other recomputes of its tensor, then its
-  // inputs at the recompute point (which needs every tensor's pairs and recomputes).
+  // Recompute moves (each checked alone above): against the pairs and other recomputes of its tensor,
+  // then its inputs at the recompute point (which needs every tensor's pairs and recomputes).
   std::vector<std::vector<size_t>> pairs_of(nt), recomputes_of(nt);
   for (size_t pi = 0; pi < out_.pairs.size(); ++pi) pairs_of[out_.pairs[pi].tensor].push_back(pi);
   std::sort(basic.begin(), basic.end(), [](const RecomputeMove& a, const RecomputeMove& b) {
     return a.tensor != b.tensor ? a.tensor < b.tensor : a.start < b.start;
   });
   KernelIndex previous_deadline = 0;
-  size_t previous = kNoPrefetch;
+  size_t previous = kNoPrefetch;  // the last kept recompute of the same tensor
   TensorId previous_tensor = 0;
   for (const RecomputeMove& r : basic) {
-    {
-      const TensorId t = r.tensor;
-      const size_t ri = r.move_index;
-      if (previous_tensor != t) previous = kNoPrefetch;
-      previous_tensor = t;
-      if (previous != kNoPrefetch && r.start < previous_deadline) {
-        error("{}: tensor {} is already freed there by {} (two recomputes within one unused gap)", describe(ri), t,
-              describe(previous));
-        continue;
-      }
-      bool overlaps = false;
-      for (size_t pi : pairs_of[t]) {
-        const MovePair& p = out_.pairs[pi];
-        // A recomputable tensor is not persistent, so its pairs do not wrap.
-        if (r.start < p.start + p.prefetch_deadline && p.start < r.deadline) {
-          error("{}: overlaps {}, which moves tensor {} within the same unused gap", describe(ri),
-                describe(p.offload_index), t);
-          overlaps = true;
-          break;
-        }
-      }
-      if (overlaps) continue;
-      previous = ri;
-      previous_deadline = r.deadline;
-      recomputes_of[t].push_back(out_.recomputes.size());
-      out_.recomputes.push_back(r);
+    const TensorId t = r.tensor;
+    const size_t ri = r.move_index;
+    if (previous_tensor != t) previous = kNoPrefetch;
+    previous_tensor = t;
+    if (previous != kNoPrefetch && r.start < previous_deadline) {
+      error("{}: tensor {} is already freed there by {} (two recomputes within one unused gap)", describe(ri), t,
+            describe(previous));
+      continue;
     }
+    bool overlaps = false;
+    for (size_t pi : pairs_of[t]) {
+      const MovePair& p = out_.pairs[pi];
+      // A recomputable tensor is not persistent, so its pairs do not wrap.
+      if (r.start < p.start + p.prefetch_deadline && p.start < r.deadline) {
+        error("{}: overlaps {}, which moves tensor {} within the same unused gap", describe(ri),
+              describe(p.offload_index), t);
+        overlaps = true;
+        break;
+      }
+    }
+    if (overlaps) continue;
+    previous = ri;
+    previous_deadline = r.deadline;
+    recomputes_of[t].push_back(out_.recomputes.size());
+    out_.recomputes.push_back(r);
   }
   std::vector<char> inputs_ok(out_.recomputes.size(), 1);
   for (size_t j = 0; j < out_.recomputes.size(); ++j) {
