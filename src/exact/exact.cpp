@@ -91,6 +91,9 @@ class Model {
   const std::vector<Cand>& cands() const { return cands_; }
   const std::vector<Gap>& gaps() const { return gaps_; }
   size_t binaries() const { return binaries_; }
+  bool has_recompute() const {
+    return std::any_of(gaps_.begin(), gaps_.end(), [](const Gap& g) { return g.recompute != 0; });
+  }
   double penalty_max() const { return penalty_max_; }
   uint32_t n() const { return n_; }
   // Column values of the best completion of `plan` (its windows fixed), or empty when the LP has
@@ -722,7 +725,9 @@ ExactResult solve_exact(const Trace& trace, const ExactOptions& opts) {
     ip.cb_func = callback;
     ip.cb_info = &st;
     ip.mir_cuts = GLP_ON;
-    ip.gmi_cuts = GLP_ON;
+    // GLPK 5.0 aborted (spxprim.c, "teta_lim >= 0.0") re-solving after Gomory cuts on an instance
+    // with recompute columns (study gap --recompute, seed 6); without them it solves.
+    ip.gmi_cuts = model.has_recompute() ? GLP_OFF : GLP_ON;
     ip.br_tech = GLP_BR_PCH;
     ip.bt_tech = GLP_BT_BLB;
     mip_rc = glp_intopt(prob, &ip);
