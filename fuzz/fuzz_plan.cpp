@@ -17,10 +17,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     a.alive_until = 7;  // a tail over kernels 7..7
     t.add_tensor(a);
     t.add_tensor({30, teraio::TensorKind::parameter, true, "idle"});  // no kernel uses it
+    teraio::TensorInfo r{40, teraio::TensorKind::activation, false, "r"};
+    r.producer = 2;  // made from w at kernel 2, used again at 5: a recompute can free it over 3..4
+    r.recomputable = true;
+    t.add_tensor(r);
     for (teraio::KernelIndex k = 0; k < 8; ++k) {
       std::vector<teraio::TensorId> ids;
-      if (k % 3 == 0) ids.push_back(0);
+      if (k % 3 == 0 || k == 2) ids.push_back(0);
       if (k == 1 || k == 6) ids.push_back(1);
+      if (k == 2 || k == 5) ids.push_back(3);
       t.add_kernel("k", 1.0 + k, ids);
     }
     return t;

@@ -103,7 +103,7 @@ const Registration kAnalyze{{
     10,
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<AnalyzeArgs>();
-      sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
+      sub.add_option("trace", args->trace_path, "trace file (teraio.trace JSON)")->required();
       sub.add_flag("--json", args->json, "print one JSON object instead of the table");
       sub.add_option("--ssd-gbps", args->options.ssd_gbps,
                      "bandwidth (GB/s) for 'periods longer than moving the tensor to an SSD'")

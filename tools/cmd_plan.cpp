@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ namespace {
 struct PlanArgs : PlanningArgs {
   std::string min_tensor = "1MiB";
   bool search = false;
+  bool no_recompute = false;
 };
 
 int run_plan(const PlanArgs& args) {
@@ -34,6 +36,7 @@ int run_plan(const PlanArgs& args) {
   opts.budget_bytes = args.budget_bytes();
   opts.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
   opts.tiers = args.tier_specs();
+  opts.recompute = !args.no_recompute;
   const Trace trace = read_trace(args.trace_path);
   const double read_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -76,11 +79,15 @@ int run_plan(const PlanArgs& args) {
   const std::string stats_json = fmt::format(
       "{{\"candidates\": {}, \"chosen\": {}, \"forced\": {}, \"peak_before_bytes\": {}, "
       "\"peak_after_bytes\": {}, "
-      "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}{}}}",
+      "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}{}{}}}",
       stats.candidates, stats.chosen, stats.forced, stats.peak_before_bytes, stats.peak_after_bytes,
       stats.plan_seconds, tiers_json,
       stats.offload_only ? fmt::format(", \"offload_only\": {}", stats.offload_only)
-                         : std::string());
+                         : std::string(),
+      check.recomputes.empty()
+          ? std::string()
+          : fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", check.recomputes.size(),
+                        json_number(sim.recompute_us)));
   plan.extra.emplace_back("planner", stats_json);
   write_plan(plan, args.out_path);
   const double total_s =
@@ -104,6 +111,13 @@ int run_plan(const PlanArgs& args) {
              offload_only ? fmt::format(" and {} offloads without a prefetch", offload_only)
                           : std::string(),
              stats.chosen, stats.forced);
+  if (!check.recomputes.empty()) {
+    fmt::print("recompute            {} tensors per iteration, {} of producer time ({} freed)\n",
+               check.recomputes.size(), format_us(sim.recompute_us),
+               format_bytes(static_cast<double>(std::accumulate(
+                   check.recomputes.begin(), check.recomputes.end(), uint64_t{0},
+                   [](uint64_t a, const RecomputeMove& r) { return a + r.bytes; }))));
+  }
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     fmt::print("  to {:<16} {} offloaded per iteration (peak held {})\n", plan.tiers[i].name,
                format_bytes(static_cast<double>(tier_bytes[i])),
@@ -113,9 +127,10 @@ int run_plan(const PlanArgs& args) {
              format_bytes(static_cast<double>(check.peak_bytes)),
              format_bytes(static_cast<double>(plan.budget_bytes)),
              format_bytes(static_cast<double>(stats.peak_before_bytes)));
-  fmt::print("predicted            iteration {}, ideal {}, stall {} ({:.2f}%)\n",
+  fmt::print("predicted            iteration {}, ideal {}, stall {} ({:.2f}%){}\n",
              format_us(sim.iteration_us), format_us(sim.ideal_us), format_us(sim.stall_us),
-             sim.ideal_us > 0 ? 100.0 * sim.stall_us / sim.ideal_us : 0.0);
+             sim.ideal_us > 0 ? 100.0 * sim.stall_us / sim.ideal_us : 0.0,
+             sim.recomputes ? fmt::format(", recompute {}", format_us(sim.recompute_us)) : std::string());
   fmt::print("{}", search_line);
   fmt::print("time                 planner {}, total {} (read {})\n",
              format_us(stats.plan_seconds * 1e6), format_us(total_s * 1e6),
@@ -137,6 +152,8 @@ const Registration kPlan{{
                    "plan with several settings of the heuristics, simulate each, keep the fastest "
                    "(about 10x "
                    "the planning time)");
+      sub.add_flag("--no-recompute", args->no_recompute,
+                   "plan moves only: recompute no tensor, even where the trace marks it recomputable");
       return [args] { return run_plan(*args); };
     },
 }};

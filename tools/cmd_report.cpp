@@ -50,9 +50,9 @@ const Registration kReport{{
     60,
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<ReportArgs>();
-      sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
+      sub.add_option("trace", args->trace_path, "trace file (teraio.trace JSON)")->required();
       sub.add_option("--plan", args->plan_path,
-                     "plan file (teraio.plan v1 JSON) made for this trace");
+                     "plan file (teraio.plan JSON) made for this trace");
       sub.add_option("--run", args->run_path, "measured run (teraio.run v1 JSON, docs/report.md)");
       sub.add_option("-o,--output", args->out_path, "HTML file to write")->required();
       sub.add_option("--title", args->options.title,

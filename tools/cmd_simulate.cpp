@@ -75,9 +75,12 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
     fmt::print(
         "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
         "\"peak_bytes\": {}, "
-        "\"tiers\": [{}], \"urgent_fetches\": {}}}\n",
+        "\"tiers\": [{}], \"urgent_fetches\": {}{}}}\n",
         json_number(r.iteration_us), json_number(r.ideal_us), json_number(r.stall_us),
-        json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches);
+        json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches,
+        r.recomputes ? fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", r.recomputes,
+                                   json_number(r.recompute_us))
+                     : std::string());
     return;
   }
   fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
@@ -88,6 +91,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
   fmt::print("ideal                {}\n", format_us(r.ideal_us));
   fmt::print("stall                {}  ({:.2f}% of ideal)\n", format_us(r.stall_us),
              pct(r.stall_us, r.ideal_us));
+  if (r.recomputes) {
+    fmt::print("recompute            {}  ({} recomputes per iteration, {:.2f}% of ideal)\n",
+               format_us(r.recompute_us), r.recomputes, pct(r.recompute_us, r.ideal_us));
+  }
   fmt::print("overlap              {}  (transfer time hidden behind kernels, all links)\n",
              format_us(r.overlap_us));
   fmt::print("speed                {:.2f}% of ideal\n", pct(r.ideal_us, r.iteration_us));
@@ -171,8 +178,8 @@ const Registration kSimulate{{
     30,
     [](CLI::App& sub) -> std::function<int()> {
       auto args = std::make_shared<SimulateArgs>();
-      sub.add_option("trace", args->trace_path, "trace file (teraio.trace v1 JSON)")->required();
-      sub.add_option("plan", args->plan_path, "plan file (teraio.plan v1 JSON) made for this trace")
+      sub.add_option("trace", args->trace_path, "trace file (teraio.trace JSON)")->required();
+      sub.add_option("plan", args->plan_path, "plan file (teraio.plan JSON) made for this trace")
           ->required();
       sub.add_flag("--json", args->json,
                    "print one JSON object (a JSON array with --sweep-bandwidth)");

@@ -67,6 +67,7 @@ struct GapArgs {
   std::vector<double> fractions = {0.5, 0.25};
   int max_layers = 4;
   int first_index = 0;
+  bool recompute = false;
   std::string json_path;
 };
 
@@ -82,6 +83,7 @@ int run_gap(const GapArgs& args) {
     const uint64_t seed = args.seed + static_cast<uint64_t>(i);
     SmallInstanceOptions iopts;
     iopts.layers = 1 + static_cast<uint32_t>(i % args.max_layers);
+    iopts.recompute = args.recompute;
     const Trace trace = small_instance(seed, iopts);
     const double fraction = args.fractions[static_cast<size_t>(i / args.max_layers) % args.fractions.size()];
     const uint64_t budget = budget_between(trace, fraction);
@@ -112,22 +114,24 @@ int run_gap(const GapArgs& args) {
     fmt::print("| {} | {} | {} | {} | {:.0f}% | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:+.2f}% | {:+.2f}% | {} |\n", i,
                seed, trace.num_kernels(), trace.num_tensors(), 100 * fraction, gs.ideal_us / 1e3,
                gs.iteration_us / 1e3, es.iteration_us / 1e3, bound_us / 1e3, gap, bound_gap,
-               ex.optimal ? fmt::format("optimal {:.1f} s", ex.solve_seconds)
-                          : fmt::format("limit, model gap {:.1f}%",
+               (ex.optimal ? fmt::format("optimal {:.1f} s", ex.solve_seconds)
+                           : fmt::format("limit, model gap {:.1f}%",
                                         ex.model_stall_us > 0
                                             ? 100 * (ex.model_stall_us - ex.bound_stall_us) / ex.model_stall_us
-                                            : 0.0));
+                                            : 0.0)) +
+                   (args.recompute ? fmt::format("; recomputes {} / {}", gs.recomputes, es.recomputes) : std::string()));
     flush_stdout();
     rows += fmt::format(
         "{}{{\"seed\": {}, \"layers\": {}, \"kernels\": {}, \"tensors\": {}, \"budget_fraction\": {}, "
         "\"budget_bytes\": {}, \"ideal_us\": {}, \"greedy_iteration_us\": {}, \"exact_iteration_us\": {}, "
         "\"bound_iteration_us\": {}, \"greedy_model_stall_us\": {}, \"exact_model_stall_us\": {}, "
         "\"bound_stall_us\": {}, \"optimal\": {}, \"solve_seconds\": {:.3f}, \"gap_percent\": {}, "
-        "\"bound_gap_percent\": {}, \"greedy_moves\": {}, \"exact_moves\": {}}}",
+        "\"bound_gap_percent\": {}, \"greedy_moves\": {}, \"exact_moves\": {}, \"greedy_recomputes\": {}, "
+        "\"exact_recomputes\": {}}}",
         rows.empty() ? "" : ",\n  ", seed, iopts.layers, trace.num_kernels(), trace.num_tensors(), num(fraction),
         budget, num(gs.ideal_us), num(gs.iteration_us), num(es.iteration_us), num(bound_us),
         num(ex.greedy_model_stall_us), num(ex.model_stall_us), num(ex.bound_stall_us), ex.optimal, ex.solve_seconds,
-        num(gap), num(bound_gap), greedy.moves.size(), ex.plan.moves.size());
+        num(gap), num(bound_gap), greedy.moves.size(), ex.plan.moves.size(), gs.recomputes, es.recomputes);
   }
   const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / static_cast<double>(gaps.size());
   const double bmean =
@@ -262,6 +266,8 @@ const Registration kStudy{{
       g->add_option("--max-layers", gap->max_layers, "instance i has 1 + i % max-layers layers (7L+1 kernels)")
           ->capture_default_str()
           ->check(in_range(1, 10));
+      g->add_flag("--recompute", gap->recompute,
+                  "instances with recomputable activations (6L+1 kernels): greedy and exact may recompute");
       g->add_option("--json", gap->json_path, "also write every number to this JSON file");
       auto sens = std::make_shared<SensArgs>();
       CLI::App* s = sub.add_subcommand("sensitivity", "plan with wrong bandwidths / noisy kernel times, simulate at truth");

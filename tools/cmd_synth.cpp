@@ -41,9 +41,12 @@ int run_synth(const SynthArgs& args) {
   Trace trace = synthesize(options);
   write_trace(trace, args.output);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("{}: {} kernels, {} tensors, iteration {} (model {}, batch {}, seq {}, micro-batches {}, "
-             "{}) in {:.2f} s\n",
-             args.output, trace.num_kernels(), trace.num_tensors(), format_us(trace.total_time_us()),
+  size_t recomputable = 0;
+  for (const TensorInfo& t : trace.tensors) recomputable += t.recomputable;
+  fmt::print("{}: {} kernels, {} tensors ({} recomputable), iteration {} (model {}, batch {}, seq {}, "
+             "micro-batches {}, {}) in {:.2f} s\n",
+             args.output, trace.num_kernels(), trace.num_tensors(), recomputable,
+             format_us(trace.total_time_us()),
              options.model, trace.meta_value("batch"), trace.meta_value("seq"),
              trace.meta_value("micro_batches"), args.dtype, seconds);
   return 0;
@@ -87,6 +90,8 @@ const Registration kSynth{{
       sub.add_flag("--grad-set-to-none", [args](int64_t) { args->options.persistent_gradients = false; },
                    "gradients are freed after the optimizer (zero_grad(set_to_none=True)) instead "
                    "of persistent");
+      sub.add_flag("--no-recompute-info", [args](int64_t) { args->options.recomputable = false; },
+                   "write no producers and mark nothing recomputable (a teraio.trace v1 file)");
       sub.add_flag("--list", args->list, "list the models (data/models.json), their shapes and defaults, then exit");
       sub.add_option("-o,--output", args->output, "trace file to write (JSON)");
       return [args] { return run_synth(*args); };

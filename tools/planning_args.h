@@ -32,12 +32,12 @@ struct PlanningArgs {
 };
 
 inline void add_planning_options(CLI::App& sub, PlanningArgs& a) {
-  sub.add_option("trace", a.trace_path, "trace file (teraio.trace v1 JSON)")->required();
+  sub.add_option("trace", a.trace_path, "trace file (teraio.trace JSON)")->required();
   sub.add_option("--budget", a.budget, "GPU memory for tensors, e.g. 40GiB")->required();
   sub.add_option("--tier", a.tiers,
                  kPlanningTierHelp)
       ->required();
-  sub.add_option("-o,--output", a.out_path, "plan file to write (teraio.plan v1 JSON)")->required();
+  sub.add_option("-o,--output", a.out_path, "plan file to write (teraio.plan JSON)")->required();
   sub.add_flag("--json", a.json, "print the summary as one JSON object");
 }
 

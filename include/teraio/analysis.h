@@ -74,6 +74,10 @@ std::vector<InactivePeriod> inactive_periods(const Trace& trace, const Lifetimes
 // the last use).
 std::vector<uint64_t> memory_curve(const Trace& trace, const Lifetimes& lifetimes);
 
+// The tensors a rerun of kernel k reads: those of its tensors that exist before it runs (persistent,
+// or first used by an earlier kernel). The others are made by k (docs/formats.md, "Recompute").
+std::vector<TensorId> kernel_inputs(const Trace& trace, const Lifetimes& lifetimes, KernelIndex k);
+
 // Bytes of the distinct tensors each kernel touches.
 std::vector<uint64_t> active_bytes(const Trace& trace);
 

@@ -42,7 +42,8 @@ struct ExactResult {
 };
 
 // Minimises the stall of the slot model (docs/planner.md, "How good is the plan"): each inactive
-// period is offloaded to at most one tier, absent for one contiguous run of kernels; its offload
+// period is offloaded to at most one tier, absent for one contiguous run of kernels, or (a gap of a
+// recomputable tensor) recomputed over its whole length, its producer's time counting as stall; its offload
 // bytes fill write-link slots before that run and its prefetch bytes read-link slots after it;
 // a slot is a kernel (bandwidth x kernel time) or the stall before a kernel (bandwidth x stall).
 // Resident bytes stay within the budget at every kernel and tiers within capacity. Throws
@@ -50,17 +51,23 @@ struct ExactResult {
 // (tier capacity).
 ExactResult solve_exact(const Trace& trace, const ExactOptions& opts);
 
-// The stall of a valid plan in the same slot model: its periods, tiers and absence windows fixed,
-// the best placement of its transfer bytes in the slots (a linear program). Throws teraio::Error
-// when the plan is not valid for the trace.
+// The stall (with recompute time) of a valid plan in the same slot model: its periods, tiers,
+// absence windows and recomputes fixed, the best placement of its transfer bytes in the slots (a
+// linear program). Throws teraio::Error when the plan is not valid for the trace, or uses what the
+// model does not cover (a recompute of part of a gap, two absences in one gap around a read).
 double model_stall_us(const Trace& trace, const Plan& plan);
 
 // A small transformer-like training iteration, deterministic per seed: `layers` blocks, each with a
 // persistent weight, gradient and optimizer state, and an activation saved from its forward kernel
 // to its backward kernels; then an optimizer step per layer. Kernel times and tensor sizes vary
-// randomly. layers in [1, 10]: 7 x layers + 1 kernels, 4 x layers + 1 tensors.
+// randomly. layers in [1, 10]: 7 x layers + 1 kernels, 4 x layers + 1 tensors (see `recompute`).
 struct SmallInstanceOptions {
   uint32_t layers = 4;
+  // Recomputable activations (trace v2): each layer's matmul makes z (not recomputable) and a cheap
+  // GELU makes the next layer's input from it (recomputable, memory-bound time: 1 us per MB read
+  // and written); backward reads z and the activation. 6 x layers + 1 kernels, 5 x layers + 1
+  // tensors. Default off (the instances of the tables in docs/planner.md).
+  bool recompute = false;
   double min_bytes = 8e6;        // default 8 MB
   double max_bytes = 256e6;      // default 256 MB
   double min_time_us = 200;      // default 0.2 ms

@@ -1,5 +1,6 @@
-// A migration plan (format teraio.plan v1, docs/formats.md): the moves of one iteration, repeated
-// every iteration. Move indices are kernel indices of the trace the plan was made for.
+// A migration plan (format teraio.plan v2, docs/formats.md; v1 is still read): the moves of one
+// iteration, repeated every iteration. Move indices are kernel indices of the trace the plan was
+// made for.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,7 @@ std::vector<TierSpec> parse_tier_specs(const std::vector<std::string>& texts);
 // move, so the names must tell the tiers apart.
 void check_tier_names(const std::vector<TierSpec>& tiers, std::string_view what);
 
-enum class MoveOp : uint8_t { offload, prefetch };
+enum class MoveOp : uint8_t { offload, prefetch, recompute };
 std::string_view to_string(MoveOp op);
 
 // offload: may begin once kernel `start` has finished, must be complete by the end of kernel
@@ -40,16 +41,20 @@ std::string_view to_string(MoveOp op);
 // An offload no prefetch follows moves a tensor nothing uses again: away until it dies (after its
 // alive_until), or for good (a persistent tensor no kernel uses). docs/formats.md has the rules.
 // Indices are cyclic: deadline < start wraps into the next iteration.
+// recompute: the tensor's device memory is freed once kernel `start` has finished and the tensor is
+// made again, by rerunning its producer on the compute stream, just before kernel `deadline`
+// begins (start < deadline - 1, no wrap). No tier, no link: it costs the producer's kernel time.
+// Several recomputes before one kernel run in the order of their producers (docs/formats.md).
 struct Move {
   TensorId tensor = 0;
   MoveOp op = MoveOp::offload;
-  uint32_t tier = 0;  // index into Plan::tiers
+  uint32_t tier = 0;  // index into Plan::tiers; 0 and unused for a recompute
   KernelIndex start = 0;
   KernelIndex deadline = 0;
 };
 
 struct Prediction {
-  double iteration_us = 0;
+  double iteration_us = 0;  // ideal + stall + recompute time
   double ideal_us = 0;
   double stall_us = 0;
   double peak_bytes = 0;
@@ -64,6 +69,7 @@ struct Plan {
   std::vector<std::pair<std::string, std::string>> extra;
 };
 
+// Reads teraio.plan v1 or v2 (v2 adds recompute moves). Writes v1 unless a move is a recompute.
 Plan read_plan(const std::string& path);
 Plan parse_plan(std::string_view json, std::string_view source = "<plan>");
 void write_plan(const Plan& plan, const std::string& path);

@@ -38,12 +38,26 @@ struct MovePair {
   bool one_way() const { return prefetch_index == kNoPrefetch; }
 };
 
+// A valid recompute move: the tensor is absent at kernels start+1 .. deadline-1 and its producer
+// runs again, for `time_us`, just before kernel `deadline`.
+struct RecomputeMove {
+  size_t move_index = 0;  // into Plan::moves
+  TensorId tensor = 0;
+  uint64_t bytes = 0;
+  KernelIndex start = 0;
+  KernelIndex deadline = 0;
+  KernelIndex producer = 0;
+  double time_us = 0;  // the producer's kernel time
+};
+
 struct PlanCheck {
   bool valid = true;
   std::vector<std::string> errors;     // the first `max_errors` problems, each naming the move
   size_t error_count = 0;
   // Valid pairs and offloads without a prefetch (invalid moves are left out).
   std::vector<MovePair> pairs;
+  // Valid recompute moves, ordered by deadline, then producer: the order they run in.
+  std::vector<RecomputeMove> recomputes;
   std::vector<uint64_t> resident_bytes;  // per kernel, under the plan
   uint64_t peak_bytes = 0;
   KernelIndex peak_kernel = 0;
@@ -52,8 +66,9 @@ struct PlanCheck {
 
 // Checks every rule of docs/formats.md: indices and tiers in range, offload/prefetch pairing,
 // no use of a tensor while it is away, non-persistent tensors not moved outside their lifetime,
-// offloads without a prefetch only where nothing uses the tensor again, resident bytes within
-// budget at every kernel, tier capacities respected.
+// offloads without a prefetch only where nothing uses the tensor again, recomputes only of
+// recomputable tensors whose producer's inputs are resident at the recompute point, resident bytes
+// within budget at every kernel, tier capacities respected.
 PlanCheck check_plan(const Trace& trace, const Lifetimes& lifetimes, const Plan& plan,
                      size_t max_errors = 20);
 

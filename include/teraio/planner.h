@@ -1,4 +1,5 @@
-// The migration planner (the paper's Algorithm 1, made fast): trace + budget + tiers -> Plan.
+// The migration planner (the paper's Algorithm 1, made fast, plus recompute as a third place):
+// trace + budget + tiers -> Plan.
 // Pure computation: no CUDA, no I/O, no threads. docs/planner.md explains every decision.
 #pragma once
 
@@ -18,6 +19,10 @@ struct PlannerOptions {
   // Tensors smaller than this are left out of the greedy search; they are moved only when nothing
   // else can bring a kernel within the budget (docs/planner.md, "Minimum tensor size").
   uint64_t min_tensor_bytes = 1 << 20;
+  // Recompute tensors the trace marks recomputable where that costs less than moving them
+  // (docs/planner.md, "Recompute"). Has no effect on a trace without recomputable tensors (every v1
+  // trace). false: plan moves only (`teraio plan --no-recompute`).
+  bool recompute = true;
 };
 
 struct PlannerStats {
@@ -27,6 +32,8 @@ struct PlannerStats {
   // Of chosen + forced: offloads without a prefetch (a tail after a tensor's last use, or a
   // persistent tensor no kernel uses); each is one move instead of two.
   size_t offload_only = 0;
+  size_t recomputes = 0;        // periods recomputed instead of moved
+  double recompute_us = 0;      // their producers' kernel time, added to the compute stream
   uint64_t peak_before_bytes = 0;
   uint64_t peak_after_bytes = 0;  // planned resident peak (<= budget when the plan fits)
   double plan_seconds = 0;

@@ -1,6 +1,7 @@
 // Discrete-event replay of a plan over a trace: kernels take their traced time, each tier has a
 // read and a write link, transfers queue, kernels wait for late prefetches (urgent fetches jump the
-// queue) and prefetches wait for memory. docs/simulator.md has the model.
+// queue) and prefetches wait for memory; a recompute reruns its producer on the compute stream just
+// before the kernel it is due for. docs/simulator.md has the model.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,9 @@ struct SimTransfer {
 struct SimResult {
   double iteration_us = 0;  // wall time of an iteration, mean over the simulated iterations
   double ideal_us = 0;      // sum of kernel times
-  double stall_us = 0;      // iteration_us - ideal_us
+  double stall_us = 0;      // time the compute stream waits for transfers: iteration - ideal - recompute
+  double recompute_us = 0;  // producer time rerun by the plan's recompute moves, per iteration
+  size_t recomputes = 0;    // recompute moves per iteration
   double overlap_us = 0;    // transfer time hidden behind kernels (per iteration, summed over links)
   double last_iteration_us = 0;  // wall time of the last iteration alone (see docs/simulator.md)
   uint64_t peak_bytes = 0;  // most bytes resident at once

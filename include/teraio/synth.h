@@ -70,6 +70,9 @@ struct SynthOptions {
   // Gradients exist across iterations (zero_grad(set_to_none=False)). When false they are
   // allocated by the first backward and freed after the optimizer (set_to_none=True).
   bool persistent_gradients = true;
+  // Record each non-persistent tensor's producer and mark activations made by cheap, memory-bound
+  // kernels recomputable (teraio.trace v2; docs/synth.md). false: a v1 trace without producers.
+  bool recomputable = true;
 };
 
 // Builds the trace of one iteration: forward and backward of every micro-batch (gradients

@@ -1,5 +1,6 @@
-// The trace of one training iteration (format teraio.trace v1, docs/formats.md): the tensors and,
-// for every operator ("kernel") in order, its device time and the tensors it touches.
+// The trace of one training iteration (format teraio.trace v2, docs/formats.md; v1 is still read):
+// the tensors, with the operator that produced each and whether rerunning it recreates the same
+// bytes, and, for every operator ("kernel") in order, its device time and the tensors it touches.
 // A Trace is a plain value: not thread-safe to mutate, safe to share read-only.
 #pragma once
 
@@ -33,6 +34,15 @@ struct TensorInfo {
   // although no kernel after its last use touches it (held by a Python variable, or a gradient
   // freed at zero_grad). Not a use. Unset means its last use; when set, it is >= the last use.
   std::optional<KernelIndex> alive_until;
+  // Non-persistent tensors only (format v2): the kernel that produced the tensor, which is its first
+  // use. Unset: unknown, or made outside the traced operators (a v1 trace sets none).
+  std::optional<KernelIndex> producer;
+  // Rerunning `producer` on the same inputs recreates these bytes exactly (deterministic, no random
+  // numbers unless their generator state is saved, no aliasing output, its inputs not mutated
+  // since, the tensor not mutated in place after production), so the tensor may be freed and
+  // recomputed (docs/formats.md, "Recompute"). Requires `producer`. Its cost is the producer's
+  // kernel time.
+  bool recomputable = false;
 };
 
 // Bounds every trace keeps (docs/formats.md, "Bounds"), checked by the reader and by validate():
@@ -76,8 +86,10 @@ class Trace {
   double total_time_us() const;
 
   // Throws teraio::Error on ids out of range, negative or non-finite times, traces beyond the
-  // bounds above, and an alive_until that is out of range, before the tensor's last use, on a
-  // persistent tensor or on an unused one, naming the field ("tensors[3].bytes: ...").
+  // bounds above, an alive_until that is out of range, before the tensor's last use, on a
+  // persistent tensor or on an unused one, and a producer that is not the tensor's first use (or
+  // is on a persistent tensor) or a recomputable tensor without a producer, naming the field
+  // ("tensors[3].bytes: ...").
   void validate() const;
   // The messages of the two bounds, shared by validate() and the reader.
   static std::string bytes_bound_message(uint64_t bytes);
@@ -91,14 +103,17 @@ class Trace {
   std::vector<TensorId> tensor_ids_;
   std::vector<std::pair<std::string, uint32_t>> name_index_;  // sorted lookup for interning
   uint32_t intern(std::string_view name);
-  void validate_alive_until() const;
+  void validate_per_tensor_kernels() const;
 };
 
-// Reads a teraio.trace v1 JSON file. Throws teraio::Error naming the file, the field and the
+// Whether some tensor of the trace is recomputable (the planner's default for recompute).
+bool has_recomputable(const Trace& trace);
+
+// Reads a teraio.trace v1 or v2 JSON file (v1 tensors have no producer: none is recomputable). Throws teraio::Error naming the file, the field and the
 // position ("kernels[12].time_us: expected a number") on malformed input or an unknown version.
 Trace read_trace(const std::string& path);
 Trace parse_trace(std::string_view json, std::string_view source = "<trace>");
-// Writes teraio.trace v1 JSON (one kernel per line). Throws teraio::Error if the file cannot be written.
+// Writes teraio.trace JSON (one kernel per line): v1 when no tensor has a producer, else v2. Throws teraio::Error if the file cannot be written.
 void write_trace(const Trace& trace, const std::string& path);
 std::string trace_to_json(const Trace& trace);
 

@@ -1,6 +1,7 @@
 // The exact planner: builds the slot-model mixed-integer program of docs/planner.md ("How good is
 // the plan") for every inactive period and tier, solves it with GLPK's branch and bound (seeded with
-// the greedy plan), and turns the solution back into a teraio plan that check_plan accepts.
+// the greedy plan), and turns the solution back into a teraio plan that check_plan accepts. A gap of a
+// recomputable tensor may be recomputed instead (Note [Recompute in the slot model]).
 // Bytes are expressed in MB (1e6) and times in microseconds inside the program, to keep GLPK's
 // coefficients near 1.
 #include "teraio/exact.h"
@@ -40,7 +41,21 @@ struct Gap {
   uint32_t len;
   bool one_way = false;
   bool idle = false;
+  int recompute = 0;         // column of "recomputed over the whole gap" (binary), 0 = not offered
+  double recompute_us = 0;   // its producer's kernel time
 };
+
+// Note [Recompute in the slot model]
+// A gap between two uses of a recomputable tensor gets a binary R: absent at every kernel of the
+// gap, at most one of R and the gap's tier candidates, R x the producer's time in the objective,
+// and that time added to the capacity of every link's stall slot before the gap's end kernel (the
+// simulator runs it there while the links keep going: so the model stays a relaxation). The
+// producer's inputs are read before the end kernel d (docs/formats.md): for each input's gap G
+// around d and each of its tier candidates, R = 1 forbids absence at d (U[j] - E[j-1] + R <= 1)
+// and, when the absence began before d, prefetch bytes in slots after d (the prefetch is due by
+// d); an input recomputed over G conflicts with R. One absence per gap and whole-gap recomputes:
+// chains (a recompute point moved earlier for a consumer) and a second absence after a read are
+// not modelled, so a plan using them has no completion (model_stall_us refuses it).
 
 // Columns of one (gap, tier) candidate. U[j] (j = 1..len-1): absence has begun by distance j;
 // E[j]: absence has ended by distance j (j is at or after its last kernel). Both are binary step
@@ -76,6 +91,9 @@ class Model {
   const std::vector<Cand>& cands() const { return cands_; }
   const std::vector<Gap>& gaps() const { return gaps_; }
   size_t binaries() const { return binaries_; }
+  bool has_recompute() const {
+    return std::any_of(gaps_.begin(), gaps_.end(), [](const Gap& g) { return g.recompute != 0; });
+  }
   double penalty_max() const { return penalty_max_; }
   uint32_t n() const { return n_; }
   // Column values of the best completion of `plan` (its windows fixed), or empty when the LP has
@@ -94,6 +112,19 @@ class Model {
   std::vector<Gap> gaps_;
   std::vector<Cand> cands_;
   std::vector<int> stall_col_;  // per kernel
+  std::vector<uint32_t> gap_begin_;  // per tensor: its first gap in gaps_ (gaps are by tensor, start)
+  // The gap of tensor t with kernel k strictly inside it and the distance of k, or -1.
+  int64_t gap_containing(TensorId t, uint32_t k, uint32_t* distance) const {
+    for (uint32_t gi = gap_begin_[t]; gi < gap_begin_[t + 1]; ++gi) {
+      const Gap& g = gaps_[gi];
+      const uint32_t x = (k + n_ - g.start) % n_;
+      if (!g.idle && x >= 1 && x < g.len) {
+        *distance = x;
+        return gi;
+      }
+    }
+    return -1;
+  }
   size_t binaries_ = 0;
   double penalty_max_ = 0;
 
@@ -148,6 +179,9 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
   const std::vector<uint64_t> curve = memory_curve(trace, lifetimes);
   const std::span<const double> tau = trace.kernel_times_us();
   auto at = [&](const Gap& g, uint32_t j) { return (g.start + j) % n_; };
+  gap_begin_.assign(trace.num_tensors() + 1, 0);
+  for (const Gap& g : gaps_) ++gap_begin_[g.tensor + 1];
+  for (size_t t = 0; t < trace.num_tensors(); ++t) gap_begin_[t + 1] += gap_begin_[t];
 
   stall_col_.resize(n_);
   for (uint32_t k = 0; k < n_; ++k) stall_col_[k] = add_col(0, inf, 1.0, false);
@@ -181,6 +215,28 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
     const double b = static_cast<double>(g.bytes) / kMB;
     const uint32_t last = g.len - 1;
     const int one_tier = add_row(GLP_UP, 0, 1);
+    const TensorInfo& info = trace.tensors[g.tensor];
+    if (info.recomputable && !g.one_way && g.start + g.len < n_ && g.len >= 2) {
+      bool any_over = false, inputs_alive = true;
+      for (uint32_t j = 1; j <= last; ++j) any_over |= mem_row[at(g, j)] != 0;
+      for (TensorId i : kernel_inputs(trace, lifetimes, *info.producer)) {
+        inputs_alive &= trace.tensors[i].persistent ||
+                        (lifetimes.first_use(i) <= g.end && g.end <= lifetimes.alive_until(i));
+      }
+      if (any_over && inputs_alive) {
+        Gap& gm = gaps_[gi];
+        gm.recompute_us = tau[*info.producer];
+        gm.recompute = add_col(0, 1, gm.recompute_us, true);
+        put(one_tier, gm.recompute, 1);
+        for (uint32_t j = 1; j <= last; ++j) {
+          if (mem_row[at(g, j)]) put(mem_row[at(g, j)], gm.recompute, b);
+        }
+        for (size_t t = 0; t < nt; ++t) {  // its time carries transfers like a stall
+          put(ws_row[t * n_ + g.end], gm.recompute, -tiers_[t].write_gbps * 1e3 / kMB * gm.recompute_us);
+          put(rs_row[t * n_ + g.end], gm.recompute, -tiers_[t].read_gbps * 1e3 / kMB * gm.recompute_us);
+        }
+      }
+    }
     for (uint32_t t = 0; t < nt; ++t) {
       if (g.bytes > tiers_[t].capacity_bytes) continue;
       const double wmb = tiers_[t].write_gbps * 1e3 / kMB;
@@ -317,6 +373,47 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
       cands_.push_back(std::move(c));
     }
   }
+  // Inputs of each recompute resident before its end kernel (Note [Recompute in the slot model]).
+  std::vector<std::vector<uint32_t>> cands_of(gaps_.size());
+  for (uint32_t ci = 0; ci < cands_.size(); ++ci) cands_of[cands_[ci].gap].push_back(ci);
+  for (const Gap& g : gaps_) {
+    if (!g.recompute) continue;
+    for (TensorId i : kernel_inputs(trace, lifetimes, *trace.tensors[g.tensor].producer)) {
+      uint32_t jd = 0;
+      const int64_t gi = gap_containing(i, g.end, &jd);
+      if (gi < 0) continue;
+      const Gap& G = gaps_[static_cast<size_t>(gi)];
+      const double bi = static_cast<double>(G.bytes) / kMB;
+      if (G.recompute) {
+        const int r = add_row(GLP_UP, 0, 1);
+        put(r, G.recompute, 1);
+        put(r, g.recompute, 1);
+      }
+      for (uint32_t ci : cands_of[static_cast<size_t>(gi)]) {
+        const Cand& c = cands_[ci];
+        int r = add_row(GLP_UP, 0, 1);  // not absent at d
+        put(r, c.U[jd], 1);
+        if (jd > 1) put(r, c.E[jd - 1], -1);
+        put(r, g.recompute, 1);
+        // Absence after d: the offload starts after the read, so it writes only after d.
+        r = add_row(GLP_UP, 0, bi);
+        for (uint32_t j = 1; j <= jd; ++j) {
+          put(r, c.wc[j], 1);
+          put(r, c.ws[j], 1);
+        }
+        put(r, g.recompute, bi);
+        put(r, c.U[jd], -bi);
+        if (G.one_way || G.idle) continue;
+        r = add_row(GLP_UP, 0, 2 * bi);  // absence begun before d: prefetched by d
+        for (uint32_t j = jd; j <= G.len; ++j) {
+          if (j < G.len) put(r, c.rc[j], 1);
+          if (j > jd) put(r, c.rs[j], 1);
+        }
+        put(r, g.recompute, bi);
+        put(r, c.U[jd], bi);
+      }
+    }
+  }
   // Aliased columns can repeat an entry of a row: merge them (GLPK rejects duplicates).
   std::vector<size_t> order(ia_.size() - 1);
   for (size_t i = 0; i < order.size(); ++i) order[i] = i + 1;
@@ -351,6 +448,9 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
 double Model::stall_of(const std::vector<double>& x) const {
   double s = 0;
   for (int c : stall_col_) s += x[static_cast<size_t>(c)];
+  for (const Gap& g : gaps_) {
+    if (g.recompute) s += g.recompute_us * std::round(x[static_cast<size_t>(g.recompute)]);
+  }
   return s;
 }
 
@@ -360,14 +460,19 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
   TERAIO_CHECK(check.valid, "exact: the plan is not valid for the trace: {}",
                check.errors.empty() ? "" : check.errors.front());
   // Fix every binary: a chosen (gap, tier) gets its window, all others stay at zero.
-  std::map<std::pair<TensorId, uint32_t>, uint32_t> gap_by_end;
   std::map<TensorId, uint32_t> one_way_gap;  // a tensor has at most one period no use ends
   for (uint32_t gi = 0; gi < gaps_.size(); ++gi) {
-    if (gaps_[gi].one_way) {
-      one_way_gap[gaps_[gi].tensor] = gi;
-    } else {
-      gap_by_end[{gaps_[gi].tensor, gaps_[gi].end}] = gi;
-    }
+    if (gaps_[gi].one_way) one_way_gap[gaps_[gi].tensor] = gi;
+  }
+  // Recomputes: each must be a whole gap the program offers one for (no chains).
+  std::vector<char> recomputed(gaps_.size(), 0);
+  for (const RecomputeMove& r : check.recomputes) {
+    uint32_t x = 0;
+    const int64_t gi = gap_containing(r.tensor, r.start + 1, &x);
+    if (gi < 0) return {};
+    const Gap& g = gaps_[static_cast<size_t>(gi)];
+    if (!g.recompute || g.start != r.start || g.end != r.deadline) return {};
+    recomputed[static_cast<size_t>(gi)] = 1;
   }
   std::map<std::pair<uint32_t, uint32_t>, std::pair<uint32_t, uint32_t>> window;  // (gap, tier) -> (p, q)
   for (const MovePair& pr : check.pairs) {
@@ -377,16 +482,19 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
       TERAIO_INTERNAL_ASSERT(it != one_way_gap.end(),
                              "exact: offload of tensor {} matches no inactive period", pr.tensor);
       gi = it->second;
-    } else {
-      auto it = gap_by_end.find({pr.tensor, plan.moves[pr.prefetch_index].deadline});
-      TERAIO_INTERNAL_ASSERT(it != gap_by_end.end(), "exact: pair of tensor {} matches no inactive period",
-                             pr.tensor);
-      gi = it->second;
+    } else {  // the gap its offload starts; its prefetch may be due earlier, at a recompute's read
+      uint32_t x = 0;
+      const int64_t found = gap_containing(pr.tensor, (pr.start + 1) % n_, &x);
+      if (found < 0) continue;  // no kernel strictly inside: absent nowhere
+      gi = static_cast<uint32_t>(found);
     }
     const Gap& g = gaps_[gi];
     if (g.idle) {
       window[{gi, pr.tier}] = {1, g.len - 1};
       continue;
+    }
+    for (uint32_t t = 0; t < tiers_.size(); ++t) {
+      if (window.count({gi, t})) return {};  // two absences in one gap (split by a read): not modelled
     }
     const uint32_t shift = (pr.start + n_ - g.start) % n_;
     const uint32_t p = shift + pr.offload_done + 1;
@@ -396,6 +504,12 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
   GlpQuiet quiet;
   GlpProb lp(glp_create_prob());
   glp_copy_prob(lp.get(), prob_.get(), GLP_OFF);
+  for (size_t gi = 0; gi < gaps_.size(); ++gi) {
+    if (!gaps_[gi].recompute) continue;
+    const double v = recomputed[gi] ? 1.0 : 0.0;
+    glp_set_col_kind(lp.get(), gaps_[gi].recompute, GLP_CV);
+    glp_set_col_bnds(lp.get(), gaps_[gi].recompute, GLP_FX, v, v);
+  }
   for (const Cand& c : cands_) {
     const Gap& g = gaps_[c.gap];
     auto it = window.find({c.gap, c.tier});
@@ -430,6 +544,9 @@ std::vector<double> Model::complete(const Plan& plan, double* stall_us) const {
   std::vector<double> x(static_cast<size_t>(glp_get_num_cols(lp.get())) + 1, 0);
   for (size_t c = 1; c < x.size(); ++c) x[c] = glp_get_col_prim(lp.get(), static_cast<int>(c));
   // Binaries exactly, for the branch and bound's feasibility check.
+  for (const Gap& g : gaps_) {
+    if (g.recompute) x[static_cast<size_t>(g.recompute)] = std::round(x[static_cast<size_t>(g.recompute)]);
+  }
   for (const Cand& c : cands_) {
     for (uint32_t j = 1; j < gaps_[c.gap].len; ++j) {
       if (c.U[j] == 0) continue;
@@ -445,6 +562,17 @@ Plan Model::extract(const std::vector<double>& x) const {
   Plan plan;
   plan.budget_bytes = budget_;
   plan.tiers = tiers_;
+  const Lifetimes lifetimes(trace_);
+  std::vector<std::vector<uint32_t>> reads(gaps_.size());  // per gap: distances of recompute reads
+  for (const Gap& g : gaps_) {
+    if (!g.recompute || x[static_cast<size_t>(g.recompute)] < 0.5) continue;
+    plan.moves.push_back(Move{g.tensor, MoveOp::recompute, 0, g.start, g.end});
+    for (TensorId i : kernel_inputs(trace_, lifetimes, *trace_.tensors[g.tensor].producer)) {
+      uint32_t jd = 0;
+      const int64_t gi = gap_containing(i, g.end, &jd);
+      if (gi >= 0) reads[static_cast<size_t>(gi)].push_back(jd);
+    }
+  }
   for (const Cand& c : cands_) {
     const Gap& g = gaps_[c.gap];
     const uint32_t last = g.len - 1;
@@ -459,9 +587,16 @@ Plan Model::extract(const std::vector<double>& x) const {
     while (q < last && val(c.E[q]) < 0.5) ++q;
     if (q < p) continue;  // empty absence: frees nothing
     const uint32_t done = p - 1, begin = q + 1;
-    plan.moves.push_back(Move{g.tensor, MoveOp::offload, c.tier, g.start, (g.start + done) % n_});
+    // A recompute's read inside the gap is a use (docs/formats.md): the offload starts at the last
+    // read before the absence and the prefetch is due at the first read after it.
+    uint32_t from = 0, due = g.len;
+    for (uint32_t r : reads[c.gap]) {
+      if (r < p) from = std::max(from, r);
+      if (r > q) due = std::min(due, r);
+    }
+    plan.moves.push_back(Move{g.tensor, MoveOp::offload, c.tier, (g.start + from) % n_, (g.start + done) % n_});
     if (g.one_way) continue;
-    plan.moves.push_back(Move{g.tensor, MoveOp::prefetch, c.tier, (g.start + begin) % n_, g.end});
+    plan.moves.push_back(Move{g.tensor, MoveOp::prefetch, c.tier, (g.start + begin) % n_, (g.start + due) % n_});
   }
   return plan;
 }
@@ -590,7 +725,9 @@ ExactResult solve_exact(const Trace& trace, const ExactOptions& opts) {
     ip.cb_func = callback;
     ip.cb_info = &st;
     ip.mir_cuts = GLP_ON;
-    ip.gmi_cuts = GLP_ON;
+    // GLPK 5.0 aborted (spxprim.c, "teta_lim >= 0.0") re-solving after Gomory cuts on an instance
+    // with recompute columns (study gap --recompute, seed 6); without them it solves.
+    ip.gmi_cuts = model.has_recompute() ? GLP_OFF : GLP_ON;
     ip.br_tech = GLP_BR_PCH;
     ip.bt_tech = GLP_BT_BLB;
     mip_rc = glp_intopt(prob, &ip);
@@ -633,7 +770,10 @@ double model_stall_us(const Trace& trace, const Plan& plan) {
   Model model(trace, plan.budget_bytes, plan.tiers);
   double stall = 0;
   const std::vector<double> x = model.complete(plan, &stall);
-  TERAIO_INTERNAL_ASSERT(!x.empty(), "exact: a valid plan has no slot-model completion");
+  TERAIO_CHECK(!x.empty(),
+               "exact: the plan has no completion in the slot model: it recomputes part of a gap (a chain) "
+               "or offloads an input twice within one gap around a recompute's read, which the model does not "
+               "cover (docs/planner.md, \"How good is the plan\")");
   return stall;
 }
 

@@ -31,7 +31,8 @@ Trace small_instance(uint64_t seed, const SmallInstanceOptions& opts) {
   trace.set_meta("seed", std::to_string(seed));
   trace.set_meta("layers", std::to_string(opts.layers));
   const uint32_t L = opts.layers;
-  std::vector<TensorId> w(L), g(L), o(L), a(L + 1);
+  if (opts.recompute) trace.set_meta("recompute", "true");
+  std::vector<TensorId> w(L), g(L), o(L), a(L + 1), z(L);
   a[0] = trace.add_tensor({bytes(), TensorKind::activation, false, "input"});
   for (uint32_t l = 0; l < L; ++l) {
     const uint64_t wb = bytes();
@@ -45,6 +46,29 @@ Trace small_instance(uint64_t seed, const SmallInstanceOptions& opts) {
     const std::vector<TensorId> v(ids);
     trace.add_kernel(name, time(), v);
   };
+  if (opts.recompute) {
+    // z[l] = mm(w[l], a[l]); a[l+1] = gelu(z[l]), recomputable (memory-bound: 1 us per MB moved).
+    for (uint32_t l = 0; l < L; ++l) {
+      const std::string p = "layers." + std::to_string(l);
+      z[l] = trace.add_tensor({bytes(), TensorKind::activation, false, p + ".mm_out"});
+      trace.tensors[z[l]].producer = static_cast<KernelIndex>(trace.num_kernels());
+      kernel("aten::mm", {w[l], a[l], z[l]});
+      TensorInfo& act = trace.tensors[a[l + 1]];
+      act.producer = static_cast<KernelIndex>(trace.num_kernels());
+      act.recomputable = true;
+      const double mb = static_cast<double>(trace.tensors[z[l]].bytes + act.bytes) / 1e6;
+      trace.add_kernel("aten::gelu", std::round(mb * 100) / 100, std::vector<TensorId>{z[l], a[l + 1]});
+    }
+    kernel("aten::nll_loss", {a[L]});
+    for (uint32_t l = L; l-- > 0;) {  // backward: gelu grad, input grad, weight grad
+      kernel("aten::gelu_backward", {z[l], a[l + 1]});
+      kernel("aten::mm", {w[l], z[l]});
+      kernel("aten::mm", {a[l], g[l]});
+    }
+    for (uint32_t l = 0; l < L; ++l) kernel("aten::_fused_adam", {w[l], g[l], o[l]});
+    trace.validate();
+    return trace;
+  }
   for (uint32_t l = 0; l < L; ++l) {  // forward: matmul, activation, norm
     kernel("aten::mm", {w[l], a[l], a[l + 1]});
     kernel("aten::gelu", {a[l + 1]});

@@ -22,6 +22,7 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
         return recreated(m.tensor) && lifetimes.used(m.tensor) &&
                m.deadline == lifetimes.first_use(m.tensor);
       case MoveOp::offload:
+      case MoveOp::recompute:  // refused by Schedule::add_move below
         return false;
     }
     return false;
@@ -48,6 +49,8 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
           break;
         case MoveOp::offload:
           starts_out = !lifetimes.used(t);
+          break;
+        case MoveOp::recompute:  // a persistent tensor has no producer in the iteration
           break;
       }
     }

@@ -2,10 +2,13 @@
 // per-kernel bandwidth slots), made fast with lazy re-scoring and the structures of structures.h,
 // then a forced pass that resolves the pressure bandwidth cannot hide, a prune pass and prefetch
 // hoisting. Periods that no use ends (tails, idle persistent tensors) become offloads without a
-// prefetch. docs/planner.md describes the algorithm and every decision.
+// prefetch. Before all that, gaps of recomputable tensors whose producer costs less than moving
+// their bytes are recomputed instead (see Note [Recompute in the planner]). docs/planner.md
+// describes the algorithm and every decision.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <queue>
 #include <set>
 
@@ -61,7 +64,8 @@ struct Gap {
 };
 
 // A chosen period: offloaded on `tier`, done at distance `done`, prefetch from distance `begin`
-// (`begin` == the gap's len for a one-way gap: no prefetch).
+// (`begin` == the gap's len for a one-way gap: no prefetch). A recompute (no tier) is absent over
+// the whole gap (done 0, begin len) and made again before the gap's end.
 struct Pair {
   uint32_t gap;
   uint32_t tier;
@@ -71,6 +75,16 @@ struct Pair {
   bool live = true;
   bool late_offload = false;   // widened past its reserved bandwidth (counted once in diagnostics)
   bool late_prefetch = false;
+  bool recompute = false;
+};
+
+// A recompute chosen before the moves: tensor absent after kernel `start`, made again before kernel
+// `point`.
+struct Span {
+  TensorId tensor;
+  KernelIndex start;
+  KernelIndex point;
+  std::vector<TensorId> reads;  // the producer's inputs read at `point` that the kernel there does not use
 };
 
 struct Window {
@@ -119,6 +133,16 @@ class Planner {
   void add_back(const Gap& g, uint32_t first, uint32_t count);
   void hold(uint32_t tier, const Gap& g);
   void take_idle();
+  // Recompute (Note [Recompute in the planner]).
+  std::vector<Span> choose_recomputes(const Lifetimes& lifetimes, const std::vector<uint64_t>& curve,
+                                      std::vector<std::vector<TensorId>>* reads) const;
+  void take_recomputes(const std::vector<Span>& spans);
+  // Recompute pairs (by pair index) with their reads, and how many live recomputes read each
+  // (tensor, kernel): a read some move relies on keeps its last reader from being pruned.
+  std::vector<std::pair<uint32_t, Span>> recompute_pairs_;
+  std::map<uint64_t, uint32_t> readers_;
+  static uint64_t read_key(TensorId t, KernelIndex k) { return (uint64_t{k} << 32) | t; }
+  bool read_matters(TensorId t, KernelIndex k) const;
   void greedy();
   void force();
   void force_at(uint32_t gi, uint32_t x);
@@ -237,6 +261,169 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
   for (size_t i = 0; i < p.n; ++i) mem_.range_add(p.lo[i], p.hi[i], g.bytes);
 }
 
+// Note [Recompute in the planner]
+// A gap between two uses of a recomputable tensor may be recomputed instead of moved: the tensor is
+// absent over the whole gap and its producer runs again just before the next use, costing its
+// kernel time on the compute stream and no link time. Under a budget the links cannot serve, every
+// byte moved costs link time, so a gap is recomputed when its producer's time is at most
+// recompute_factor x (bytes / the fastest tier's slower link) and the gap spans a kernel over the
+// budget (else nothing needs it away); the prune pass drops those memory did not need after all.
+// The producer's inputs must be resident at the recompute point: each becomes *read* there, a use
+// in the trace the moves are planned on (so an input may be offloaded before the point and
+// prefetched by it, like before any use), which check_plan also counts (docs/formats.md). An input
+// recomputed in a gap around the point is made at the point instead (a chain), when its own inputs
+// are resident there (chains one level deep). Gaps are taken in producer order, so every input's
+// decision is final when its consumer is decided. The point's own tensors, reads and the tensor must
+// fit in the budget together.
+std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const std::vector<uint64_t>& curve,
+                                             std::vector<std::vector<TensorId>>* reads) const {
+  std::vector<Span> spans;
+  if (!opts_.recompute || !has_recomputable(trace_)) return spans;
+  double bytes_per_us = 0;  // the fastest tier's slower direction
+  for (const TierSpec& t : opts_.tiers) bytes_per_us = std::max(bytes_per_us, std::min(t.read_gbps, t.write_gbps) * 1e3);
+  std::vector<uint32_t> over(n_ + 1, 0);  // prefix count of kernels over the budget without a plan
+  for (uint32_t k = 0; k < n_; ++k) over[k + 1] = over[k] + (static_cast<int64_t>(curve[k]) > budget_ ? 1 : 0);
+  struct Cand {
+    KernelIndex producer, start, end;
+    TensorId tensor;
+  };
+  std::vector<Cand> cands;
+  const size_t nt = trace_.num_tensors();
+  for (TensorId t = 0; t < nt; ++t) {
+    const TensorInfo& info = trace_.tensors[t];
+    if (!info.recomputable || info.bytes < opts_.min_tensor_bytes || !lifetimes.used(t)) continue;
+    if (trace_.kernel_time_us(*info.producer) >
+        tuning_.recompute_factor * static_cast<double>(info.bytes) / bytes_per_us) {
+      continue;
+    }
+    auto uses = lifetimes.uses(t);
+    for (size_t j = 1; j < uses.size(); ++j) {
+      if (uses[j] > uses[j - 1] + 1 && over[uses[j]] > over[uses[j - 1] + 1]) {
+        cands.push_back({*info.producer, uses[j - 1], uses[j], t});
+      }
+    }
+  }
+  std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+    return a.producer != b.producer ? a.producer < b.producer : a.start < b.start;
+  });
+  std::vector<std::vector<uint32_t>> spans_of(nt);  // chosen spans per tensor
+  const std::vector<uint64_t> active = active_bytes(trace_);
+  std::vector<int64_t> extra_bytes(n_, 0);  // bytes read at a kernel beyond its own tensors
+  std::map<uint64_t, uint32_t> count;       // readers per (tensor, kernel)
+  auto key = [](TensorId t, KernelIndex k) { return (uint64_t{k} << 32) | t; };
+  auto add_read = [&](TensorId t, KernelIndex k) {
+    if (count[key(t, k)]++ == 0) extra_bytes[k] += static_cast<int64_t>(trace_.tensors[t].bytes);
+  };
+  auto drop_read = [&](TensorId t, KernelIndex k) {
+    auto it = count.find(key(t, k));
+    if (--it->second == 0) {
+      extra_bytes[k] -= static_cast<int64_t>(trace_.tensors[t].bytes);
+      count.erase(it);
+    }
+  };
+  // The span of tensor t freeing it at kernel k (start < k < point), or -1.
+  auto freed_at = [&](TensorId t, KernelIndex k) -> int64_t {
+    for (uint32_t si : spans_of[t]) {
+      if (spans[si].start < k && k < spans[si].point) return si;
+    }
+    return -1;
+  };
+  auto alive_at = [&](TensorId t, KernelIndex k) {
+    return trace_.tensors[t].persistent || (lifetimes.first_use(t) <= k && k <= lifetimes.alive_until(t));
+  };
+  // The inputs of `producer` read at k that kernel k does not use.
+  auto reads_at = [&](KernelIndex producer, KernelIndex k) {
+    std::vector<TensorId> r;
+    for (TensorId i : kernel_inputs(trace_, lifetimes, producer)) {
+      if (!lifetimes.is_used_at(i, k)) r.push_back(i);
+    }
+    return r;
+  };
+  std::vector<uint32_t> chains;
+  for (const Cand& c : cands) {
+    const KernelIndex d = c.end;
+    chains.clear();
+    bool ok = true;
+    for (TensorId i : kernel_inputs(trace_, lifetimes, c.producer)) {
+      if (!alive_at(i, d)) { ok = false; break; }
+      const int64_t si = freed_at(i, d);
+      if (si < 0) continue;
+      // A chain: make i at d instead, if its own inputs are resident there.
+      for (TensorId ii : kernel_inputs(trace_, lifetimes, *trace_.tensors[i].producer)) {
+        if (!alive_at(ii, d) || freed_at(ii, d) >= 0) { ok = false; break; }
+      }
+      if (!ok) break;
+      chains.push_back(static_cast<uint32_t>(si));
+    }
+    if (!ok) continue;
+    // Everything that must be resident at d fits: d's own tensors, the reads so far and the new ones.
+    Span span{c.tensor, c.start, d, reads_at(c.producer, d)};
+    std::vector<TensorId> fresh;
+    auto note = [&](TensorId t) {
+      if (!count.count(key(t, d)) && std::find(fresh.begin(), fresh.end(), t) == fresh.end()) fresh.push_back(t);
+    };
+    for (TensorId t : span.reads) note(t);
+    for (uint32_t si : chains) {
+      for (TensorId t : reads_at(*trace_.tensors[spans[si].tensor].producer, d)) note(t);
+    }
+    int64_t add = 0;
+    for (TensorId t : fresh) add += static_cast<int64_t>(trace_.tensors[t].bytes);
+    if (static_cast<int64_t>(active[d]) + extra_bytes[d] + add > budget_) continue;
+    for (uint32_t si : chains) {  // its reads move from the old point to d
+      Span& ch = spans[si];
+      for (TensorId t : ch.reads) drop_read(t, ch.point);
+      ch.point = d;
+      ch.reads = reads_at(*trace_.tensors[ch.tensor].producer, d);
+      for (TensorId t : ch.reads) add_read(t, d);
+    }
+    for (TensorId t : span.reads) add_read(t, d);
+    spans_of[c.tensor].push_back(static_cast<uint32_t>(spans.size()));
+    spans.push_back(std::move(span));
+  }
+  for (const auto& [k, n] : count) {
+    (*reads)[static_cast<size_t>(k >> 32)].push_back(static_cast<TensorId>(k & 0xffffffffu));
+  }
+  return spans;
+}
+
+// Recomputed gaps are absent from the start (the greedy loop and the forced pass leave them alone).
+void Planner::take_recomputes(const std::vector<Span>& spans) {
+  for (const Span& sp : spans) {
+    auto it = std::lower_bound(gaps_.begin(), gaps_.end(), sp, [](const Gap& g, const Span& x) {
+      return g.tensor != x.tensor ? g.tensor < x.tensor : g.start < x.start;
+    });
+    TERAIO_INTERNAL_ASSERT(it != gaps_.end() && it->tensor == sp.tensor && it->start == sp.start &&
+                               it->end == sp.point && !it->one_way,
+                           "planner: recompute of tensor {} after kernel {} matches no gap", sp.tensor, sp.start);
+    const auto gi = static_cast<uint32_t>(it - gaps_.begin());
+    subtract(*it, 1, it->len - 1);
+    pair_of_[gi] = static_cast<int32_t>(pairs_.size());
+    Pair pr{gi, 0, 0, it->len};
+    pr.recompute = true;
+    recompute_pairs_.emplace_back(static_cast<uint32_t>(pairs_.size()), sp);
+    for (TensorId t : sp.reads) ++readers_[read_key(t, sp.point)];
+    pairs_.push_back(pr);
+  }
+}
+
+// Whether a live move of t starts or is due at kernel k, where only a recompute's read needs t: a
+// gap of the planned-on trace starting or ending there that is chosen.
+bool Planner::read_matters(TensorId t, KernelIndex k) const {
+  auto it = std::lower_bound(gaps_.begin(), gaps_.end(), std::make_pair(t, k),
+                             [](const Gap& g, const std::pair<TensorId, KernelIndex>& x) {
+                               return g.tensor != x.first ? g.tensor < x.first : g.start < x.second;
+                             });
+  const auto live = [&](size_t gi) { return pair_of_[gi] >= 0 && pairs_[pair_of_[gi]].live; };
+  if (it != gaps_.end() && it->tensor == t && it->start == k && live(static_cast<size_t>(it - gaps_.begin()))) {
+    return true;
+  }
+  if (it != gaps_.begin()) {
+    const auto prev = static_cast<size_t>(it - gaps_.begin()) - 1;
+    if (gaps_[prev].tensor == t && gaps_[prev].end == k && live(prev)) return true;
+  }
+  return false;
+}
+
 // Idle gaps before the greedy loop (docs/planner.md, "Tensors no kernel uses again"): their score,
 // the critical time of every kernel, is the largest any candidate can have, and they move no bytes
 // in steady state. Largest first (the greedy's tie-break), each on the first tier with room.
@@ -280,7 +467,7 @@ void Planner::greedy() {
   for (uint32_t i = 0; i < gaps_.size(); ++i) {
     const Gap& g = gaps_[i];
     if (g.bytes <= 0 || static_cast<uint64_t>(g.bytes) < opts_.min_tensor_bytes || g.len < 3) continue;
-    if (g.idle) continue;  // taken before the loop (take_idle)
+    if (g.idle || pair_of_[i] >= 0) continue;  // taken before the loop (take_idle, recomputes)
     const double bound = crit_time(g, 1, g.len - 1) * max_weight;
     if (bound > 0) initial.push_back({bound, g.bytes, i});
   }
@@ -372,6 +559,7 @@ void Planner::force() {
       schedule_range(gi, 1, g.len - 1, after);
     } else {
       const Pair& pr = pairs_[pair_of_[gi]];
+      if (pr.recompute) return;  // absent over its whole gap already
       schedule_range(gi, 1, pr.done, after);
       schedule_range(gi, pr.begin, g.len - 1, after);
     }
@@ -517,11 +705,20 @@ void Planner::prune_and_hoist() {
     return m;
   };
   if (tuning_.prune) {
+    std::vector<int32_t> recompute_of(pairs_.size(), -1);  // pair -> recompute_pairs_ index
+    for (size_t r = 0; r < recompute_pairs_.size(); ++r) recompute_of[recompute_pairs_[r].first] = static_cast<int32_t>(r);
     for (size_t i = pairs_.size(); i-- > 0;) {
       Pair& pr = pairs_[i];
       const Gap& g = gaps_[pr.gap];
       const uint32_t count = pr.begin - pr.done - 1;
       if (count > 0 && window_max(g, pr.done + 1, count) + g.bytes > budget_) continue;
+      if (pr.recompute) {  // its reads go with it, unless a move relies on one it alone makes
+        const Span& sp = recompute_pairs_[static_cast<size_t>(recompute_of[i])].second;
+        bool needed = false;
+        for (TensorId t : sp.reads) needed |= readers_[read_key(t, sp.point)] == 1 && read_matters(t, sp.point);
+        if (needed) continue;
+        for (TensorId t : sp.reads) --readers_[read_key(t, sp.point)];
+      }
       add_back(g, pr.done + 1, count);
       pr.live = false;
       pair_of_[pr.gap] = -1;
@@ -531,7 +728,8 @@ void Planner::prune_and_hoist() {
   if (!tuning_.hoist_prefetch) return;
   std::vector<uint32_t> order;
   for (uint32_t i = 0; i < pairs_.size(); ++i) {
-    if (pairs_[i].live && !gaps_[pairs_[i].gap].one_way) order.push_back(i);  // no prefetch to hoist
+    // One-way pairs and recomputes have no prefetch to hoist.
+    if (pairs_[i].live && !gaps_[pairs_[i].gap].one_way && !pairs_[i].recompute) order.push_back(i);
   }
   auto prefetch_at = [&](uint32_t i) { return (gaps_[pairs_[i].gap].start + pairs_[i].begin) % n_; };
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return prefetch_at(a) < prefetch_at(b); });
@@ -562,6 +760,10 @@ Plan Planner::emit() const {
   for (const Pair& pr : pairs_) {
     if (!pr.live) continue;
     const Gap& g = gaps_[pr.gap];
+    if (pr.recompute) {
+      plan.moves.push_back(Move{g.tensor, MoveOp::recompute, 0, g.start, g.end});
+      continue;
+    }
     if (g.idle) {
       // Moves bytes only when the tensor is found on the device (the first iteration, or after a
       // drifted one used it): due when the tier's spare write bandwidth would have written it.
@@ -588,9 +790,30 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
   budget_ = static_cast<int64_t>(opts_.budget_bytes);
   PlannerStats st;
   if (n_ > 0) {
-    const Lifetimes lifetimes(trace_);
-    const std::vector<InactivePeriod> periods = inactive_periods(trace_, lifetimes);
-    const std::vector<uint64_t> curve = memory_curve(trace_, lifetimes);
+    // Recomputes first; the moves are then planned on the trace in which each recompute point reads
+    // the producer's inputs (Note [Recompute in the planner]).
+    std::vector<Span> spans;
+    Trace with_reads;
+    const Trace* view = &trace_;
+    {
+      const Lifetimes original(trace_);
+      std::vector<std::vector<TensorId>> reads(n_);
+      spans = choose_recomputes(original, memory_curve(trace_, original), &reads);
+      if (!spans.empty()) {
+        with_reads.tensors = trace_.tensors;
+        std::vector<TensorId> ids;
+        for (KernelIndex k = 0; k < n_; ++k) {
+          const auto own = trace_.kernel_tensors(k);
+          ids.assign(own.begin(), own.end());
+          ids.insert(ids.end(), reads[k].begin(), reads[k].end());
+          with_reads.add_kernel(trace_.kernel_name(k), trace_.kernel_time_us(k), ids);
+        }
+        view = &with_reads;
+      }
+    }
+    const Lifetimes lifetimes(*view);
+    const std::vector<InactivePeriod> periods = inactive_periods(*view, lifetimes);
+    const std::vector<uint64_t> curve = memory_curve(*view, lifetimes);
     tau_.assign(trace_.kernel_times_us().begin(), trace_.kernel_times_us().end());
     gaps_.reserve(periods.size());
     for (const InactivePeriod& p : periods) {
@@ -630,6 +853,7 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
       return s;
     };
     diag_.setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    take_recomputes(spans);
     take_idle();
     greedy();
     diag_.greedy_seconds = lap();
@@ -649,6 +873,11 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
     size_t live_chosen = 0, live_forced = 0, offload_only = 0;
     for (const Pair& pr : pairs_) {
       if (!pr.live) continue;
+      if (pr.recompute) {
+        ++st.recomputes;
+        st.recompute_us += tau_[*trace_.tensors[gaps_[pr.gap].tensor].producer];
+        continue;
+      }
       (pr.forced ? live_forced : live_chosen)++;
       offload_only += gaps_[pr.gap].one_way;
       if (gaps_[pr.gap].idle) continue;  // moves no bytes in steady state
@@ -709,6 +938,16 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       PlannerTuning t = base;
       t.lazy_slack = slack;
       add(fmt::format("min tensor {}, slack {}", format_bytes(double(floor)), slack), o, t);
+    }
+  }
+  if (opts.recompute && has_recomputable(trace)) {  // how much to recompute depends on the trace
+    PlannerOptions o = opts;
+    o.recompute = false;
+    add("no recompute", o, base);
+    for (double factor : {0.25, 4.0}) {
+      PlannerTuning t = base;
+      t.recompute_factor = factor;
+      add(fmt::format("recompute factor {}", factor), opts, t);
     }
   }
   PlannerOptions slow = opts;

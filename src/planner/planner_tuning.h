@@ -22,6 +22,10 @@ struct PlannerTuning {
   // of the best remaining upper bound (0 = exact greedy order). Default 0.1: see docs/planner.md.
   double lazy_slack = 0.1;
   bool hoist_prefetch = true;
+  // A recomputable gap is recomputed when its producer's kernel time is at most this factor times
+  // the time its bytes take on the fastest tier's slower link (and moving cannot relieve as much).
+  // Default 1: recompute what is cheaper than one crossing of the link.
+  double recompute_factor = 1.0;
 };
 
 // Extra numbers the planner knows that PlannerStats does not carry.

@@ -730,6 +730,15 @@ void Schedule::add_move(const Move& m) {
     case MoveOp::prefetch:
       operators[m.start].prefetch_at.push_back(m);
       break;
+    case MoveOp::recompute:
+      // The runtime half of recompute (rerunning the producer on the compute stream) is not built
+      // yet: refuse such a plan rather than treat its moves as prefetches or skip them and exceed
+      // the budget. Plans made from traces without recomputable tensors (every Session's, for
+      // now) never contain one.
+      throw Error(fmt::format(
+          "plan move of tensor {} is a recompute, which this runtime cannot execute yet; make the "
+          "plan with `teraio plan --no-recompute` (PlannerOptions::recompute = false)",
+          m.tensor));
   }
   moves++;
 }

@@ -2,8 +2,10 @@
 // one compute stream; every tier has a write link (offloads) and a read link (prefetches), each
 // serving one transfer at a time in issue order; a transfer a kernel waits for becomes urgent and
 // preempts its link. An offload without a prefetch writes and frees, and nothing comes back (that
-// of a persistent tensor no kernel uses moves nothing: in steady state it is already out). Links
-// advance lazily, so the cost is O((kernels + moves) * iterations), no per-byte work.
+// of a persistent tensor no kernel uses moves nothing: in steady state it is already out). A
+// recompute is compute-stream time (its producer's kernel time) just before the kernel it is due
+// for, after that kernel's transfers. Links advance lazily, so the cost is
+// O((kernels + moves) * iterations), no per-byte work.
 #include "teraio/simulator.h"
 
 #include <algorithm>
@@ -175,6 +177,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     throw Error(msg);
   }
   for (const Move& m : plan.moves) {
+    if (m.op == MoveOp::recompute) continue;  // no tier, no link
     const TierSpec& ts = tiers[m.tier];
     const double gbps = m.op == MoveOp::offload ? ts.write_gbps : ts.read_gbps;
     TERAIO_CHECK(std::isfinite(gbps) && gbps > 0,
@@ -188,6 +191,14 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   result.ideal_us = trace.total_time_us();
   result.peak_bytes = check.peak_bytes;
   if (n == 0) return result;
+
+  // Compute-stream time inserted before each kernel by the recomputes due for it.
+  std::vector<double> recompute_before(static_cast<size_t>(n), 0);
+  for (const RecomputeMove& r : check.recomputes) {
+    recompute_before[r.deadline] += r.time_us;
+    result.recompute_us += r.time_us;
+  }
+  result.recomputes = check.recomputes.size();
 
   const int64_t iters = opts.iterations;
   const int64_t last_g = iters * n;  // kernel 0 of the iteration after the last: only its start
@@ -294,11 +305,12 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     t = satisfy(g, true, t);   // offloads that free the memory kernel g needs
     issue_all(g, false, t);    // prefetches issued as kernel g begins take memory now
     t = satisfy(g, false, t);  // prefetches kernel g reads
-    if (g >= first_g) start_us[static_cast<size_t>(g - first_g)] = t;
     if (t > free_us) {
       stall_us += t - free_us;
       gaps.push_back({free_us, t});
     }
+    if (g < last_g) t += recompute_before[static_cast<size_t>(g % n)];  // inputs resident (check_plan)
+    if (g >= first_g) start_us[static_cast<size_t>(g - first_g)] = t;
     if (g == last_g) break;
     t += times[static_cast<size_t>(g % n)];
     issue_all(g, true, t);  // offloads begin once kernel g has finished
@@ -307,7 +319,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
 
   // See Note [Reported iteration].
   result.stall_us = stall_us / static_cast<double>(iters);
-  result.iteration_us = result.ideal_us + result.stall_us;
+  result.iteration_us = result.ideal_us + result.stall_us + result.recompute_us;
   result.last_iteration_us = start_us[static_cast<size_t>(n)] - start_us[0];
   result.urgent_fetches = urgent;
 

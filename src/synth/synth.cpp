@@ -74,11 +74,40 @@ class Builder {
     zero_grad();
     for (uint32_t m = 0; m < micro_batches(); ++m) micro_batch(m);
     optimizer_step();
+    if (opt_.recomputable) mark_producers();
     return std::move(trace_);
   }
 
  private:
   uint32_t micro_batches() const { return opt_.micro_batches; }
+
+  // Every non-persistent tensor's producer is its first kernel. An activation is recomputable when
+  // that kernel is memory-bound (elementwise, normalisation steps, rotary, activation functions,
+  // copies: cheap per byte; matmuls and attention are not), not in place (no trailing '_'), and no
+  // in-place kernel touches the tensor afterwards. Nothing here draws random numbers or aliases.
+  void mark_producers() {
+    const size_t nt = trace_.num_tensors();
+    constexpr KernelIndex kNone = UINT32_MAX;
+    std::vector<KernelIndex> first(nt, kNone);
+    std::vector<uint8_t> mutated(nt, 0);
+    for (KernelIndex k = 0; k < trace_.num_kernels(); ++k) {
+      const bool in_place = trace_.kernel_name(k).ends_with('_');
+      for (TensorId t : trace_.kernel_tensors(k)) {
+        if (first[t] == kNone) {
+          first[t] = k;
+        } else if (in_place) {
+          mutated[t] = 1;
+        }
+      }
+    }
+    for (TensorId t = 0; t < nt; ++t) {
+      TensorInfo& info = trace_.tensors[t];
+      if (info.persistent || first[t] == kNone) continue;
+      info.producer = first[t];
+      info.recomputable = info.kind == TensorKind::activation && cheap_[first[t]] &&
+                          !trace_.kernel_name(first[t]).ends_with('_') && !mutated[t];
+    }
+  }
 
   // ---- tensors and kernels ----------------------------------------------------------------------
   TensorId tensor(std::string name, uint64_t bytes, TensorKind kind, bool persistent = false) {
@@ -111,6 +140,7 @@ class Builder {
       for (TensorId t : ids) bytes += static_cast<double>(trace_.tensors[t].bytes);
     }
     trace_.add_kernel(name, kernel_time_us(cls, flops, bytes), ids);
+    cheap_.push_back(cls == OpClass::memory ? 1 : 0);
   }
   void op(std::string_view name, OpClass cls, double flops, std::initializer_list<TensorId> ids,
           double bytes = -1) {
@@ -523,6 +553,7 @@ class Builder {
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
   TensorId inv_freq_ = 0, cos_ = 0, sin_ = 0;
   std::string prefix_;
+  std::vector<uint8_t> cheap_;  // per kernel: memory-bound (a cheap producer to recompute)
 };
 
 std::string quoted(std::string_view s) { return fmt::format("\"{}\"", s); }

@@ -135,4 +135,12 @@ std::vector<uint64_t> active_bytes(const Trace& trace) {
   return a;
 }
 
+std::vector<TensorId> kernel_inputs(const Trace& trace, const Lifetimes& lifetimes, KernelIndex k) {
+  std::vector<TensorId> inputs;
+  for (TensorId t : trace.kernel_tensors(k)) {
+    if (trace.tensors[t].persistent || lifetimes.first_use(t) < k) inputs.push_back(t);
+  }
+  return inputs;
+}
+
 }  // namespace teraio

@@ -94,16 +94,20 @@ bool Reader::boolean(simdjson::dom::element e, const Path& p) const {
   return b;
 }
 
-void Reader::header(simdjson::dom::object root, std::string_view format) const {
+uint64_t Reader::header(simdjson::dom::object root, std::string_view format, uint64_t max_version) const {
   const Path top;
   Path fp = top.field("format");
   const std::string_view f = string(field(root, "format", top), fp);
   if (f != format) fail(fp, fmt::format("expected \"{}\", got \"{}\"", format, f));
   Path vp = top.field("version");
   const uint64_t v = u64(field(root, "version", top), vp);
-  if (v != 1) {
-    fail(vp, fmt::format("unsupported version {} (this teraio reads {} version 1)", v, format));
+  if (v < 1 || v > max_version) {
+    fail(vp, max_version == 1
+                 ? fmt::format("unsupported version {} (this teraio reads {} version 1)", v, format)
+                 : fmt::format("unsupported version {} (this teraio reads {} versions 1 to {})", v, format,
+                               max_version));
   }
+  return v;
 }
 
 simdjson::dom::element parse_document(simdjson::dom::parser& parser, std::string_view text,

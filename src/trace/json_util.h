@@ -54,8 +54,8 @@ class Reader {
   double non_negative(simdjson::dom::element e, const Path& p) const;
   std::string_view string(simdjson::dom::element e, const Path& p) const;
   bool boolean(simdjson::dom::element e, const Path& p) const;
-  // Checks "format" and "version" of a document.
-  void header(simdjson::dom::object root, std::string_view format) const;
+  // Checks "format" and "version" (1..max_version) of a document; returns the version.
+  uint64_t header(simdjson::dom::object root, std::string_view format, uint64_t max_version) const;
 
   std::string_view source() const { return source_; }
 

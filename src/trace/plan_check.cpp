@@ -1,7 +1,8 @@
 // Validity of a plan (docs/formats.md, "When a plan is valid"). Pairs every offload with the first
 // prefetch of the same tensor whose deadline follows it (cyclically for persistent tensors), checks
-// the ordering and the no-use window of each pair and the offloads no prefetch follows, then sums
-// resident bytes per kernel with a difference array.
+// the ordering and the no-use window of each pair and the offloads no prefetch follows, then the
+// recompute moves (recomputable, within one unused gap, the producer's inputs resident at the
+// recompute point), then sums resident bytes per kernel with a difference array.
 #include "teraio/plan_check.h"
 
 #include <algorithm>
@@ -37,11 +38,49 @@ class Checker {
     const uint32_t d = dist(from, to);
     return d == 0 ? n_ : d;
   }
+  // A kernel needs tensor t when it uses it or when a recompute due before it reads t (one of its
+  // producer's inputs): docs/formats.md, "Recompute".
+  bool needed_at(TensorId t, KernelIndex k) const {
+    return life_.is_used_at(t, k) || std::binary_search(reads_[t].begin(), reads_[t].end(), k);
+  }
+  // The first kernel at or after k (cyclically) that needs t; false if none.
+  bool next_need(TensorId t, KernelIndex k, KernelIndex* need, bool* wrapped) const {
+    KernelIndex u = 0;
+    bool uw = false;
+    const bool has_use = life_.next_use(t, k, &u, &uw);
+    const auto& r = reads_[t];
+    if (r.empty()) {
+      *need = u;
+      *wrapped = uw;
+      return has_use;
+    }
+    auto it = std::lower_bound(r.begin(), r.end(), k);
+    const bool rw = it == r.end();
+    const KernelIndex rk = rw ? r.front() : *it;
+    const auto d = [&](KernelIndex x, bool w) { return w ? uint64_t{x} + n_ - k : uint64_t{x} - k; };
+    if (!has_use || d(rk, rw) < d(u, uw)) {
+      *need = rk;
+      *wrapped = rw;
+    } else {
+      *need = u;
+      *wrapped = uw;
+    }
+    return true;
+  }
+  KernelIndex last_need(TensorId t) const {
+    return reads_[t].empty() ? life_.last_use(t) : std::max(life_.last_use(t), reads_[t].back());
+  }
   // The fields of a MovePair that the offload moves[oi] alone decides.
   MovePair offload_part(size_t oi) const;
   void check_pair(size_t oi, size_t pi);
   // An offload no prefetch follows: valid when nothing uses the tensor after its start.
   void check_one_way(size_t oi, std::vector<size_t>& one_way_of);
+  // A recompute alone (tensor, window, uses); its inputs are checked by check_recompute_inputs.
+  bool check_recompute(size_t ri, RecomputeMove* out);
+  // The producer's inputs are resident at the recompute point: alive, not away under a pair, not
+  // freed by another recompute (one recomputed at the same point runs first: earlier producer).
+  bool check_recompute_inputs(const RecomputeMove& r, const std::vector<std::vector<size_t>>& pairs_of,
+                              const std::vector<std::vector<size_t>>& recomputes_of);
   std::string lifetime_rule(TensorId t) const {
     return fmt::format(
         "tensor {} is not persistent, so its moves must lie within its lifetime [{}, {}] and not wrap",
@@ -56,6 +95,7 @@ class Checker {
   size_t max_errors_;
   uint32_t n_;
   PlanCheck out_;
+  std::vector<std::vector<KernelIndex>> reads_;  // per tensor: kernels before which a recompute reads it
 };
 
 void Checker::add_cyclic(std::vector<int64_t>& diff, uint32_t n, uint32_t from, uint32_t len,
@@ -105,13 +145,15 @@ void Checker::check_pair(size_t oi, size_t pi) {
           describe(oi), describe(pi));
     return;
   }
-  if (!life_.is_used_at(t, p.deadline)) {
-    error("{}: the prefetch deadline must be a kernel that uses tensor {}", describe(pi), t);
+  if (!needed_at(t, p.deadline)) {
+    error("{}: the prefetch deadline must be a kernel that uses tensor {} (or before which a recompute "
+          "reads it)",
+          describe(pi), t);
     return;
   }
   KernelIndex next = 0;
   bool wrapped = false;
-  life_.next_use(t, (o.start + 1) % n_, &next, &wrapped);
+  next_need(t, (o.start + 1) % n_, &next, &wrapped);
   const uint32_t next_d = dist_nz(o.start, next);
   if (next_d < pair.prefetch_deadline) {
     error("{}: tensor {} is used by kernel {} while it is away (offloaded after kernel {}, back "
@@ -133,10 +175,10 @@ void Checker::check_one_way(size_t oi, std::vector<size_t>& one_way_of) {
   const TensorId t = o.tensor;
   const TensorInfo& info = trace_.tensors[t];
   const bool used = life_.used(t);
-  if (used && (info.persistent || o.start < life_.last_use(t))) {
+  if (used && (info.persistent || o.start < last_need(t))) {
     KernelIndex next = 0;
     bool wrapped = false;
-    life_.next_use(t, (o.start + 1) % n_, &next, &wrapped);
+    next_need(t, (o.start + 1) % n_, &next, &wrapped);
     error("{}: no prefetch brings tensor {} back before kernel {} uses it (an offload without a prefetch "
           "is valid only after the tensor's last use)",
           describe(oi), t, next);
@@ -166,17 +208,90 @@ void Checker::check_one_way(size_t oi, std::vector<size_t>& one_way_of) {
   out_.pairs.push_back(pair);
 }
 
+bool Checker::check_recompute(size_t ri, RecomputeMove* out) {
+  const Move& m = plan_.moves[ri];
+  const TensorId t = m.tensor;
+  const TensorInfo& info = trace_.tensors[t];
+  if (!info.recomputable || !info.producer) {
+    error("{}: tensor {} is not recomputable ({}); only a tensor the trace marks recomputable can be "
+          "recomputed (docs/formats.md, \"Recompute\")",
+          describe(ri), t, info.producer ? "its producer cannot be rerun safely" : "the trace names no producer");
+    return false;
+  }
+  const KernelIndex producer = *info.producer;
+  if (m.start < producer || m.start + 1 >= m.deadline) {
+    error("{}: a recompute frees the tensor after kernel start and makes it again before kernel deadline, "
+          "so it needs producer ({}) <= start < deadline - 1, without wrapping",
+          describe(ri), producer);
+    return false;
+  }
+  KernelIndex next = 0;
+  bool wrapped = false;
+  if (!life_.next_use(t, m.start + 1, &next, &wrapped) || wrapped) {
+    error("{}: no kernel uses tensor {} after kernel {}, so nothing needs it recomputed (offload it without "
+          "a prefetch, or let it die)",
+          describe(ri), t, m.start);
+    return false;
+  }
+  if (next < m.deadline) {
+    error("{}: tensor {} is used by kernel {} while it is freed (after kernel {}, made again before kernel {})",
+          describe(ri), t, next, m.start, m.deadline);
+    return false;
+  }
+  out->move_index = ri;
+  out->tensor = t;
+  out->bytes = info.bytes;
+  out->start = m.start;
+  out->deadline = m.deadline;
+  out->producer = producer;
+  out->time_us = trace_.kernel_time_us(producer);
+  return true;
+}
+
+bool Checker::check_recompute_inputs(const RecomputeMove& r, const std::vector<std::vector<size_t>>& pairs_of,
+                                     const std::vector<std::vector<size_t>>& recomputes_of) {
+  const KernelIndex d = r.deadline;
+  for (TensorId i : kernel_inputs(trace_, life_, r.producer)) {
+    const TensorInfo& in = trace_.tensors[i];
+    if (!in.persistent && (d < life_.first_use(i) || d > life_.alive_until(i))) {
+      error("{}: input tensor {} of the producer (kernel {}) is not alive at kernel {} (its life is [{}, {}])",
+            describe(r.move_index), i, r.producer, d, life_.first_use(i), life_.alive_until(i));
+      return false;
+    }
+    for (size_t pi : pairs_of[i]) {
+      const MovePair& p = out_.pairs[pi];
+      const uint32_t x = dist(p.start, d);
+      if (p.idle || (x > p.offload_done && x < p.prefetch_deadline)) {
+        error("{}: input tensor {} of the producer (kernel {}) is not resident at kernel {}: {} has it away or "
+              "still arriving (its prefetch must be complete by then)",
+              describe(r.move_index), i, r.producer, d, describe(p.offload_index));
+        return false;
+      }
+    }
+    for (size_t ri : recomputes_of[i]) {
+      const RecomputeMove& o = out_.recomputes[ri];
+      if (o.start < d && d < o.deadline) {
+        error("{}: input tensor {} of the producer (kernel {}) is freed at kernel {} by {} (recompute it at or "
+              "before kernel {})",
+              describe(r.move_index), i, r.producer, d, describe(o.move_index), d);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 PlanCheck Checker::run() {
   const size_t nt = trace_.num_tensors();
   // Range checks; collect per-tensor move lists.
-  std::vector<std::vector<size_t>> offloads(nt), prefetches(nt);
+  std::vector<std::vector<size_t>> offloads(nt), prefetches(nt), recompute_moves(nt);
   for (size_t i = 0; i < plan_.moves.size(); ++i) {
     const Move& m = plan_.moves[i];
     if (m.tensor >= nt) {
       error("{}: tensor {} is out of range (the trace has {} tensors)", describe(i), m.tensor, nt);
       continue;
     }
-    if (m.tier >= plan_.tiers.size()) {
+    if (m.op != MoveOp::recompute && m.tier >= plan_.tiers.size()) {
       error("{}: tier index {} is out of range", describe(i), m.tier);
       continue;
     }
@@ -189,13 +304,33 @@ PlanCheck Checker::run() {
         error("{}: tensor {} is never used, so it cannot be moved", describe(i), m.tensor);
         continue;
       }
-      if (m.op == MoveOp::prefetch) {
-        error("{}: tensor {} is never used, so nothing needs it back: it can be offloaded, not prefetched",
-              describe(i), m.tensor);
+      if (m.op != MoveOp::offload) {
+        error("{}: tensor {} is never used, so nothing needs it back: it can be offloaded, not {}",
+              describe(i), m.tensor, m.op == MoveOp::prefetch ? "prefetched" : "recomputed");
         continue;
       }
     }
-    (m.op == MoveOp::offload ? offloads : prefetches)[m.tensor].push_back(i);
+    switch (m.op) {
+      case MoveOp::offload: offloads[m.tensor].push_back(i); break;
+      case MoveOp::prefetch: prefetches[m.tensor].push_back(i); break;
+      case MoveOp::recompute: recompute_moves[m.tensor].push_back(i); break;
+    }
+  }
+  // Recompute moves alone, then the kernels before which they read their producer's inputs: those
+  // need the inputs as a use does.
+  reads_.assign(nt, {});
+  std::vector<RecomputeMove> basic;
+  for (size_t t = 0; t < nt; ++t) {
+    for (size_t ri : recompute_moves[t]) {
+      RecomputeMove r;
+      if (!check_recompute(ri, &r)) continue;
+      for (TensorId i : kernel_inputs(trace_, life_, r.producer)) reads_[i].push_back(r.deadline);
+      basic.push_back(r);
+    }
+  }
+  for (auto& r : reads_) {
+    std::sort(r.begin(), r.end());
+    r.erase(std::unique(r.begin(), r.end()), r.end());
   }
   // Pair each offload with the prefetch whose deadline comes first after the offload's start
   // (cyclically for a persistent tensor; a non-persistent one's pairs never wrap). An offload that
@@ -239,6 +374,58 @@ PlanCheck Checker::run() {
     }
   }
 
+  // Recompute moves (each checked alone above): against the pairs and other recomputes of its tensor,
+  // then its inputs at the recompute point (which needs every tensor's pairs and recomputes).
+  std::vector<std::vector<size_t>> pairs_of(nt), recomputes_of(nt);
+  for (size_t pi = 0; pi < out_.pairs.size(); ++pi) pairs_of[out_.pairs[pi].tensor].push_back(pi);
+  std::sort(basic.begin(), basic.end(), [](const RecomputeMove& a, const RecomputeMove& b) {
+    return a.tensor != b.tensor ? a.tensor < b.tensor : a.start < b.start;
+  });
+  KernelIndex previous_deadline = 0;
+  size_t previous = kNoPrefetch;  // the last kept recompute of the same tensor
+  TensorId previous_tensor = 0;
+  for (const RecomputeMove& r : basic) {
+    const TensorId t = r.tensor;
+    const size_t ri = r.move_index;
+    if (previous_tensor != t) previous = kNoPrefetch;
+    previous_tensor = t;
+    if (previous != kNoPrefetch && r.start < previous_deadline) {
+      error("{}: tensor {} is already freed there by {} (two recomputes within one unused gap)", describe(ri), t,
+            describe(previous));
+      continue;
+    }
+    bool overlaps = false;
+    for (size_t pi : pairs_of[t]) {
+      const MovePair& p = out_.pairs[pi];
+      // A recomputable tensor is not persistent, so its pairs do not wrap.
+      if (r.start < p.start + p.prefetch_deadline && p.start < r.deadline) {
+        error("{}: overlaps {}, which moves tensor {} within the same unused gap", describe(ri),
+              describe(p.offload_index), t);
+        overlaps = true;
+        break;
+      }
+    }
+    if (overlaps) continue;
+    previous = ri;
+    previous_deadline = r.deadline;
+    recomputes_of[t].push_back(out_.recomputes.size());
+    out_.recomputes.push_back(r);
+  }
+  std::vector<char> inputs_ok(out_.recomputes.size(), 1);
+  for (size_t j = 0; j < out_.recomputes.size(); ++j) {
+    inputs_ok[j] = check_recompute_inputs(out_.recomputes[j], pairs_of, recomputes_of) ? 1 : 0;
+  }
+  {
+    std::vector<RecomputeMove> kept;
+    for (size_t j = 0; j < out_.recomputes.size(); ++j) {
+      if (inputs_ok[j]) kept.push_back(out_.recomputes[j]);
+    }
+    std::sort(kept.begin(), kept.end(), [](const RecomputeMove& a, const RecomputeMove& b) {
+      return a.deadline != b.deadline ? a.deadline < b.deadline : a.producer < b.producer;
+    });
+    out_.recomputes = std::move(kept);
+  }
+
   // Resident bytes and tier occupancy.
   const std::vector<uint64_t> m = memory_curve(trace_, life_);
   std::vector<int64_t> diff(n_ + 1, 0);
@@ -252,6 +439,9 @@ PlanCheck Checker::run() {
     }
     add_cyclic(diff, n_, p.start + p.offload_done + 1, p.prefetch_begin - p.offload_done - 1, -b);
     add_cyclic(tier_diff[p.tier], n_, p.start + 1, p.prefetch_deadline - 1, b);
+  }
+  for (const RecomputeMove& r : out_.recomputes) {
+    add_cyclic(diff, n_, r.start + 1, r.deadline - r.start - 1, -static_cast<int64_t>(r.bytes));
   }
   out_.resident_bytes.resize(n_);
   int64_t running = 0;

@@ -1,4 +1,6 @@
-// teraio.plan v1: reader and writer, and the planner's view of the CLI's tier specs (tier_args.h).
+// teraio.plan v1 and v2 (v2: recompute moves, which name no tier): reader and writer, and the
+// planner's view of the CLI's tier specs (tier_args.h).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -11,7 +13,14 @@
 
 namespace teraio {
 
-std::string_view to_string(MoveOp op) { return op == MoveOp::offload ? "offload" : "prefetch"; }
+std::string_view to_string(MoveOp op) {
+  switch (op) {
+    case MoveOp::offload: return "offload";
+    case MoveOp::prefetch: return "prefetch";
+    case MoveOp::recompute: return "recompute";
+  }
+  return "unknown";
+}
 
 namespace {
 
@@ -53,7 +62,7 @@ Plan parse_plan(std::string_view text, std::string_view source) {
   const json::Reader r(source);
   const json::Path top;
   auto root = r.object(json::parse_document(parser, text, source), top);
-  r.header(root, "teraio.plan");
+  const uint64_t version = r.header(root, "teraio.plan", 2);
 
   Plan plan;
   plan.budget_bytes = r.u64(r.field(root, "budget_bytes", top), top.field("budget_bytes"));
@@ -93,18 +102,29 @@ Plan parse_plan(std::string_view text, std::string_view source) {
       m.op = MoveOp::offload;
     } else if (op == "prefetch") {
       m.op = MoveOp::prefetch;
+    } else if (op == "recompute" && version >= 2) {
+      m.op = MoveOp::recompute;
+    } else if (op == "recompute") {
+      r.fail(p.field("op"), "\"recompute\" needs teraio.plan version 2 (this file says version 1)");
     } else {
-      r.fail(p.field("op"), fmt::format("expected \"offload\" or \"prefetch\", got \"{}\"", op));
+      r.fail(p.field("op"), version >= 2
+                                ? fmt::format("expected \"offload\", \"prefetch\" or \"recompute\", got \"{}\"", op)
+                                : fmt::format("expected \"offload\" or \"prefetch\", got \"{}\"", op));
     }
-    const std::string_view tier = r.string(r.field(o, "tier", p), p.field("tier"));
-    bool found = false;
-    for (size_t t = 0; t < plan.tiers.size(); ++t) {
-      if (plan.tiers[t].name == tier) {
-        m.tier = static_cast<uint32_t>(t);
-        found = true;
+    if (m.op == MoveOp::recompute) {
+      // Moves no bytes through a tier, so it names none.
+      if (r.has(o, "tier")) r.fail(p.field("tier"), "a recompute move names no tier (it moves no bytes)");
+    } else {
+      const std::string_view tier = r.string(r.field(o, "tier", p), p.field("tier"));
+      bool found = false;
+      for (size_t t = 0; t < plan.tiers.size(); ++t) {
+        if (plan.tiers[t].name == tier) {
+          m.tier = static_cast<uint32_t>(t);
+          found = true;
+        }
       }
+      if (!found) r.fail(p.field("tier"), fmt::format("unknown tier \"{}\" (not in \"tiers\")", tier));
     }
-    if (!found) r.fail(p.field("tier"), fmt::format("unknown tier \"{}\" (not in \"tiers\")", tier));
     const uint64_t start = r.u64(r.field(o, "start", p), p.field("start"));
     const uint64_t deadline = r.u64(r.field(o, "deadline", p), p.field("deadline"));
     if (start > 0xffffffffull) r.fail(p.field("start"), "kernel index is out of range");
@@ -144,9 +164,12 @@ std::string plan_to_json(const Plan& plan) {
   check_tier_names(plan.tiers, "plan");
   std::string out;
   out.reserve(256 + plan.moves.size() * 80);
+  // v1 unless a move needs v2, so that plans without recompute stay readable by older teraio.
+  const bool v2 = std::any_of(plan.moves.begin(), plan.moves.end(),
+                              [](const Move& m) { return m.op == MoveOp::recompute; });
   fmt::format_to(std::back_inserter(out),
-                 "{{\n  \"format\": \"teraio.plan\", \"version\": 1,\n  \"budget_bytes\": {},\n  \"tiers\": [",
-                 plan.budget_bytes);
+                 "{{\n  \"format\": \"teraio.plan\", \"version\": {},\n  \"budget_bytes\": {},\n  \"tiers\": [",
+                 v2 ? 2 : 1, plan.budget_bytes);
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     const TierSpec& t = plan.tiers[i];
     out += i ? ",\n    {\"name\": " : "\n    {\"name\": ";
@@ -161,9 +184,12 @@ std::string plan_to_json(const Plan& plan) {
   for (size_t i = 0; i < plan.moves.size(); ++i) {
     const Move& m = plan.moves[i];
     out += i ? ",\n    {\"tensor\": " : "\n    {\"tensor\": ";
-    fmt::format_to(std::back_inserter(out), "{}, \"op\": \"{}\", \"tier\": ", m.tensor, to_string(m.op));
-    TERAIO_CHECK(m.tier < plan.tiers.size(), "moves[{}]: tier index {} is out of range", i, m.tier);
-    append_json_quoted(out, plan.tiers[m.tier].name);
+    fmt::format_to(std::back_inserter(out), "{}, \"op\": \"{}\"", m.tensor, to_string(m.op));
+    if (m.op != MoveOp::recompute) {
+      TERAIO_CHECK(m.tier < plan.tiers.size(), "moves[{}]: tier index {} is out of range", i, m.tier);
+      out += ", \"tier\": ";
+      append_json_quoted(out, plan.tiers[m.tier].name);
+    }
     fmt::format_to(std::back_inserter(out), ", \"start\": {}, \"deadline\": {}}}", m.start, m.deadline);
   }
   out += plan.moves.empty() ? "],\n  \"predicted\": {" : "\n  ],\n  \"predicted\": {";

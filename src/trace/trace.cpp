@@ -113,20 +113,48 @@ void Trace::validate() const {
                    k, id, n);
     }
   }
-  validate_alive_until();
+  validate_per_tensor_kernels();
 }
 
-void Trace::validate_alive_until() const {
-  if (std::none_of(tensors.begin(), tensors.end(),
-                   [](const TensorInfo& t) { return t.alive_until.has_value(); })) {
+bool has_recomputable(const Trace& trace) {
+  return std::any_of(trace.tensors.begin(), trace.tensors.end(),
+                     [](const TensorInfo& t) { return t.recomputable; });
+}
+
+// alive_until and producer: both need each tensor's first or last use.
+void Trace::validate_per_tensor_kernels() const {
+  if (std::none_of(tensors.begin(), tensors.end(), [](const TensorInfo& t) {
+        return t.alive_until.has_value() || t.producer.has_value() || t.recomputable;
+      })) {
     return;
   }
   constexpr KernelIndex kUnused = std::numeric_limits<KernelIndex>::max();
-  std::vector<KernelIndex> last(tensors.size(), kUnused);
+  std::vector<KernelIndex> first(tensors.size(), kUnused), last(tensors.size(), kUnused);
   for (size_t k = 0; k < num_kernels(); ++k) {
-    for (TensorId id : kernel_tensors(static_cast<KernelIndex>(k))) last[id] = static_cast<KernelIndex>(k);
+    for (TensorId id : kernel_tensors(static_cast<KernelIndex>(k))) {
+      if (first[id] == kUnused) first[id] = static_cast<KernelIndex>(k);
+      last[id] = static_cast<KernelIndex>(k);
+    }
   }
   for (size_t t = 0; t < tensors.size(); ++t) {
+    const TensorInfo& info = tensors[t];
+    TERAIO_CHECK(!info.recomputable || info.producer,
+                 "tensors[{}].recomputable: the tensor has no producer; only a tensor whose producing kernel "
+                 "is known can be recomputed",
+                 t);
+    if (info.producer) {
+      const KernelIndex p = *info.producer;
+      TERAIO_CHECK(!info.persistent,
+                   "tensors[{}].producer: the tensor is persistent (it exists before the iteration); only a "
+                   "non-persistent tensor has a producer",
+                   t);
+      TERAIO_CHECK(p < num_kernels(), "tensors[{}].producer: kernel {} is out of range (the trace has {} kernels)",
+                   t, p, num_kernels());
+      TERAIO_CHECK(first[t] == p,
+                   "tensors[{}].producer: kernel {} is not the tensor's first use ({}); the producing kernel must "
+                   "list the tensor and come first",
+                   t, p, first[t] == kUnused ? std::string("no kernel uses it") : fmt::format("kernel {}", first[t]));
+    }
     if (!tensors[t].alive_until) continue;
     const KernelIndex until = *tensors[t].alive_until;
     TERAIO_CHECK(!tensors[t].persistent,

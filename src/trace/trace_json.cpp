@@ -1,6 +1,7 @@
-// teraio.trace v1: the JSON reader (simdjson DOM; a 250k-kernel trace parses in well under a
-// second) and writer (one kernel per line so diffs and greps stay readable). A tensor's optional
-// alive_until is checked against its uses once all kernels are read.
+// teraio.trace v1 and v2: the JSON reader (simdjson DOM; a 250k-kernel trace parses in well under a
+// second) and writer (one kernel per line so diffs and greps stay readable; v2 only when a tensor
+// has a producer). A tensor's optional alive_until and producer are checked against its uses once
+// all kernels are read.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -18,7 +19,7 @@ Trace parse_trace(std::string_view text, std::string_view source) {
   const json::Reader r(source);
   const json::Path top;
   auto root = r.object(json::parse_document(parser, text, source), top);
-  r.header(root, "teraio.trace");
+  const uint64_t version = r.header(root, "teraio.trace", 2);
 
   Trace trace;
   if (r.has(root, "meta")) {
@@ -31,7 +32,7 @@ Trace parse_trace(std::string_view text, std::string_view source) {
   const json::Path tp = top.field("tensors");
   auto tensors = r.array(r.field(root, "tensors", top), tp);
   trace.tensors.reserve(tensors.size());
-  bool with_alive_until = false;
+  bool check_uses = false;  // alive_until or producer: checked against the uses at the end
   size_t i = 0;
   uint64_t total_bytes = 0;
   for (auto e : tensors) {
@@ -58,13 +59,27 @@ Trace parse_trace(std::string_view text, std::string_view source) {
       info.name = std::string(r.string(r.field(o, "name", p), p.field("name")));
       ++fields;
     }
-    if (o.size() > fields && r.has(o, "alive_until")) {  // looked up only when there is more
-      const uint64_t until = r.u64(r.field(o, "alive_until", p), p.field("alive_until"));
-      if (until > std::numeric_limits<KernelIndex>::max()) {
-        r.fail(p.field("alive_until"), fmt::format("kernel {} is out of range", until));
+    auto kernel_index = [&](std::string_view key) {
+      const uint64_t k = r.u64(r.field(o, key, p), p.field(key));
+      if (k > std::numeric_limits<KernelIndex>::max()) {
+        r.fail(p.field(key), fmt::format("kernel {} is out of range", k));
       }
-      info.alive_until = static_cast<KernelIndex>(until);
-      with_alive_until = true;
+      return static_cast<KernelIndex>(k);
+    };
+    if (o.size() > fields) {  // optional fields looked up only when there are more
+      if (r.has(o, "alive_until")) {
+        info.alive_until = kernel_index("alive_until");
+        check_uses = true;
+      }
+      // v2 only; a v1 reader ignored these fields, so a v1 file's tensors stay not recomputable.
+      if (version >= 2 && r.has(o, "producer")) {
+        info.producer = kernel_index("producer");
+        check_uses = true;
+      }
+      if (version >= 2 && r.has(o, "recomputable")) {
+        info.recomputable = r.boolean(r.field(o, "recomputable", p), p.field("recomputable"));
+        check_uses = true;
+      }
     }
     trace.tensors.push_back(std::move(info));
     ++i;
@@ -99,7 +114,7 @@ Trace parse_trace(std::string_view text, std::string_view source) {
     trace.add_kernel(name, time_us, ids);
     ++k;
   }
-  if (with_alive_until) {  // checked against the uses, which are known only now
+  if (check_uses) {  // checked against the uses, which are known only now
     try {
       trace.validate();
     } catch (const Error& e) {
@@ -117,7 +132,11 @@ Trace read_trace(const std::string& path) {
 std::string trace_to_json(const Trace& trace) {
   std::string out;
   out.reserve(64 + trace.num_tensors() * 96 + trace.num_kernels() * 64);
-  out += "{\n  \"format\": \"teraio.trace\", \"version\": 1,\n  \"meta\": {";
+  // v1 when nothing needs v2, so that files without producers stay readable by older teraio.
+  const bool v2 = std::any_of(trace.tensors.begin(), trace.tensors.end(),
+                              [](const TensorInfo& t) { return t.producer.has_value() || t.recomputable; });
+  out += v2 ? "{\n  \"format\": \"teraio.trace\", \"version\": 2,\n  \"meta\": {"
+            : "{\n  \"format\": \"teraio.trace\", \"version\": 1,\n  \"meta\": {";
   for (size_t i = 0; i < trace.meta.size(); ++i) {
     if (i) out += ", ";
     append_json_quoted(out, trace.meta[i].first);
@@ -144,6 +163,10 @@ std::string trace_to_json(const Trace& trace) {
     append_json_quoted(out, t.name);
     if (t.alive_until && static_cast<int64_t>(*t.alive_until) != last_use[i]) {
       fmt::format_to(std::back_inserter(out), ", \"alive_until\": {}", *t.alive_until);
+    }
+    if (t.producer) {
+      fmt::format_to(std::back_inserter(out), ", \"producer\": {}, \"recomputable\": {}", *t.producer,
+                     t.recomputable ? "true" : "false");
     }
     out += '}';
   }

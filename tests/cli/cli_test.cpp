@@ -178,6 +178,40 @@ TEST_F(Cli, PlanTakesEveryTierSpecForm) {
   expect_one_line_error(r, "planning needs the tier's bandwidths", "study without bandwidths");
 }
 
+// Recompute end to end (docs/planner.md, "Recompute"): synth writes a v2 trace with recomputable
+// activations (v1 with --no-recompute-info), plan recomputes at a tight budget and writes a v2 plan
+// (none with --no-recompute: v1), simulate reports the recomputes and their time.
+TEST_F(Cli, PlanRecomputesUnlessToldNotTo) {
+  const std::string t = path("l1.json"), t1 = path("l1v1.json");
+  ASSERT_EQ(run_teraio("synth --model llama-1b --batch 1 --micro-batches 1 --seq 2048 -o " + t).status, 0);
+  EXPECT_EQ(nlohmann::json::parse(slurp(t))["version"], 2);
+  ASSERT_EQ(run_teraio("synth --model llama-1b --batch 1 --micro-batches 1 --seq 2048 --no-recompute-info -o " + t1)
+                .status,
+            0);
+  EXPECT_EQ(nlohmann::json::parse(slurp(t1))["version"], 1);
+  const std::string budget = " --budget 7557167136 --tier host:64GiB:55:55 --json -o ";  // 1/4 of the peak
+  CmdResult r = run_teraio("plan " + t + budget + path("r.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto with = nlohmann::json::parse(r.out);
+  EXPECT_GT(with["planner"]["recomputes"].get<int>(), 0) << r.out;
+  const auto plan = nlohmann::json::parse(slurp(path("r.json")));
+  EXPECT_EQ(plan["version"], 2);
+  r = run_teraio("plan " + t + budget + path("n.json") + " --no-recompute");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto without = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(without["planner"].contains("recomputes"));
+  EXPECT_EQ(nlohmann::json::parse(slurp(path("n.json")))["version"], 1);
+  EXPECT_LT(with["iteration_us"].get<double>(), without["iteration_us"].get<double>());
+  r = run_teraio("plan " + t1 + budget + path("v1.json"));  // a v1 trace: nothing to recompute
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(nlohmann::json::parse(r.out)["planner"].contains("recomputes"));
+  r = run_teraio("simulate " + t + " " + path("r.json") + " --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto sim = nlohmann::json::parse(r.out);
+  EXPECT_EQ(sim["recomputes"], with["planner"]["recomputes"]);
+  EXPECT_GT(sim["recompute_us"].get<double>(), 0);
+}
+
 // Each command's output file, written under a file size limit of 0 bytes: the write fails (EFBIG),
 // the old file stays whole and no temporary file is left.
 TEST_F(Cli, AFailedWriteLeavesTheOldOutputWholeAndNoTemporaryFile) {

@@ -97,7 +97,7 @@ TEST(TraceFormat, RejectsMalformedInputNamingTheField) {
   };
   const std::string t = kTrace;
   const Case cases[] = {
-      {with(t, "\"version\": 1", "\"version\": 2"), "version: unsupported version 2"},
+      {with(t, "\"version\": 1", "\"version\": 3"), "version: unsupported version 3 (this teraio reads teraio.trace versions 1 to 2)"},
       {with(t, "\"teraio.trace\"", "\"teraio.plan\""), "format: expected \"teraio.trace\""},
       {with(t, "\"format\": \"teraio.trace\", ", ""), "format: required field is missing"},
       {with(t, "\"bytes\": 1024", "\"bytes\": -1024"), "tensors[1].bytes: must be >= 0"},
