@@ -40,7 +40,7 @@ Table load() {
   const json::Path top;
   const std::string_view text(kModelsJson);
   auto root = r.object(json::parse_document(parser, text, kSource), top);
-  r.header(root, "teraio.models");
+  r.header(root, "teraio.models", 1);
   const json::Path mp = top.field("models");
   auto models = r.array(r.field(root, "models", top), mp);
   size_t i = 0;
