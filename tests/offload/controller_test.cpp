@@ -8,58 +8,17 @@
 #include <functional>
 #include <map>
 
+#include "../common/fake_memory.h"
 #include "controller.h"
 #include "teraio/error.h"
 
 namespace teraio::offload {
 namespace {
 
-struct FakeTensor {
-  uint64_t size = 0;
-  std::vector<std::byte> data;  // empty while offloaded
-  bool alive = true;
-  int seed = 0;
-};
-
-class FakeMemory : public runtime::Memory {
- public:
-  explicit FakeMemory(std::shared_ptr<FakeTensor> t) : t_(std::move(t)) {}
-  uint64_t bytes() const override { return t_->size; }
-  storage::BufferView detach() override {
-    held_ = std::move(t_->data);
-    t_->data.clear();
-    return storage::BufferView::host(held_.data(), held_.size());
-  }
-  void attach() override {
-    t_->data = std::move(held_);
-    held_.clear();
-  }
-  void drop() override { held_ = {}; }
-  storage::BufferView allocate() override {
-    held_.assign(t_->size, std::byte{0});
-    return storage::BufferView::host(held_.data(), held_.size());
-  }
-  bool alive() const override { return t_->alive; }
-
- private:
-  std::shared_ptr<FakeTensor> t_;
-  std::vector<std::byte> held_;
-};
-
-std::shared_ptr<FakeTensor> make_tensor(uint64_t size, int seed) {
-  auto t = std::make_shared<FakeTensor>();
-  t->size = size;
-  t->seed = seed;
-  t->data.resize(size);
-  for (uint64_t i = 0; i < size; ++i) t->data[i] = std::byte(static_cast<uint8_t>(i * 7 + seed));
-  return t;
-}
-bool intact(const FakeTensor& t) {
-  if (t.data.size() != t.size) return false;
-  for (uint64_t i = 0; i < t.size; ++i)
-    if (t.data[i] != std::byte(static_cast<uint8_t>(i * 7 + t.seed))) return false;
-  return true;
-}
+using test::FakeMemory;
+using test::FakeTensor;
+using test::intact;
+using test::make_tensor;
 
 // One operator of a fake iteration: inputs are named tensors (persistent ones, or outputs of
 // earlier operators of the same iteration); outputs are new tensors of the given sizes.

@@ -7,69 +7,17 @@
 #include <filesystem>
 #include <numeric>
 
+#include "../common/fake_memory.h"
 #include "engine.h"
 #include "teraio/error.h"
 
 namespace teraio::runtime {
 namespace {
 
-// A "tensor": bytes that can be taken away (null data) and given back, like a PyTorch storage.
-struct FakeTensor {
-  std::vector<std::byte> data;  // empty while absent
-  uint64_t size = 0;
-  bool alive = true;
-  std::string lost;     // Memory::lose's message
-  std::string refused;  // Memory::refuse's message, until the bytes are attached again
-};
-
-class FakeMemory : public Memory {
- public:
-  explicit FakeMemory(std::shared_ptr<FakeTensor> t) : t_(std::move(t)) {}
-  uint64_t bytes() const override { return t_->size; }
-  storage::BufferView detach() override {
-    held_ = std::move(t_->data);
-    t_->data.clear();
-    return storage::BufferView::host(held_.data(), held_.size());
-  }
-  void attach() override {
-    t_->data = std::move(held_);
-    t_->refused.clear();
-    held_.clear();
-  }
-  void drop() override {
-    held_.clear();
-    held_.shrink_to_fit();
-  }
-  storage::BufferView allocate() override {
-    held_.assign(t_->size, std::byte{0});
-    return storage::BufferView::host(held_.data(), held_.size());
-  }
-  bool alive() const override { return t_->alive; }
-  void lose(const std::string& why) override { t_->lost = why; }
-  bool refuse(const std::string& why) override {
-    t_->refused = why;
-    return true;
-  }
-
- private:
-  std::shared_ptr<FakeTensor> t_;
-  std::vector<std::byte> held_;
-};
-
-std::shared_ptr<FakeTensor> make_tensor(uint64_t size, int seed) {
-  auto t = std::make_shared<FakeTensor>();
-  t->size = size;
-  t->data.resize(size);
-  for (uint64_t i = 0; i < size; ++i) t->data[i] = std::byte(static_cast<uint8_t>(i * 31 + seed));
-  return t;
-}
-
-bool has_pattern(const FakeTensor& t, int seed) {
-  if (t.data.size() != t.size) return false;
-  for (uint64_t i = 0; i < t.size; ++i)
-    if (t.data[i] != std::byte(static_cast<uint8_t>(i * 31 + seed))) return false;
-  return true;
-}
+using test::FakeMemory;
+using test::FakeTensor;
+using test::has_pattern;
+using test::make_tensor;
 
 class EngineTest : public ::testing::Test {
  protected:

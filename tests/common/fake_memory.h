@@ -1,0 +1,79 @@
+// A fake tensor for the engine's and the controller's tests: host bytes that the engine can take
+// away (detach) and give back (attach), like a PyTorch storage, with a known byte pattern and the
+// fault hooks of runtime::Memory recorded.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+
+namespace teraio::test {
+
+struct FakeTensor {
+  std::vector<std::byte> data;  // empty while absent
+  uint64_t size = 0;
+  bool alive = true;
+  int seed = 0;         // the pattern's seed (make_tensor)
+  std::string lost;     // Memory::lose's message
+  std::string refused;  // Memory::refuse's message, until the bytes are attached again
+};
+
+class FakeMemory : public runtime::Memory {
+ public:
+  explicit FakeMemory(std::shared_ptr<FakeTensor> t) : t_(std::move(t)) {}
+  uint64_t bytes() const override { return t_->size; }
+  storage::BufferView detach() override {
+    held_ = std::move(t_->data);
+    t_->data.clear();
+    return storage::BufferView::host(held_.data(), held_.size());
+  }
+  void attach() override {
+    t_->data = std::move(held_);
+    t_->refused.clear();
+    held_.clear();
+  }
+  void drop() override {
+    held_.clear();
+    held_.shrink_to_fit();
+  }
+  storage::BufferView allocate() override {
+    held_.assign(t_->size, std::byte{0});
+    return storage::BufferView::host(held_.data(), held_.size());
+  }
+  bool alive() const override { return t_->alive; }
+  void lose(const std::string& why) override { t_->lost = why; }
+  bool refuse(const std::string& why) override {
+    t_->refused = why;
+    return true;
+  }
+
+ private:
+  std::shared_ptr<FakeTensor> t_;
+  std::vector<std::byte> held_;
+};
+
+// A present tensor of `size` bytes holding the pattern of `seed`.
+inline std::shared_ptr<FakeTensor> make_tensor(uint64_t size, int seed) {
+  auto t = std::make_shared<FakeTensor>();
+  t->size = size;
+  t->seed = seed;
+  t->data.resize(size);
+  for (uint64_t i = 0; i < size; ++i) t->data[i] = std::byte(static_cast<uint8_t>(i * 31 + seed));
+  return t;
+}
+
+// The tensor is present and holds the pattern of `seed`.
+inline bool has_pattern(const FakeTensor& t, int seed) {
+  if (t.data.size() != t.size) return false;
+  for (uint64_t i = 0; i < t.size; ++i)
+    if (t.data[i] != std::byte(static_cast<uint8_t>(i * 31 + seed))) return false;
+  return true;
+}
+// The tensor is present and holds the pattern it was made with.
+inline bool intact(const FakeTensor& t) { return has_pattern(t, t.seed); }
+
+}  // namespace teraio::test
