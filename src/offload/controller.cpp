@@ -341,6 +341,9 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   plan_budget_bytes_ = po.budget_bytes;
   po.tiers = options_.tiers;
   po.min_tensor_bytes = options_.min_tensor_bytes;
+  // The Session's traces mark recomputable tensors, but its runtime cannot execute recompute moves
+  // yet (Schedule::add_move refuses them; issue 15's runtime half): plan moves only until it can.
+  po.recompute = false;
   Plan plan;
   try {
     if (options_.plan_search) {

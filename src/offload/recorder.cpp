@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "teraio/json_text.h"
 
@@ -14,6 +15,34 @@ bool is_collective(const char* name) {
   return std::strncmp(name, "c10d::", 6) == 0 ||
          std::strncmp(name, "_c10d_functional::", 18) == 0 ||
          std::strncmp(name, "c10d_functional::", 17) == 0;
+}
+
+// Note [Rerunnable operators]: recompute reruns a tensor's producer through the dispatcher and
+// needs the same bytes again, so only operators known to be pure functions of their inputs
+// qualify. By name: only "aten::" operators (a custom or Python operator may keep state; c10d's
+// collectives talk to other ranks); none that draws random numbers (dropout, rand*, bernoulli,
+// multinomial, normal, uniform, ...: the generator has moved on since, and saving its state is the
+// runtime's to do, not done yet); none that leaves memory uninitialised (empty*: its bytes are
+// whatever the allocator had); none on the deny-list of kernels that are nondeterministic on CUDA
+// (atomic accumulation: index_add, index_put, scatter_add/reduce, put, embedding_bag, histc,
+// bincount, ...); no backward kernel ("_backward", or any operator run by the backward pass: many
+// accumulate with atomics, and their outputs are gradients the step keeps or frees at once).
+// Besides the name, ProductionFacts exclude aliasing outputs, operators that write into an input,
+// outputs only a nested operator made, and operators with an input the recorder cannot watch.
+bool rerunnable_operator(std::string_view name) {
+  if (!name.starts_with("aten::")) return false;
+  static constexpr std::string_view kDenied[] = {
+      // random numbers
+      "dropout", "rand", "bernoulli", "multinomial", "normal", "uniform", "exponential",
+      "geometric", "cauchy", "poisson", "binomial", "rrelu", "_standard_gamma", "_sample_dirichlet",
+      // uninitialised memory, storage games
+      "empty", "resize", "set_", "_local_scalar_dense",
+      // nondeterministic kernels (atomics) and backward kernels
+      "index_add", "index_put", "index_reduce", "scatter_add", "scatter_reduce", "put", "embedding_bag",
+      "histc", "bincount", "ctc_loss", "_backward", "_unique", "nonzero", "masked_select"};
+  for (std::string_view d : kDenied)
+    if (name.find(d, 6) != std::string_view::npos) return false;
+  return true;
 }
 
 std::string TensorFacts::display_name() const {
@@ -60,6 +89,7 @@ void Recorder::note_bound(LogicalId id, uint64_t key, uint64_t bytes, bool is_pa
   }
   m.bytes = bytes;
   m.first_iteration = iteration_;
+  m.production_mark = 0;  // a new storage: no production seen yet
   m.is_param = is_param;
 }
 
@@ -84,6 +114,49 @@ void Recorder::note_output(LogicalId id, bool in_backward, bool grad_enabled) {
     m.produced_in_backward = true;
   else if (grad_enabled)
     m.produced_in_forward = true;
+}
+
+// Note [Recomputable tensors]: the trace gives a tensor made in the recorded iteration the
+// operator that produced its storage (its first use; every output of a multi-output operator gets
+// the same one) and marks it recomputable when rerunning that operator just before any later use
+// gives the same bytes: the operator is rerunnable (Note [Rerunnable operators], ProductionFacts),
+// the tensor is not written in place after its production, and no input of the producer is written
+// from the production up to the tensor's last use. Writes are seen through version counters,
+// observed at the start and end of every recorded operator that touches the tensor (a window
+// between two observations holds the write). A tensor persistent in the trace (alive when the
+// iteration ends) gets no producer.
+TensorFacts& Recorder::production(LogicalId id) {
+  TensorFacts& m = facts_.at(id);
+  if (m.production_mark != iteration_ + 1) {
+    m.production_mark = iteration_ + 1;
+    m.producer_op = -1;
+    m.rerunnable = false;
+    m.seen_version.reset();
+    m.seen_at = -1;
+    m.writes.clear();
+  }
+  return m;
+}
+
+void Recorder::note_version(LogicalId id, uint64_t version) {
+  TensorFacts& m = production(id);
+  const auto k = static_cast<int64_t>(ops_.size());
+  if (m.seen_version && *m.seen_version != version) m.writes.emplace_back(m.seen_at, k);
+  m.seen_version = version;
+  m.seen_at = k;
+}
+
+void Recorder::note_unversioned(LogicalId id) {
+  production(id).writes.emplace_back(0, std::numeric_limits<int64_t>::max());
+}
+
+void Recorder::note_produced(LogicalId id, std::string_view op_name, const ProductionFacts& f) {
+  if (f.aliases_input) return;
+  TensorFacts& m = production(id);
+  if (m.producer_op >= 0) return;  // produced earlier in the iteration (returned again)
+  m.producer_op = static_cast<int64_t>(ops_.size());
+  m.rerunnable = !f.nested_only && !f.mutates_input && !f.untracked_input && !f.in_backward &&
+                 rerunnable_operator(op_name);
 }
 
 void Recorder::add_operator(std::string name, double time_us, std::span<const LogicalId> inputs,
@@ -227,6 +300,39 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
     if (!trace.tensors[t].persistent && until > last_listed[t] &&
         until < static_cast<int64_t>(ops_.size()))
       trace.tensors[t].alive_until = static_cast<KernelIndex>(until);
+  }
+  // Producers (Note [Recomputable tensors]).
+  auto written = [&](LogicalId id, int64_t from, int64_t to) {
+    const TensorFacts& m = facts_[id];
+    if (m.production_mark != iteration_ + 1) return false;
+    for (const auto& [a, b] : m.writes)
+      if (a <= to && b >= from) return true;
+    return false;
+  };
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    const LogicalId id = rec.tensors[t].id;
+    const TensorFacts& m = facts_[id];
+    if (trace.tensors[t].persistent || m.production_mark != iteration_ + 1 || m.producer_op < 0 ||
+        last_listed[t] < 0)
+      continue;
+    const auto p = static_cast<size_t>(m.producer_op);
+    auto uses = trace.kernel_tensors(static_cast<KernelIndex>(p));
+    if (p >= ops_.size() || std::find(uses.begin(), uses.end(), t) == uses.end()) continue;
+    bool first = true;  // the producer is its first listing (else leave it unknown)
+    for (size_t k = 0; k < p && first; ++k) {
+      auto at = trace.kernel_tensors(static_cast<KernelIndex>(k));
+      first = std::find(at.begin(), at.end(), t) == at.end();
+    }
+    if (!first) continue;
+    trace.tensors[t].producer = static_cast<KernelIndex>(p);
+    bool ok = m.rerunnable && !written(id, m.producer_op, std::numeric_limits<int64_t>::max());
+    for (LogicalId in : ops_[p].ids) {
+      if (!ok) break;
+      const TensorFacts& f = facts_[in];
+      const bool output_here = f.production_mark == iteration_ + 1 && f.producer_op == m.producer_op;
+      if (!output_here) ok = !written(in, m.producer_op, last_listed[t]);
+    }
+    trace.tensors[t].recomputable = ok;
   }
   for (LogicalId id : idle) {
     if (to_trace.count(id)) continue;

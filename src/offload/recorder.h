@@ -1,5 +1,5 @@
 // The recorder: what the Session learns of one training iteration, turned into a Trace (format
-// teraio.trace v1). The binding layer (src/torch) reports tensors by logical id and operators as
+// teraio.trace v2: with each tensor's producer and whether rerunning it recreates the tensor). The binding layer (src/torch) reports tensors by logical id and operators as
 // they run; the recorder keeps each tensor's facts (bytes, where it first appeared, how the passes
 // produced and used it, the last operator it was alive for), guesses its kind, and builds the trace
 // that the planner plans. It knows nothing of PyTorch. Not thread-safe: the caller serialises every
@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -34,6 +35,27 @@ inline uint64_t make_key(uint32_t k, uint32_t slot, bool out) {
 // build_trace lists them where they are pinned).
 bool is_collective(const char* op_name);
 
+// Whether an operator, by its name alone, may be rerun to recreate its outputs bitwise: a
+// dispatcher operator ("aten::...") that draws no random numbers, leaves no byte uninitialised and
+// is not on the deny-list of nondeterministic kernels (Note [Rerunnable operators] in recorder.cpp).
+bool rerunnable_operator(std::string_view op_name);
+
+// How a recorded operator made one of its outputs (given with Recorder::note_produced).
+struct ProductionFacts {
+  // The output's storage existed before the operator: a view, an in-place operator's result, an
+  // input returned as is. The tensor is not produced here (it has its producer already, or none).
+  bool aliases_input = false;
+  // Made by an operator nested in the top-level one and not among the latter's outputs (an
+  // internal saved for backward): rerunning the top-level operator would not hand it back.
+  bool nested_only = false;
+  // The operator wrote in place into one of its inputs (a version counter moved across it, e.g.
+  // batch norm's running statistics): rerunning it would write them again.
+  bool mutates_input = false;
+  // An input the recorder cannot watch for later writes (a device tensor under min_tensor_bytes).
+  bool untracked_input = false;
+  bool in_backward = false;  // run by the backward pass (Note [Rerunnable operators])
+};
+
 // What the recorder knows of one logical tensor.
 struct TensorFacts {
   uint64_t bytes = 0;
@@ -51,6 +73,15 @@ struct TensorFacts {
   // longer than the uses say; the trace extends the lifetime to here (alive_until).
   int64_t last_alive_op = -1;
   uint64_t live_mark = 0;  // 1 + the iteration in which it joined the recording's live list
+  // Production and writes in the recorded iteration (valid while mark == 1 + the iteration):
+  // Note [Recomputable tensors] in recorder.cpp.
+  uint64_t production_mark = 0;
+  int64_t producer_op = -1;       // the recorded operator that produced it; -1: none recorded
+  bool rerunnable = false;        // that operator may be rerun (rerunnable_operator, ProductionFacts)
+  std::optional<uint64_t> seen_version;  // the version counter at its last observation
+  int64_t seen_at = -1;                  // the operator of that observation
+  // Windows [from, to] of recorded operators within which it was written in place.
+  std::vector<std::pair<int64_t, int64_t>> writes;
 
   // The name given with name_tensor, else where the tensor first appeared ("op12.out0").
   std::string display_name() const;
@@ -122,6 +153,14 @@ class Recorder {
   void note_input(LogicalId id, bool in_backward);
   // A new output: produced by the backward pass, or by the forward pass with grad enabled.
   void note_output(LogicalId id, bool in_backward, bool grad_enabled);
+  // The tensor's version counter (bumped by every in-place write, through any view) seen now, at
+  // the start or the end of the operator being recorded (the next add_operator). A change since
+  // its last observation records a write in between.
+  void note_version(LogicalId id, uint64_t version);
+  // Its writes cannot be watched (no version counter): treated as written everywhere.
+  void note_unversioned(LogicalId id);
+  // `id` is an output of the operator being recorded (the next add_operator), named `op_name`.
+  void note_produced(LogicalId id, std::string_view op_name, const ProductionFacts& facts);
   // The signature of the next recorded operator (at its start; the record comes at its end).
   void add_signature(uint64_t signature) { signatures_.push_back(signature); }
   const std::vector<uint64_t>& signatures() const { return signatures_; }
@@ -148,6 +187,7 @@ class Recorder {
   std::vector<OperatorRecord> ops_;
   std::vector<uint64_t> signatures_;
   std::vector<LogicalId> live_;  // recorded tensors still alive (see last_alive_op)
+  TensorFacts& production(LogicalId id);  // its production facts, reset in a new iteration
   uint64_t iteration_ = 0;
 };
 

@@ -32,6 +32,7 @@
 #include <fstream>
 #include <optional>
 #include <span>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -225,6 +226,10 @@ struct OpCtx final : at::ObserverContext {
   uint32_t nested = 0;
   std::vector<LogicalId> nested_outs;
   std::vector<LogicalId> ids;  // pinned inputs
+  // Recording: the inputs' version counters and their versions at the start (Note [Recomputable
+  // tensors] in recorder.cpp), and whether an input could not be watched (untracked).
+  std::vector<std::tuple<LogicalId, c10::VariableVersion, uint32_t>> versions;
+  bool untracked_input = false;
   double t0_us = 0;
   uint64_t timer_token = 0;  // nonzero while the KernelTimer attributes this thread's work to it
   bool violation = false;  // the budget could not be met at this operator (reported once)
@@ -584,11 +589,27 @@ struct Session::Impl final : offload::StepBinding {
           ctl->set_device_margin(measuring_device());
           measure_tiers(t.storage().unsafeGetStorageImpl()->allocator());
         }
-        if (!device || t.device() != *device) return;
+        const bool rec = step_op && ctl->recording();
+        if (!device || t.device() != *device) {
+          if (rec && !t.unsafeGetTensorImpl()->is_wrapped_number()) ctx->untracked_input = true;
+          return;
+        }
         c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
         std::optional<LogicalId> id =
             lookup_or_bind(t, si, offload::make_key(k, my_slot, false), step_op);
-        if (!id) return;
+        if (!id) {
+          if (rec) ctx->untracked_input = true;
+          return;
+        }
+        if (rec) {
+          const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
+          if (vc.enabled()) {
+            ctx->versions.emplace_back(*id, vc, vc.current_version());
+            ctl->recorder().note_version(*id, vc.current_version());
+          } else {
+            ctl->recorder().note_unversioned(*id);
+          }
+        }
         if (std::find(ctx->ids.begin(), ctx->ids.end(), *id) == ctx->ids.end()) {
           ctx->ids.push_back(*id);
           op_bytes += si->nbytes();
@@ -635,6 +656,18 @@ struct Session::Impl final : offload::StepBinding {
     const uint32_t k = ctx->k;
     const bool rec = ctl->recording();
     std::vector<LogicalId> outs = std::move(ctx->nested_outs);
+    const size_t n_nested = outs.size();
+    offload::ProductionFacts made;  // Note [Recomputable tensors] in recorder.cpp
+    made.untracked_input = ctx->untracked_input;
+    made.in_backward = tl_backward > 0;
+    if (rec) {
+      for (auto& [id, vc, v0] : ctx->versions) {
+        const uint32_t v = vc.current_version();
+        made.mutates_input |= v != v0;
+        ctl->recorder().note_version(id, v);
+      }
+    }
+    std::vector<LogicalId> top_outs;
     uint32_t slot = 0;
     for (const c10::IValue& v : fn.outputs()) {
       visit_tensors(v, [&](const at::Tensor& t) {
@@ -646,11 +679,27 @@ struct Session::Impl final : offload::StepBinding {
             lookup_or_bind(t, si, offload::make_key(k, my_slot, true), true);
         if (!id) return;
         outs.push_back(*id);
-        if (rec && fresh)
-          ctl->recorder().note_output(*id, tl_backward > 0, at::GradMode::is_enabled());
+        if (!rec) return;
+        if (fresh) ctl->recorder().note_output(*id, tl_backward > 0, at::GradMode::is_enabled());
+        offload::ProductionFacts f = made;
+        f.aliases_input = !fresh && std::find(outs.begin(), outs.begin() + n_nested, *id) ==
+                                        outs.begin() + n_nested;
+        ctl->recorder().note_produced(*id, fn.name(), f);
+        const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
+        if (vc.enabled())
+          ctl->recorder().note_version(*id, vc.current_version());
+        else
+          ctl->recorder().note_unversioned(*id);
+        top_outs.push_back(*id);
       });
     }
     if (rec) {
+      for (size_t i = 0; i < n_nested; ++i) {  // made inside, not handed out: internals
+        if (std::find(top_outs.begin(), top_outs.end(), outs[i]) != top_outs.end()) continue;
+        offload::ProductionFacts f = made;
+        f.nested_only = true;
+        ctl->recorder().note_produced(outs[i], fn.name(), f);
+      }
       ctl->recorder().add_operator(fn.name(), t1 - ctx->t0_us, ctx->ids, outs, *this);
 #ifdef TERAIO_TORCH_CUDA
       if (ctx->events) {

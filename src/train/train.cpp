@@ -837,7 +837,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data,
                  "text file, byte-level tokens (default: data/kjv-genesis-exodus.txt)");
   app.add_option("--report", a.report, "write the JSON run report (teraio.run v1 and more) here");
-  app.add_option("--save-trace", a.save_trace, "write the profiled trace (teraio.trace v1) here");
+  app.add_option("--save-trace", a.save_trace, "write the profiled trace (teraio.trace v2) here");
   app.add_option("--save-plan", a.save_plan, "write the plan (teraio.plan v1) here");
   app.add_flag("--deterministic", a.deterministic,
                "deterministic algorithms only (bitwise repeatable runs)");

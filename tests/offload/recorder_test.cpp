@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "recorder.h"
@@ -173,6 +174,138 @@ TEST(Recorder, TraceOfAnIteration) {
   const std::vector<OperatorRecord> ops = r.take_operators();
   EXPECT_EQ(ops.size(), 5u);
   EXPECT_TRUE(r.operators().empty());
+}
+
+// Note [Recomputable tensors] and [Rerunnable operators]: producers of a recorded iteration, and
+// which tensors rerunning them recreates, from the plain facts the binding reports.
+TEST(Recorder, ProducersAndRecomputableTensors) {
+  storage::HostTierOptions h;
+  h.capacity_bytes = 1 << 20;
+  h.pin = false;
+  auto host = storage::make_host_tier(h);
+  runtime::Engine engine(runtime::EngineOptions{0}, {{"host", host.get(), 1 << 20}});
+  Recorder r;
+  FakeSource src;
+  std::map<LogicalId, uint32_t> version;
+  uint32_t next_key = 0;
+  auto bind = [&](uint64_t bytes, bool param) {
+    const uint64_t key = make_key(next_key++, 0, true);
+    const LogicalId id = r.id_for_key(key, src);
+    r.note_bound(id, key, bytes, param);
+    engine.bind(id, std::make_unique<HostMemory>(bytes, &src.live, id));
+    src.live.insert(id);
+    version[id] = 0;
+    return id;
+  };
+  r.begin_iteration(1);
+  const LogicalId p = bind(4096, true);
+  const LogicalId x = bind(4096, false);
+  // An operator as the Session reports it: input versions at its start; `writes` bumped by it;
+  // input and output versions at its end; its new outputs produced (the rest alias an input).
+  auto op = [&](const char* name, std::vector<LogicalId> in, std::vector<LogicalId> fresh,
+                std::vector<LogicalId> aliased, std::vector<LogicalId> writes,
+                ProductionFacts f = {}) {
+    for (LogicalId id : in) r.note_version(id, version[id]);
+    for (LogicalId id : writes) {
+      version[id]++;
+      f.mutates_input = f.mutates_input ||
+                        std::find(in.begin(), in.end(), id) != in.end();
+    }
+    for (LogicalId id : in) r.note_version(id, version[id]);
+    std::vector<LogicalId> out = fresh;
+    out.insert(out.end(), aliased.begin(), aliased.end());
+    for (LogicalId id : fresh) {
+      r.note_output(id, f.in_backward, true);
+      r.note_produced(id, name, f);
+      r.note_version(id, version[id]);
+    }
+    ProductionFacts alias = f;
+    alias.aliases_input = true;
+    for (LogicalId id : aliased) {
+      r.note_produced(id, name, alias);
+      r.note_version(id, version[id]);
+    }
+    r.add_operator(name, 10, in, out, src);
+  };
+  const LogicalId a = bind(4096, false);
+  op("aten::linear", {p, x}, {a}, {}, {});                                        // 0
+  const LogicalId d = bind(4096, false), mask = bind(4096, false);
+  op("aten::native_dropout", {a}, {d, mask}, {}, {});                             // 1
+  const LogicalId rl = bind(4096, false);
+  op("aten::relu", {a}, {rl}, {}, {});                                            // 2
+  op("aten::relu_", {rl}, {}, {rl}, {rl});                                        // 3
+  const LogicalId m = bind(4096, false);
+  op("aten::mul", {x, a}, {m}, {}, {});                                           // 4
+  op("aten::add_", {x}, {}, {x}, {x});                                            // 5
+  const LogicalId n = bind(4096, false);
+  ProductionFacts nested;
+  nested.nested_only = true;
+  op("aten::scaled_dot_product_attention", {m}, {n}, {}, {}, nested);             // 6
+  const LogicalId bn = bind(4096, false);
+  const LogicalId stats = bind(4096, false);  // running statistics, written by batch norm
+  op("aten::native_batch_norm", {d, stats}, {bn}, {}, {stats});                   // 7
+  const LogicalId u = bind(4096, false);
+  ProductionFacts small;
+  small.untracked_input = true;
+  op("aten::gelu", {rl}, {u}, {}, {}, small);                                     // 8
+  const LogicalId g = bind(4096, false);
+  ProductionFacts bwd;
+  bwd.in_backward = true;
+  op("aten::mm", {n, bn, u, mask, d, m}, {g}, {}, {}, bwd);                       // 9
+  for (LogicalId id : {a, d, mask, rl, m, n, bn, u, g}) src.live.erase(id);
+  op("aten::sum", {}, {}, {}, {});                                                // 10
+
+  const Recording rec = r.build_trace(engine, src);
+  const Trace& t = rec.trace;
+  auto info = [&](LogicalId id) -> const TensorInfo& {
+    for (size_t i = 0; i < rec.tensors.size(); ++i)
+      if (rec.tensors[i].id == id) return t.tensors[i];
+    ADD_FAILURE() << "tensor " << id << " not in the trace";
+    return t.tensors[0];
+  };
+  using K = std::optional<KernelIndex>;
+  EXPECT_FALSE(info(p).producer.has_value()) << "persistent: made before the iteration";
+  EXPECT_FALSE(info(x).producer.has_value());
+  EXPECT_FALSE(info(stats).producer.has_value()) << "an input only, never produced";
+  EXPECT_EQ(info(a).producer, K(0));
+  EXPECT_TRUE(info(a).recomputable) << "x is written at 5, after a's last use (4)";
+  EXPECT_EQ(info(d).producer, K(1));
+  EXPECT_EQ(info(mask).producer, K(1)) << "every output of a multi-output operator";
+  EXPECT_FALSE(info(d).recomputable) << "dropout draws random numbers";
+  EXPECT_FALSE(info(mask).recomputable);
+  EXPECT_EQ(info(rl).producer, K(2)) << "the in-place relu_ does not produce it again";
+  EXPECT_FALSE(info(rl).recomputable) << "written in place after its production";
+  EXPECT_EQ(info(m).producer, K(4));
+  EXPECT_FALSE(info(m).recomputable) << "its producer's input x is written before m's last use";
+  EXPECT_EQ(info(n).producer, K(6));
+  EXPECT_FALSE(info(n).recomputable) << "made by a nested operator only";
+  EXPECT_FALSE(info(bn).recomputable) << "its producer writes an input (running statistics)";
+  EXPECT_FALSE(info(u).recomputable) << "an input the recorder cannot watch";
+  EXPECT_EQ(info(g).producer, K(9));
+  EXPECT_FALSE(info(g).recomputable) << "a backward operator";
+  EXPECT_TRUE(has_recomputable(t));
+
+  // The next iteration starts afresh: the facts of this one do not leak into it.
+  r.begin_iteration(2);
+  src.live.insert(a);
+  op("aten::exp", {a}, {}, {}, {});
+  src.live.erase(a);
+  const Recording rec2 = r.build_trace(engine, src);
+  for (const TensorInfo& ti : rec2.trace.tensors) EXPECT_FALSE(ti.producer.has_value()) << ti.name;
+}
+
+TEST(Recorder, RerunnableOperatorsByName) {
+  EXPECT_TRUE(rerunnable_operator("aten::add"));
+  EXPECT_TRUE(rerunnable_operator("aten::native_layer_norm"));
+  EXPECT_TRUE(rerunnable_operator("aten::silu"));
+  EXPECT_TRUE(rerunnable_operator("aten::linear"));
+  for (const char* n : {"aten::native_dropout", "aten::dropout", "aten::rand_like", "aten::randn",
+                        "aten::bernoulli_", "aten::multinomial", "aten::normal", "aten::uniform_",
+                        "aten::rrelu_with_noise", "aten::empty_like", "aten::empty_strided",
+                        "aten::index_add", "aten::index_put_", "aten::scatter_add",
+                        "aten::embedding_dense_backward", "aten::embedding_bag",
+                        "c10d::allreduce_", "mylib::custom_op", "aten::nonzero"})
+    EXPECT_FALSE(rerunnable_operator(n)) << n;
 }
 
 TEST(Recorder, CollectivesAreRecognised) {

@@ -1,4 +1,4 @@
-"""The profiler writes a valid trace v1 (every operator of forward, backward and optimizer, kinds
+"""The profiler writes a valid trace v2 (every operator of forward, backward and optimizer, kinds
 labelled, stable ids); plans are made and executed; drift (a new input shape) is detected, the
 iteration finishes safely, the shape is re-profiled, and plans are cached per shape."""
 import json
@@ -14,7 +14,7 @@ from conftest import assert_bitwise, train
 from test_bitwise import mlp, mlp_batch
 
 
-def test_trace_v1_written_and_valid(tmp_path):
+def test_trace_v2_written_and_valid(tmp_path):
     trace = tmp_path / "trace.json"
     plan = tmp_path / "plan.json"
     with teraio.Session(budget="200KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
@@ -22,7 +22,7 @@ def test_trace_v1_written_and_valid(tmp_path):
         train(mlp, mlp_batch, 3, session=s)
         ops = s.stats()["operators"]
     t = json.loads(trace.read_text())
-    assert t["format"] == "teraio.trace" and t["version"] == 1
+    assert t["format"] == "teraio.trace" and t["version"] == 2  # with producers
     assert [x["id"] for x in t["tensors"]] == list(range(len(t["tensors"])))
     assert len(t["kernels"]) == ops
     kinds = {x["kind"] for x in t["tensors"]}
