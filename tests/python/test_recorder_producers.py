@@ -5,6 +5,7 @@ written in place later (directly or through a view), never for views (a view is 
 own: its storage's producer made the bytes) nor for parameters. Training stays bitwise."""
 import json
 
+import pytest
 import torch
 
 import teraio
@@ -82,3 +83,27 @@ def test_training_with_producers_recorded_is_bitwise(tmp_path):
         st = s.stats()
     assert_bitwise(ref, got)
     assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, st  # plans were executed
+
+
+def test_tiny_llama_trace_marks_decoder_activations(tmp_path):
+    pytest.importorskip("transformers")
+    from test_bitwise import LlamaWrap, llama_batch
+    path = tmp_path / "trace.json"
+    ref = train(LlamaWrap, llama_batch, 3, lr=1e-3)
+    with teraio.Session(budget="160KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=256, trace_path=str(path)) as s:
+        got = train(LlamaWrap, llama_batch, 3, session=s, lr=1e-3)
+    assert_bitwise(ref, got)
+    t = json.loads(path.read_text())
+    assert t["version"] == 2
+    names = [k["name"] for k in t["kernels"]]
+    acts = [x for x in t["tensors"] if x["kind"] == "activation" and not x["persistent"]]
+    assert acts and all("producer" in x for x in acts)
+    by_op = {}
+    for x in acts:
+        by_op.setdefault(names[x["producer"]], []).append(x["recomputable"])
+    # The MLP's activation function and the projections are rerunnable; each layer has one.
+    assert by_op["aten::silu"] == [True, True], by_op
+    assert any(by_op["aten::linear"]), by_op
+    # matmul's internal copies saved for backward are made by nested operators: not recomputable.
+    assert False in by_op["aten::matmul"], by_op
