@@ -38,8 +38,9 @@ bool rerunnable_operator(std::string_view name) {
       // uninitialised memory, storage games
       "empty", "resize", "set_", "_local_scalar_dense",
       // nondeterministic kernels (atomics) and backward kernels
-      "index_add", "index_put", "index_reduce", "scatter_add", "scatter_reduce", "put", "embedding_bag",
-      "histc", "bincount", "ctc_loss", "_backward", "_unique", "nonzero", "masked_select"};
+      "index_add", "index_put", "index_reduce", "scatter_add", "scatter_reduce", "put",
+      "embedding_bag", "histc", "bincount", "ctc_loss", "_backward", "_unique", "nonzero",
+      "masked_select"};
   for (std::string_view d : kDenied)
     if (name.find(d, 6) != std::string_view::npos) return false;
   return true;
@@ -329,7 +330,8 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
     for (LogicalId in : ops_[p].ids) {
       if (!ok) break;
       const TensorFacts& f = facts_[in];
-      const bool output_here = f.production_mark == iteration_ + 1 && f.producer_op == m.producer_op;
+      const bool output_here =
+          f.production_mark == iteration_ + 1 && f.producer_op == m.producer_op;
       if (!output_here) ok = !written(in, m.producer_op, last_listed[t]);
     }
     trace.tensors[t].recomputable = ok;

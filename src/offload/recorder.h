@@ -1,9 +1,10 @@
 // The recorder: what the Session learns of one training iteration, turned into a Trace (format
-// teraio.trace v2: with each tensor's producer and whether rerunning it recreates the tensor). The binding layer (src/torch) reports tensors by logical id and operators as
-// they run; the recorder keeps each tensor's facts (bytes, where it first appeared, how the passes
-// produced and used it, the last operator it was alive for), guesses its kind, and builds the trace
-// that the planner plans. It knows nothing of PyTorch. Not thread-safe: the caller serialises every
-// call (the Session's lock).
+// teraio.trace v2: with each tensor's producer and whether rerunning it recreates the tensor). The
+// binding layer (src/torch) reports tensors by logical id and operators as they run; the recorder
+// keeps each tensor's facts (bytes, where it first appeared, how the passes produced and used it,
+// the last operator it was alive for), guesses its kind, and builds the trace that the planner
+// plans. It knows nothing of PyTorch. Not thread-safe: the caller serialises every call (the
+// Session's lock).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,8 @@ bool is_collective(const char* op_name);
 
 // Whether an operator, by its name alone, may be rerun to recreate its outputs bitwise: a
 // dispatcher operator ("aten::...") that draws no random numbers, leaves no byte uninitialised and
-// is not on the deny-list of nondeterministic kernels (Note [Rerunnable operators] in recorder.cpp).
+// is not on the deny-list of nondeterministic kernels (Note [Rerunnable operators] in
+// recorder.cpp).
 bool rerunnable_operator(std::string_view op_name);
 
 // How a recorded operator made one of its outputs (given with Recorder::note_produced).
@@ -76,8 +78,8 @@ struct TensorFacts {
   // Production and writes in the recorded iteration (valid while mark == 1 + the iteration):
   // Note [Recomputable tensors] in recorder.cpp.
   uint64_t production_mark = 0;
-  int64_t producer_op = -1;       // the recorded operator that produced it; -1: none recorded
-  bool rerunnable = false;        // that operator may be rerun (rerunnable_operator, ProductionFacts)
+  int64_t producer_op = -1;  // the recorded operator that produced it; -1: none recorded
+  bool rerunnable = false;   // that operator may be rerun (rerunnable_operator, ProductionFacts)
   std::optional<uint64_t> seen_version;  // the version counter at its last observation
   int64_t seen_at = -1;                  // the operator of that observation
   // Windows [from, to] of recorded operators within which it was written in place.
@@ -186,7 +188,7 @@ class Recorder {
   std::unordered_map<uint64_t, LogicalId> key_ids_;
   std::vector<OperatorRecord> ops_;
   std::vector<uint64_t> signatures_;
-  std::vector<LogicalId> live_;  // recorded tensors still alive (see last_alive_op)
+  std::vector<LogicalId> live_;           // recorded tensors still alive (see last_alive_op)
   TensorFacts& production(LogicalId id);  // its production facts, reset in a new iteration
   uint64_t iteration_ = 0;
 };

@@ -208,8 +208,7 @@ TEST(Recorder, ProducersAndRecomputableTensors) {
     for (LogicalId id : in) r.note_version(id, version[id]);
     for (LogicalId id : writes) {
       version[id]++;
-      f.mutates_input = f.mutates_input ||
-                        std::find(in.begin(), in.end(), id) != in.end();
+      f.mutates_input = f.mutates_input || std::find(in.begin(), in.end(), id) != in.end();
     }
     for (LogicalId id : in) r.note_version(id, version[id]);
     std::vector<LogicalId> out = fresh;
@@ -228,32 +227,32 @@ TEST(Recorder, ProducersAndRecomputableTensors) {
     r.add_operator(name, 10, in, out, src);
   };
   const LogicalId a = bind(4096, false);
-  op("aten::linear", {p, x}, {a}, {}, {});                                        // 0
+  op("aten::linear", {p, x}, {a}, {}, {});  // 0
   const LogicalId d = bind(4096, false), mask = bind(4096, false);
-  op("aten::native_dropout", {a}, {d, mask}, {}, {});                             // 1
+  op("aten::native_dropout", {a}, {d, mask}, {}, {});  // 1
   const LogicalId rl = bind(4096, false);
-  op("aten::relu", {a}, {rl}, {}, {});                                            // 2
-  op("aten::relu_", {rl}, {}, {rl}, {rl});                                        // 3
+  op("aten::relu", {a}, {rl}, {}, {});      // 2
+  op("aten::relu_", {rl}, {}, {rl}, {rl});  // 3
   const LogicalId m = bind(4096, false);
-  op("aten::mul", {x, a}, {m}, {}, {});                                           // 4
-  op("aten::add_", {x}, {}, {x}, {x});                                            // 5
+  op("aten::mul", {x, a}, {m}, {}, {});  // 4
+  op("aten::add_", {x}, {}, {x}, {x});   // 5
   const LogicalId n = bind(4096, false);
   ProductionFacts nested;
   nested.nested_only = true;
-  op("aten::scaled_dot_product_attention", {m}, {n}, {}, {}, nested);             // 6
+  op("aten::scaled_dot_product_attention", {m}, {n}, {}, {}, nested);  // 6
   const LogicalId bn = bind(4096, false);
   const LogicalId stats = bind(4096, false);  // running statistics, written by batch norm
-  op("aten::native_batch_norm", {d, stats}, {bn}, {}, {stats});                   // 7
+  op("aten::native_batch_norm", {d, stats}, {bn}, {}, {stats});  // 7
   const LogicalId u = bind(4096, false);
   ProductionFacts small;
   small.untracked_input = true;
-  op("aten::gelu", {rl}, {u}, {}, {}, small);                                     // 8
+  op("aten::gelu", {rl}, {u}, {}, {}, small);  // 8
   const LogicalId g = bind(4096, false);
   ProductionFacts bwd;
   bwd.in_backward = true;
-  op("aten::mm", {n, bn, u, mask, d, m}, {g}, {}, {}, bwd);                       // 9
+  op("aten::mm", {n, bn, u, mask, d, m}, {g}, {}, {}, bwd);  // 9
   for (LogicalId id : {a, d, mask, rl, m, n, bn, u, g}) src.live.erase(id);
-  op("aten::sum", {}, {}, {}, {});                                                // 10
+  op("aten::sum", {}, {}, {}, {});  // 10
 
   const Recording rec = r.build_trace(engine, src);
   const Trace& t = rec.trace;
@@ -299,12 +298,12 @@ TEST(Recorder, RerunnableOperatorsByName) {
   EXPECT_TRUE(rerunnable_operator("aten::native_layer_norm"));
   EXPECT_TRUE(rerunnable_operator("aten::silu"));
   EXPECT_TRUE(rerunnable_operator("aten::linear"));
-  for (const char* n : {"aten::native_dropout", "aten::dropout", "aten::rand_like", "aten::randn",
-                        "aten::bernoulli_", "aten::multinomial", "aten::normal", "aten::uniform_",
-                        "aten::rrelu_with_noise", "aten::empty_like", "aten::empty_strided",
-                        "aten::index_add", "aten::index_put_", "aten::scatter_add",
-                        "aten::embedding_dense_backward", "aten::embedding_bag",
-                        "c10d::allreduce_", "mylib::custom_op", "aten::nonzero"})
+  for (const char* n :
+       {"aten::native_dropout", "aten::dropout", "aten::rand_like", "aten::randn",
+        "aten::bernoulli_", "aten::multinomial", "aten::normal", "aten::uniform_",
+        "aten::rrelu_with_noise", "aten::empty_like", "aten::empty_strided", "aten::index_add",
+        "aten::index_put_", "aten::scatter_add", "aten::embedding_dense_backward",
+        "aten::embedding_bag", "c10d::allreduce_", "mylib::custom_op", "aten::nonzero"})
     EXPECT_FALSE(rerunnable_operator(n)) << n;
 }
 
