@@ -292,10 +292,12 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
     trace.add_kernel(ops_[k].name, std::max(0.0, source.operator_time_us(k, ops_[k].time_us)), ids);
   }
   // alive_until, for transient tensors whose memory outlived their last listed use.
-  std::vector<int64_t> last_listed(trace.num_tensors(), -1);
+  std::vector<int64_t> first_listed(trace.num_tensors(), -1), last_listed(trace.num_tensors(), -1);
   for (size_t k = 0; k < trace.num_kernels(); ++k)
-    for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k)))
+    for (TensorId t : trace.kernel_tensors(static_cast<KernelIndex>(k))) {
+      if (first_listed[t] < 0) first_listed[t] = static_cast<int64_t>(k);
       last_listed[t] = static_cast<int64_t>(k);
+    }
   for (TensorId t = 0; t < trace.num_tensors(); ++t) {
     const int64_t until = rec.tensors[t].last_alive_op;
     if (!trace.tensors[t].persistent && until > last_listed[t] &&
@@ -317,14 +319,7 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
         last_listed[t] < 0)
       continue;
     const auto p = static_cast<size_t>(m.producer_op);
-    auto uses = trace.kernel_tensors(static_cast<KernelIndex>(p));
-    if (p >= ops_.size() || std::find(uses.begin(), uses.end(), t) == uses.end()) continue;
-    bool first = true;  // the producer is its first listing (else leave it unknown)
-    for (size_t k = 0; k < p && first; ++k) {
-      auto at = trace.kernel_tensors(static_cast<KernelIndex>(k));
-      first = std::find(at.begin(), at.end(), t) == at.end();
-    }
-    if (!first) continue;
+    if (first_listed[t] != m.producer_op) continue;  // not its first listing: leave it unknown
     trace.tensors[t].producer = static_cast<KernelIndex>(p);
     bool ok = m.rerunnable && !written(id, m.producer_op, std::numeric_limits<int64_t>::max());
     for (LogicalId in : ops_[p].ids) {

@@ -583,13 +583,16 @@ struct Session::Impl final : offload::StepBinding {
         if (step_op) {
           for (int64_t d : t.sizes()) sig = offload::mix(sig, static_cast<uint64_t>(d));
         }
-        if (!t.has_storage()) return;
+        const bool rec = step_op && ctl->recording();
+        if (!t.has_storage()) {
+          ctx->untracked_input = ctx->untracked_input || rec;  // its writes cannot be watched
+          return;
+        }
         if (!device && step_op && t.requires_grad() && !t.grad_fn()) {
           device = t.device();
           ctl->set_device_margin(measuring_device());
           measure_tiers(t.storage().unsafeGetStorageImpl()->allocator());
         }
-        const bool rec = step_op && ctl->recording();
         if (!device || t.device() != *device) {
           if (rec && !t.unsafeGetTensorImpl()->is_wrapped_number()) ctx->untracked_input = true;
           return;
