@@ -63,7 +63,7 @@ class ControllerTest : public ::testing::Test {
         std::vector<runtime::EngineTier>{{"host", host_.get(), 8 << 20}});
     o.budget_bytes = budget;
     o.plan_search = false;  // make_plan alone: quicker, same transitions
-    o.tiers = {{"host", 8 << 20, 10, 10}};
+    o.tiers = {{"host", 8 << 20, link_gbps_, link_gbps_}};
     ctl_ = std::make_unique<Controller>(*engine_, o);
     for (const char* n : {"w1", "w2", "s1", "s2"}) persistent_[n] = make_tensor(64 << 10, seed_++);
   }
@@ -131,6 +131,7 @@ class ControllerTest : public ::testing::Test {
           const LogicalId id = *bind(t, make_key(k, static_cast<uint32_t>(s), true));
           out_ids.push_back(id);
           if (rec) ctl_->recorder().note_output(id, op.backward, true);
+          if (rec && rerunnable_) ctl_->recorder().note_produced(id, "aten::mul", {});
         }
         if (rec) ctl_->recorder().add_operator(op.name, 100, in_ids, out_ids, b_);
         ctl_->end_operator(k, op.name.c_str(), in_ids, out_ids, false, &violation);
@@ -203,6 +204,8 @@ class ControllerTest : public ::testing::Test {
   std::map<std::string, std::shared_ptr<FakeTensor>> persistent_;
   int seed_ = 0;
   uint64_t fast_ops_ = 0;
+  bool rerunnable_ = false;  // outputs reported as made by a rerunnable operator (recomputable)
+  double link_gbps_ = 10;
 };
 
 constexpr uint64_t kTight = 400 << 10;  // below the model's peak: the plan must move tensors
@@ -228,6 +231,33 @@ TEST_F(ControllerTest, ProfilesThenPlansAndStaysPlanned) {
   EXPECT_GT(s.plan_moves, 0u) << "a tight budget needs planned moves";
   EXPECT_EQ(s.plan_budget_bytes, kTight) << "CPU: nothing untracked, no margin";
   EXPECT_LE(s.step_peak_resident_bytes, kTight);
+  EXPECT_TRUE(persistent_intact());
+}
+
+// The trace marks recomputable activations and the link is slow (0.01 GB/s), so recomputing them
+// would be far cheaper than moving them; but the runtime cannot execute recompute moves yet (issue
+// 15), so the controller plans moves only and the planned steps run.
+TEST_F(ControllerTest, RecomputableTensorsArePlannedAsMovesUntilTheRuntimeRecomputes) {
+  rerunnable_ = true;
+  link_gbps_ = 0.01;
+  // Over the budget at f4 (w1 and a1..a3); recomputing a1 before b2 (reading w1) fits in it. With
+  // recompute the planner would recompute here (checked: the runtime then refuses the plan).
+  start(260 << 10);
+  const std::vector<FakeOp> chain = {
+      {"f1", {"w1"}, {{"a1", 64 << 10}}},
+      {"f2", {"a1"}, {{"a2", 64 << 10}}},
+      {"f3", {"a2"}, {{"a3", 64 << 10}}},
+      {"f4", {"a3"}, {{"l", 8 << 10}}},
+      {"b4", {"l", "a3"}, {{"d3", 64 << 10}}, true},
+      {"b3", {"d3", "a2"}, {{"d2", 64 << 10}}, true},
+      {"b2", {"d2", "a1"}, {{"d1", 64 << 10}}, true},
+      {"b1", {"d1", "w1"}, {{"g1", 64 << 10}}, true},
+      {"opt", {"w1", "g1", "s1"}, {}},
+  };
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(run(chain), "") << "step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(s.mode, "planned");
+  EXPECT_GT(s.plan_moves, 0u);
   EXPECT_TRUE(persistent_intact());
 }
 
@@ -358,7 +388,8 @@ TEST_F(ControllerTest, UntrackedMemoryIsMeasuredAfreshInProfiledStepsAndLowersTh
   EXPECT_EQ(engine_->budget_policy().untracked_bytes, 0u);
   ctl_->note_device_peak(engine_->stats().resident_bytes + 4000);
   ctl_->note_device_peak(engine_->stats().resident_bytes + 1000);
-  EXPECT_EQ(engine_->budget_policy().untracked_bytes, 4000u) << "later steps: the engine follows the most";
+  EXPECT_EQ(engine_->budget_policy().untracked_bytes, 4000u)
+      << "later steps: the engine follows the most";
   ctl_->end_step(b_);
   EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
   EXPECT_EQ(stats().plan_budget_bytes, kTight - 4000 - kTight / 32);
