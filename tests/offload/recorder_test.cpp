@@ -89,12 +89,20 @@ TEST(Recorder, GuessesKinds) {
   EXPECT_EQ(s.idle_kind(), TensorKind::optimizer_state);
 }
 
+// An engine over an unpinned 1 MiB host tier, for the tests that build traces.
+struct HostEngine {
+  std::unique_ptr<storage::Tier> host = [] {
+    storage::HostTierOptions h;
+    h.capacity_bytes = 1 << 20;
+    h.pin = false;
+    return storage::make_host_tier(h);
+  }();
+  runtime::Engine engine{runtime::EngineOptions{0}, {{"host", host.get(), 1 << 20}}};
+};
+
 TEST(Recorder, TraceOfAnIteration) {
-  storage::HostTierOptions h;
-  h.capacity_bytes = 1 << 20;
-  h.pin = false;
-  auto host = storage::make_host_tier(h);
-  runtime::Engine engine(runtime::EngineOptions{0}, {{"host", host.get(), 1 << 20}});
+  HostEngine host_engine;
+  runtime::Engine& engine = host_engine.engine;
   Recorder r;
   FakeSource src;
   auto bind = [&](uint64_t key, uint64_t bytes, bool param) {
@@ -179,11 +187,8 @@ TEST(Recorder, TraceOfAnIteration) {
 // Note [Recomputable tensors] and [Rerunnable operators]: producers of a recorded iteration, and
 // which tensors rerunning them recreates, from the plain facts the binding reports.
 TEST(Recorder, ProducersAndRecomputableTensors) {
-  storage::HostTierOptions h;
-  h.capacity_bytes = 1 << 20;
-  h.pin = false;
-  auto host = storage::make_host_tier(h);
-  runtime::Engine engine(runtime::EngineOptions{0}, {{"host", host.get(), 1 << 20}});
+  HostEngine host_engine;
+  runtime::Engine& engine = host_engine.engine;
   Recorder r;
   FakeSource src;
   std::map<LogicalId, uint32_t> version;
