@@ -21,6 +21,7 @@
 #   timing   issue 16: llama-1b Ideal and teraio at 1/2 (no bandwidth given), fp32 and bf16 autocast:
 #            the profile's operator times (CUPTI, events) against the Ideal step, predicted vs measured
 #   hf       issue 17 on CUDA: bench/hf_gpu.py (HF Mixtral 20 steps bitwise, fp32 and autocast, at half
+#            [HF_MODEL=mixtral-2b: that shape of data/models.json]
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
@@ -227,7 +228,7 @@ hf)
   # Trainer under TeraioCallback bitwise; OPTIM=default uses PyTorch's default (foreach) AdamW
   step "hf_gpu.py (optimizer: ${OPTIM:-loop})"
   timeout 400 $PY bench/hf_gpu.py --out "$R/hf_gpu-${OPTIM:-loop}.json" --optim "${OPTIM:-loop}" \
-    ${HF_CASES:+--cases "$HF_CASES"}
+    ${HF_CASES:+--cases "$HF_CASES"} ${HF_MODEL:+--model "$HF_MODEL"}
   echo "rc=$?"
   finish
   ;;

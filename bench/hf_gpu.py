@@ -27,11 +27,11 @@ torch.use_deterministic_algorithms(True)
 dev = torch.device("cuda")
 
 
-def mixtral(hidden, layers, vocab):
+def mixtral(hidden, layers, vocab, ffn=None, heads=None, kv_heads=None):
     import transformers
-    cfg = transformers.MixtralConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2,
-                                     num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                                     num_key_value_heads=hidden // 128, num_local_experts=8,
+    cfg = transformers.MixtralConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn or hidden * 2,
+                                     num_hidden_layers=layers, num_attention_heads=heads or hidden // 64,
+                                     num_key_value_heads=kv_heads or hidden // 128, num_local_experts=8,
                                      num_experts_per_tok=2, max_position_embeddings=1024)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -46,7 +46,7 @@ def train_mixtral(args, autocast, budget=None, tier_gib=None):
     """STEPS steps; returns (losses, params on CPU, stats or None, step seconds, peak bytes)."""
     gc.collect()  # the last run's optimizer is garbage in a reference cycle: free its device memory
     torch.cuda.empty_cache()
-    model = mixtral(args.hidden, args.layers, args.vocab).to(dev)
+    model = mixtral(args.hidden, args.layers, args.vocab, args.ffn, args.heads, args.kv_heads).to(dev)
     opt = make_opt(model.parameters(), args.optim)
     session = None
     if budget is not None:
@@ -169,6 +169,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--optim", default="loop", choices=("loop", "default"))
+    p.add_argument("--model", default=None,
+                   help="a Mixtral shape of data/models.json (e.g. mixtral-2b, 1.94 B parameters): sets "
+                        "--hidden, --layers, --vocab and the FFN and head counts")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--vocab", type=int, default=32000)
@@ -178,6 +181,14 @@ def main():
     p.add_argument("--trainer-steps", type=int, default=8)
     p.add_argument("--cases", default="mixtral-fp32,mixtral-bf16,trainer")
     args = p.parse_args()
+    args.ffn = args.heads = args.kv_heads = None
+    if args.model:
+        table = json.load(open(os.path.join(os.path.dirname(__file__), "..", "data", "models.json")))
+        shape = next((m for m in table["models"] if m["name"] == args.model), None)
+        if shape is None or shape.get("arch") != "mixtral":
+            p.error(f"--model {args.model}: not a Mixtral shape of data/models.json")
+        args.hidden, args.layers, args.vocab = shape["d_model"], shape["layers"], shape["vocab"]
+        args.ffn, args.heads, args.kv_heads = shape["ffn"], shape["heads"], shape["kv_heads"]
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "args": vars(args)}
     for case in args.cases.split(","):
         t0 = time.time()
