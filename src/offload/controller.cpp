@@ -326,6 +326,7 @@ void Controller::end_operator(uint32_t k, const char* name, std::span<const Logi
 void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
                                        StepBinding& binding) {
   Recording rec = recorder_.build_trace(engine_, binding);
+  profiled_kernel_us_ = rec.trace.total_time_us();
   if (!options_.trace_path.empty()) write_trace(rec.trace, options_.trace_path);
   if (!options_.planning || (!force && profiled_ < options_.profiling_iterations)) return;
   recorder_.set_times(rec.trace);
@@ -383,6 +384,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->plan_budget_bytes = plan_budget_bytes_;
   r->plan_variant = plan_variant_;
   r->predicted_iteration_us = predicted_iteration_us_;
+  r->profiled_kernel_us = profiled_kernel_us_;
   r->resident_bytes = e.resident_bytes;
   r->pinned_bytes = e.pinned_bytes;
   r->bytes_offloaded = e.bytes_offloaded;

@@ -187,6 +187,7 @@ class Controller {
   uint64_t budget_violations_ = 0;
   uint64_t plan_budget_bytes_ = 0;     // the budget the last plan was made for
   std::string plan_variant_;           // which of the planner's variants the last plan is
+  double profiled_kernel_us_ = 0;  // the last trace's operator times, summed
   double predicted_iteration_us_ = 0;  // the simulator's replay of the last plan
   uint64_t last_operators_ = 0;
 

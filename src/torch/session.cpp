@@ -413,10 +413,11 @@ struct Session::Impl final : offload::StepBinding {
   std::unique_ptr<KernelTimer> timer;
   uint64_t timer_tokens = 0;
   std::vector<uint64_t> op_tokens;  // per recorded operator (0: none)
-  std::optional<std::unordered_map<uint64_t, double>> timer_us;  // the recording's, by token
   std::string timing = "host clock";  // how the last recording's operators were timed
-  mutable double kernel_us_sum = 0;  // the last trace's operator times, summed
-  mutable double event_us_sum = 0;   // the same operators timed with events (CUDA)
+  // The last recording's device times, resolved once when it ends (finish_timer): per recorded
+  // operator CUPTI's time, else its events' (negative: none, the host clock's time stands).
+  std::vector<double> op_device_us;
+  double event_us_sum = 0;  // the last recording's operators timed with events (CUDA)
 
   // Begins timing operators with CUPTI at a recording's first operator on CUDA; when it cannot,
   // `timing` says why and events time them.
@@ -433,21 +434,35 @@ struct Session::Impl final : offload::StepBinding {
   }
 
   // Ends a recording's timing (before its trace is built): waits for the device, takes CUPTI's
-  // times.
+  // times and the events', and resolves each recorded operator's device time (op_device_us).
   void finish_timer() {
-    timer_us.reset();
-    kernel_us_sum = event_us_sum = 0;
+    op_device_us.clear();
 #ifdef TERAIO_TORCH_CUDA
-    if (!timer) return;
-    std::string why;
-    try {
-      c10::cuda::device_synchronize();
-      timer_us = timer->finish(&why);
-    } catch (const std::exception& e) {
-      why = e.what();
+    std::optional<std::unordered_map<uint64_t, double>> cupti;
+    if (timer) {
+      std::string why;
+      try {
+        c10::cuda::device_synchronize();
+        cupti = timer->finish(&why);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      timer.reset();
+      timing = cupti ? "CUPTI" : "CUDA events (" + why + ")";
     }
-    timer.reset();
-    timing = timer_us ? "CUPTI" : "CUDA events (" + why + ")";
+    op_device_us.assign(op_events.size(), -1.0);
+    event_us_sum = 0;
+    for (size_t k = 0; k < op_events.size(); ++k) {
+      if (!op_events[k]) continue;  // spliced from an earlier profile: its time is final
+      op_events[k]->second.synchronize();
+      const double events_us = 1000.0 * op_events[k]->first.elapsed_time(op_events[k]->second);
+      event_us_sum += events_us;
+      op_device_us[k] = events_us;
+      if (cupti) {
+        auto it = cupti->find(k < op_tokens.size() ? op_tokens[k] : 0);
+        op_device_us[k] = it != cupti->end() ? it->second : 0.0;  // no GPU work: it launched none
+      }
+    }
 #endif
   }
 
@@ -490,21 +505,7 @@ struct Session::Impl final : offload::StepBinding {
     return out;
   }
   double operator_time_us(size_t k, double host_us) const override {
-    double t = host_us;
-#ifdef TERAIO_TORCH_CUDA
-    if (k < op_events.size() && op_events[k]) {
-      op_events[k]->second.synchronize();
-      t = 1000.0 * op_events[k]->first.elapsed_time(op_events[k]->second);
-      event_us_sum += t;
-      if (timer_us) {
-        auto it = timer_us->find(k < op_tokens.size() ? op_tokens[k] : 0);
-        t = it != timer_us->end() ? it->second : 0.0;  // no GPU work: it launched none
-      }
-    }
-#endif
-    (void)k;
-    kernel_us_sum += std::max(0.0, t);
-    return t;
+    return k < op_device_us.size() && op_device_us[k] >= 0 ? op_device_us[k] : host_us;
   }
   std::string kernel_timing() const override {
     return measuring_device() ? timing : std::string("host clock");
@@ -749,6 +750,7 @@ struct Session::Impl final : offload::StepBinding {
     TERAIO_CHECK(!closed, "Session.step(): the Session is closed");
     ctl->begin_step(*this);
     tl_step_thread = true;
+    op_device_us.clear();
 #ifdef TERAIO_TORCH_CUDA
     op_events.clear();
     op_tokens.clear();
@@ -1072,7 +1074,6 @@ SessionStats Session::stats() const {
   SessionStats r;
   s.ctl->fill_stats(e, &r);
   r.kernel_timing = s.kernel_timing();
-  r.profiled_kernel_us = s.kernel_us_sum;
   r.profiled_event_us = s.event_us_sum;
   r.tracked_tensors = s.storages.size();
   r.tiers = s.tier_stats;
