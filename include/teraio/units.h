@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace teraio {
 
@@ -26,5 +27,9 @@ std::string format_us(double us);
 
 // Parses a strictly positive finite decimal number; throws naming `what` otherwise.
 double parse_positive_double(std::string_view text, std::string_view what);
+
+// The fields of `text` between the separators `sep`, empty ones included ("a::b" -> a, "", b;
+// "" -> one empty field): the pieces of a colon- or comma-separated command-line value.
+std::vector<std::string_view> split_fields(std::string_view text, char sep);
 
 }  // namespace teraio

@@ -18,17 +18,6 @@ constexpr std::string_view kHostForm =
 constexpr std::string_view kFileForm =
     "[NAME=]file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS], e.g. file:/mnt/nvme0:500GiB";
 
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  size_t begin = 0;
-  while (true) {
-    const size_t end = s.find(sep, begin);
-    out.push_back(s.substr(begin, end == std::string_view::npos ? end : end - begin));
-    if (end == std::string_view::npos) return out;
-    begin = end + 1;
-  }
-}
-
 // The first field of a spec: "host" or "file" after an optional NAME= (then *name is NAME and
 // *has_name is set), or the whole field (a NAME of the old form, or a mistake).
 std::string_view kind_word(std::string_view head, std::string_view* name, bool* has_name) {
@@ -70,7 +59,7 @@ bool open_file_spec(std::string_view text) {
 
 TierArg parse_tier_arg(std::string_view text, std::string_view what) {
   TERAIO_CHECK(!text.empty(), "{}: an empty tier spec; expected {}", what, kForms);
-  const std::vector<std::string_view> f = split(text, ':');
+  const std::vector<std::string_view> f = split_fields(text, ':');
   TierArg t;
   t.text = std::string(text);
   std::string_view name;
@@ -84,7 +73,7 @@ TierArg parse_tier_arg(std::string_view text, std::string_view what) {
   } else if (word == "file" && (rest == 2 || rest == 4)) {
     t.kind = TierArg::Kind::kFile;
     cap = 2;
-    for (std::string_view dir : split(f[1], ',')) {
+    for (std::string_view dir : split_fields(f[1], ',')) {
       TERAIO_CHECK(!dir.empty(), "{} \"{}\": an empty directory in the list \"{}\"", what, text,
                    f[1]);
       t.paths.emplace_back(dir);

@@ -85,4 +85,15 @@ double parse_positive_double(std::string_view text, std::string_view what) {
   return value;
 }
 
+std::vector<std::string_view> split_fields(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t end = text.find(sep, begin);
+    out.push_back(text.substr(begin, end == std::string_view::npos ? end : end - begin));
+    if (end == std::string_view::npos) return out;
+    begin = end + 1;
+  }
+}
+
 }  // namespace teraio

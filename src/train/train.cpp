@@ -167,17 +167,6 @@ struct OffloadCounters {
   Json all;  // every SessionStats field (for_each_stats_field), `tiers` as above
 };
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t begin = 0;
-  while (true) {
-    const size_t end = s.find(sep, begin);
-    out.push_back(s.substr(begin, end == std::string::npos ? end : end - begin));
-    if (end == std::string::npos) return out;
-    begin = end + 1;
-  }
-}
-
 // The simulator's replay of the Session's plan: what the plan predicts for one iteration.
 struct Prediction {
   double iteration_us, ideal_us, stall_us;
@@ -215,7 +204,8 @@ struct StepFault {
 };
 
 StepFault parse_fault(const std::string& spec) {
-  const std::vector<std::string> f = split(spec, ':');
+  std::vector<std::string> f;  // owned: strtoll reads them as C strings
+  for (std::string_view field : split_fields(spec, ':')) f.emplace_back(field);
   TERAIO_CHECK(f.size() == 3 || f.size() == 4,
                "--inject-fault \"{}\": expected STEP:ERROR:DIRECTION[:COUNT], e.g. 3:EIO:write:2",
                spec);

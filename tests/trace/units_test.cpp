@@ -29,6 +29,14 @@ TEST(Units, RejectsBadSizesNamingTheOption) {
   }
 }
 
+TEST(Units, SplitFieldsKeepsEmptyFields) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(split_fields("3:EIO:write", ':'), (V{"3", "EIO", "write"}));
+  EXPECT_EQ(split_fields("a::b:", ':'), (V{"a", "", "b", ""}));
+  EXPECT_EQ(split_fields("", ','), (V{""}));
+  EXPECT_EQ(split_fields("/a,/b", ','), (V{"/a", "/b"}));
+}
+
 TEST(Units, FormatsForPeople) {
   EXPECT_EQ(format_bytes(1536.0 * (1 << 20)), "1.50 GiB");
   EXPECT_EQ(format_bytes(100), "100 B");
