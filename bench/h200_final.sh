@@ -21,6 +21,8 @@ finish
 TORCH_GPU_BITWISE_ONLY=1 timeout 100 $PY bench/torch_gpu.py "$R/torch_gpu.json" > "$R/torch_gpu.txt" 2>&1
 echo "torch_gpu rc=$?"; cut -c1-110 "$R/torch_gpu.txt"
 finish
+# 18770466048 B: half of llama-1b's Ideal peak as measured on 2026-12-03 (h200_run.sh 1b), the
+# budget of the earlier runs this one is compared with
 timeout 130 $PY bench/llm_bench.py --system teraio --model llama-1b --dtype fp32 --tiers host \
   --budget 18770466048B --host-gbps 0 --steps 3 --out "$R/teraio-half-llama-1b.json" > "$R/llm.txt" 2>&1
 echo "llm_bench rc=$?"; grep -E "step [0-9]|mean" "$R/llm.txt"
