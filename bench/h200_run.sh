@@ -20,6 +20,8 @@
 #            footprint (host tier, measured bandwidth)
 #   timing   issue 16: llama-1b Ideal and teraio at 1/2 (no bandwidth given), fp32 and bf16 autocast:
 #            the profile's operator times (CUPTI, events) against the Ideal step, predicted vs measured
+#   recompute issue 15: teraio with and without recompute at 1/2 and 1/4 of the footprint, fp32 and
+#            bf16 autocast (RC_MODEL, RC_DTYPES, RC_FRACS, RC_MODES select)
 #   hf       issue 17 on CUDA: bench/hf_gpu.py (HF Mixtral 20 steps bitwise, fp32 and autocast, at half
 #            [HF_MODEL=mixtral-2b: that shape of data/models.json]
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
@@ -32,7 +34,7 @@
 # a call cut short still returns what finished) and $OUT/log_<phase>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify, moe, timing, hf or ddp}
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify, moe, timing, recompute, hf or ddp}
 FILTER=${2:-}
 OUT=${OUT:-$PWD/h200-out}
 R=$OUT/res_$PHASE
@@ -221,6 +223,26 @@ timing)
       bench teraio-host-half-measured-llama-1b-$dt 200 --system teraio --model llama-1b --dtype $dt \
         --tiers host --budget "$(fraction "$fp" 2)" --host-gbps 0 --trace-out "$R/trace-llama-1b-$dt.json"
     fi
+  done
+  ;;
+recompute)
+  # issue 15: teraio with and without recompute at fractions of the Ideal footprint (host tier,
+  # measured bandwidth), traces and plans kept (the simulator's prediction). RC_MODEL (llama-1b),
+  # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"); the footprint
+  # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
+  m=${RC_MODEL:-llama-1b}
+  for dt in ${RC_DTYPES:-fp32 amp}; do
+    var="FOOTPRINT_${m//-/_}_$dt"
+    [[ -z ${!var:-} ]] && bench ideal-$m-$dt 200 --system ideal --model $m --dtype $dt --adamw loop
+    fp=$(footprint $m-$dt)
+    (( fp > 0 )) || { echo "no footprint for $m $dt"; continue; }
+    for frac in ${RC_FRACS:-2 4}; do
+      for mode in ${RC_MODES:-recompute no-recompute}; do
+        bench teraio-$mode-1of$frac-$m-$dt 300 --system teraio --model $m --dtype $dt --tiers host \
+          --budget "$(fraction "$fp" "$frac")" --host-gbps 0 --$mode \
+          --trace-out "$R/trace-$mode-1of$frac-$m-$dt.json" --plan-out "$R/plan-$mode-1of$frac-$m-$dt.json"
+      done
+    done
   done
   ;;
 hf)

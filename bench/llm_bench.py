@@ -179,6 +179,8 @@ def parse_args(argv=None):
     g.add_argument("--profiling-iterations", type=int, default=2, help="teraio: profiled steps before planning")
     g.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="teraio: checksum the FileTier's pieces and verify them on read (Session verify)")
+    g.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=True,
+                   help="teraio: let the plan recompute activations (Session recompute=)")
     g.add_argument("--stream-ordered-offloads", action=argparse.BooleanOptionalAction, default=True,
                    help="teraio: Session(stream_ordered_offloads=...): offloads due before an operator are "
                         "waited for on the GPU, not the CPU (the Session's default); --no-... waits on the CPU")
@@ -439,7 +441,7 @@ class Teraio(Ideal):
         self.session = teraio.Session(budget=a.budget, tiers=tiers, profiling_iterations=a.profiling_iterations,
                                       trace_path=a.trace_out, plan_path=a.plan_out,
                                       stream_ordered_offloads=a.stream_ordered_offloads,
-                                      verify=a.verify)
+                                      verify=a.verify, recompute=a.recompute)
         self.session.watch(self.model, self.opt)
 
     def step(self, ids):

@@ -56,6 +56,11 @@ struct SessionOptions {
   // Wraps every tier in a fault injector (storage::FaultTier) so that inject_fault() can make
   // transfers fail: for tests and for rehearsing recovery. Off: no wrapper.
   bool fault_injection = false;
+  // The planner may free an activation after its last forward use and make it again before its
+  // next use by rerunning the operator that produced it (same kernel, same inputs: the same bytes),
+  // where that costs less time than moving it (docs/pytorch.md, "Recompute"). false: plans move
+  // bytes only.
+  bool recompute = true;
 };
 
 // The bandwidth the planner uses for one tier and where it comes from.
@@ -118,6 +123,9 @@ struct SessionStats {
   uint64_t retried_reads = 0;      // reads tried again after a passing failure (they then succeeded
                                    // or count in failed_transfers)
   uint64_t lost_tensors = 0;       // tensors whose bytes could not be brought back (docs: "Faults")
+  uint64_t recomputes = 0;         // tensors freed and made again by rerunning their producer
+  uint64_t urgent_recomputes = 0;  // of which at a use the plan did not expect (drift)
+  double recompute_us = 0;         // host time spent rerunning producers (CUDA: launching them)
   std::string last_error;          // the last error caught inside a callback ("" if none)
   std::vector<SessionTierStats> tiers;  // per tier, in SessionOptions::tiers order
 };
@@ -143,6 +151,7 @@ constexpr void for_each_option_field(F&& f) {
   f("stream_ordered_offloads", &SessionOptions::stream_ordered_offloads);
   f("verify", &SessionOptions::verify);
   f("fault_injection", &SessionOptions::fault_injection);
+  f("recompute", &SessionOptions::recompute);
 }
 
 // kCounter: cumulative since the Session began (a delta over steps is what those steps did);
@@ -184,6 +193,9 @@ constexpr void for_each_stats_field(F&& f) {
   f("failed_transfers", &S::failed_transfers, K::kCounter);
   f("retried_reads", &S::retried_reads, K::kCounter);
   f("lost_tensors", &S::lost_tensors, K::kCounter);
+  f("recomputes", &S::recomputes, K::kCounter);
+  f("urgent_recomputes", &S::urgent_recomputes, K::kCounter);
+  f("recompute_us", &S::recompute_us, K::kCounter);
   f("last_error", &S::last_error, K::kText);
   f("tiers", &S::tiers, K::kText);
 }

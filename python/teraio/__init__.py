@@ -192,6 +192,10 @@ class Session:
         truncated files raise teraio.IoError instead of feeding wrong numbers to the model (default).
     fault_injection: wrap the tiers so that inject_fault() can make transfers fail (tests, and
         rehearsing recovery; docs/pytorch.md "Faults").
+    recompute: the plan may free an activation after its last forward use and make it again before
+        its next use by rerunning the operator that produced it (same kernel, same inputs: the same
+        bytes), where that is faster than moving it (default); False: plans move bytes only
+        (docs/pytorch.md "Recompute").
     """
 
     def __init__(self, budget: Size, tiers: Iterable[Union[HostTier, FileTier]],
@@ -199,7 +203,7 @@ class Session:
                  planning: bool = True, trace_path: Optional[str] = None,
                  plan_path: Optional[str] = None, plan_search: bool = True,
                  stream_ordered_offloads: bool = True, verify: bool = True,
-                 fault_injection: bool = False):
+                 fault_injection: bool = False, recompute: bool = True):
         self._impl = None
         budget_bytes = parse_size(budget, "budget")
         if isinstance(tiers, (str, bytes, HostTier, FileTier)):
@@ -225,7 +229,8 @@ class Session:
             min_bytes = parse_size(min_tensor_bytes, "Session: min_tensor_bytes")
         for name, flag in (("planning", planning), ("plan_search", plan_search),
                            ("stream_ordered_offloads", stream_ordered_offloads),
-                           ("verify", verify), ("fault_injection", fault_injection)):
+                           ("verify", verify), ("fault_injection", fault_injection),
+                           ("recompute", recompute)):
             if not isinstance(flag, bool):
                 raise Error(f"Session: {name} must be True or False, got {flag!r}")
         for p in (trace_path, plan_path):
@@ -240,7 +245,7 @@ class Session:
                                 trace_path=trace_path or "", plan_path=plan_path or "",
                                 plan_search=plan_search,
                                 stream_ordered_offloads=stream_ordered_offloads, verify=verify,
-                                fault_injection=fault_injection)
+                                fault_injection=fault_injection, recompute=recompute)
         self._budget_bytes = budget_bytes
         self._watched = []
         self._split = []  # optimizers whose steps run in parts (watch)

@@ -196,6 +196,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
   }
   try {
     engine_.poll();
+    engine_.release_recipes();  // they hold their producers' inputs
   } catch (const std::exception& e) {
     note_error(e.what());
   }
@@ -342,9 +343,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   plan_budget_bytes_ = po.budget_bytes;
   po.tiers = options_.tiers;
   po.min_tensor_bytes = options_.min_tensor_bytes;
-  // The Session's traces mark recomputable tensors, but its runtime cannot execute recompute moves
-  // yet (Schedule::add_move refuses them; issue 15's runtime half): plan moves only until it can.
-  po.recompute = false;
+  po.recompute = options_.recompute;
   Plan plan;
   try {
     if (options_.plan_search) {
@@ -403,6 +402,9 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->failed_transfers = e.failed_transfers;
   r->retried_reads = e.retried_reads;
   r->lost_tensors = e.lost_tensors;
+  r->recomputes = e.recomputes;
+  r->urgent_recomputes = e.urgent_recomputes;
+  r->recompute_us = e.recompute_us;
   r->last_error = last_error_;
 }
 

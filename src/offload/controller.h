@@ -43,6 +43,9 @@ struct ControllerOptions {
   std::string trace_path;       // when set, each profiled trace is written there
   std::string plan_path;        // when set, each plan made is written there
   std::vector<TierSpec> tiers;  // the planner's tiers, engine tier order
+  // The planner may recompute recomputable tensors instead of moving them (PlannerOptions); the
+  // binding then gives the engine a Recipe for each output captures() names.
+  bool recompute = true;
 };
 
 // What the controller asks of the binding layer besides the tensors' state.
@@ -117,6 +120,14 @@ class Controller {
   void begin_operator(uint32_t k, uint64_t signature, const char* name,
                       std::span<const LogicalId> ids, uint64_t own_bytes, bool collective,
                       bool* violation, StepBinding& binding);
+  // The outputs of operator k the installed schedule recomputes later, while a planned step runs
+  // (the binding captures a Recipe for each when k ends: Note [Recompute in the engine]); null
+  // when there are none.
+  const std::vector<LogicalId>* captures(uint32_t k) const {
+    if (!planned_now() || !active_ || k >= active_->schedule->operators.size()) return nullptr;
+    const std::vector<LogicalId>& c = active_->schedule->operators[k].capture;
+    return c.empty() ? nullptr : &c;
+  }
   // The device's allocator peak during a recorded operator (CUDA): raises the untracked bytes to
   // what the peak shows beyond the tracked resident bytes.
   void note_device_peak(uint64_t peak_bytes);

@@ -2,9 +2,11 @@
 #include "schedule.h"
 
 #include <algorithm>
+#include <unordered_map>
 #include <vector>
 
 #include "teraio/analysis.h"
+#include "teraio/error.h"
 
 namespace teraio::offload {
 
@@ -22,7 +24,7 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
         return recreated(m.tensor) && lifetimes.used(m.tensor) &&
                m.deadline == lifetimes.first_use(m.tensor);
       case MoveOp::offload:
-      case MoveOp::recompute:  // refused by Schedule::add_move below
+      case MoveOp::recompute:
         return false;
     }
     return false;
@@ -63,9 +65,29 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
     }
   }
   for (Move m : moves) {
-    m.tensor = recording.tensors.at(m.tensor).id;
+    const TensorId t = m.tensor;
+    m.tensor = recording.tensors.at(t).id;
     s.add_move(m);
+    if (m.op != MoveOp::recompute) continue;
+    // The producer's run in a planned step captures the recipe (Note [Recompute in the engine]).
+    TERAIO_CHECK(trace.tensors[t].recomputable && trace.tensors[t].producer,
+                 "plan recomputes tensor {}, which the trace does not mark recomputable", t);
+    const KernelIndex p = *trace.tensors[t].producer;
+    TERAIO_CHECK(p < s.operators.size() && p <= m.start,
+                 "plan recomputes tensor {} from kernel {}, past its move", t, p);
+    std::vector<LogicalId>& cap = s.operators[p].capture;
+    if (std::find(cap.begin(), cap.end(), m.tensor) == cap.end()) cap.push_back(m.tensor);
   }
+  // Recomputes due before one operator run in the order of their producers (docs/formats.md).
+  std::unordered_map<LogicalId, KernelIndex> producer;
+  for (TensorId t = 0; t < trace.num_tensors(); ++t)
+    if (trace.tensors[t].producer) producer[recording.tensors.at(t).id] = *trace.tensors[t].producer;
+  for (runtime::Schedule::Operator& op : s.operators)
+    std::stable_sort(op.recompute_before.begin(), op.recompute_before.end(),
+                     [&](const runtime::Schedule::Remake& a, const runtime::Schedule::Remake& b) {
+                       return producer[a.id] < producer[b.id];
+                     });
+  s.mark_last_recomputes();
   const size_t n = std::min<size_t>(trace.num_kernels(), s.operators.size());
   for (TensorId t = 0; t < trace.num_tensors(); ++t) {
     if (trace.tensors[t].persistent) continue;

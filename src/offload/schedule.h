@@ -26,6 +26,10 @@ namespace teraio::offload {
 //   - Deaths: a transient tensor is forgotten just before the operator after the last one it was
 //     alive at in the profile.
 //   - Created bytes: per operator, the bytes of the transient tensors it uses first.
+//   - Recomputes (Note [Recompute in the engine]): dropped after `start`, made again before
+//     `deadline` in the order of their producers; the producer (the trace's) captures the recipe
+//     (Schedule::Operator::capture). Throws teraio::Error when the trace does not mark the tensor
+//     recomputable.
 // `signatures` has one entry per operator of the iteration (the schedule's length); deaths and
 // created bytes past it are dropped. Throws teraio::Error for a move past the iteration.
 runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,

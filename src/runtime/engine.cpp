@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <unordered_map>
 
 #include "teraio/error.h"
 #include "teraio/units.h"
@@ -38,6 +39,8 @@ std::string_view to_string(Location location) {
       return "prefetching";
     case Location::kLost:
       return "lost";
+    case Location::kDropped:
+      return "dropped";
   }
   return "?";
 }
@@ -58,6 +61,8 @@ struct Engine::Entry {
   bool write_in_flight = false;
   uint64_t last_use = 0;
   std::string lost_message;  // kLost: the fault that lost the bytes, reported at every use
+  std::unique_ptr<Recipe> recipe;  // Note [Recompute in the engine]
+  bool recomputing = false;        // its recipe is running (a chain must not loop back to it)
 };
 
 Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
@@ -107,6 +112,7 @@ void Engine::bind(LogicalId id, std::unique_ptr<Memory> memory) {
   e.loc = Location::kResident;
   e.pins = 0;
   e.permanent = false;  // a new tensor: the pin was the previous one's
+  e.recipe.reset();     // and the recipe
   e.last_use = ++clock_;
   stats_.resident_bytes += e.bytes;
   note_resident_locked();
@@ -138,6 +144,7 @@ void Engine::forget_locked(Entry& e) {
   if (e.permanent) stats_.pinned_bytes -= e.bytes;
   e.permanent = false;
   e.loc = Location::kUnbound;
+  e.recipe.reset();
   e.memory.reset();
 }
 
@@ -333,8 +340,111 @@ bool Engine::make_usable_locked(Entry& e, std::span<const LogicalId> spare) {
       [[fallthrough]];
     case Location::kPrefetching:
       return complete_prefetch_locked(e);
+    case Location::kDropped:
+      return recompute_locked(e, /*urgent=*/true, spare);
   }
   return false;
+}
+
+bool Engine::drop_locked(Entry& e, std::string* why) {
+  if (e.loc != Location::kResident) {
+    *why = std::string(to_string(e.loc));
+  } else if (e.pins > 0) {
+    *why = "in use";
+  } else if (e.permanent) {
+    *why = "pinned";
+  } else if (!e.memory->alive()) {
+    *why = "dead";
+  } else if (!e.recipe) {
+    *why = "no recipe";
+  } else {
+    *why = e.recipe->stale();
+  }
+  if (!why->empty()) return false;
+  e.memory->detach();
+  e.memory->drop();
+  e.loc = Location::kDropped;
+  stats_.resident_bytes -= e.bytes;
+  return true;
+}
+
+bool Engine::recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> spare) {
+  if (e.loc != Location::kDropped) return make_usable_locked(e, spare);
+  auto fail = [&](const std::string& why) {
+    if (e.loc != Location::kLost) stats_.lost_tensors++;
+    e.loc = Location::kLost;
+    e.lost_message = fmt::format(
+        "teraio: {} was freed to be recomputed, and recomputing it failed: {}. Its contents are "
+        "lost: restore the model and optimizer from a checkpoint, and report this (run with "
+        "recompute=False to avoid it)",
+        name_locked(e), why);
+    e.recipe.reset();
+    e.memory->lose(e.lost_message);
+    faults_.push_back(Fault{e.id, true, true, EBADMSG, e.lost_message});
+    event("recompute-failed", e);
+    return false;
+  };
+  if (!e.recipe) return fail("it has no recipe");
+  if (e.recomputing) return fail("its producer reads it (a cycle)");
+  if (urgent) {
+    stats_.urgent_recomputes++;
+    event("urgent-recompute", e);
+  }
+  e.recomputing = true;
+  // The inputs first: usable (a dropped one recomputed, an offloaded one read back) and pinned
+  // while the producer runs, spared by the room made for the tensor.
+  const std::span<const LogicalId> ins = e.recipe->inputs();
+  std::vector<LogicalId> keep(spare.begin(), spare.end());
+  keep.insert(keep.end(), ins.begin(), ins.end());
+  std::vector<Entry*> pinned;
+  std::string why;
+  for (LogicalId id : ins) {
+    Entry* in = find(id);
+    if (!in || in->loc == Location::kUnbound) continue;  // not tracked: held by the recipe itself
+    if (!make_usable_locked(*in, keep)) {
+      why = fmt::format("its input {} could not be made usable", name_locked(*in));
+      break;
+    }
+    in->pins++;
+    pinned.push_back(in);
+  }
+  if (why.empty()) why = e.recipe->stale();
+  if (why.empty()) {
+    make_room_locked(e.bytes, keep);  // a shortfall is reported by the next budget check
+    const double t0 = now_us();
+    try {
+      why = e.recipe->run(*e.memory);
+    } catch (const std::exception& ex) {
+      why = ex.what();
+    }
+    stats_.recompute_us += now_us() - t0;
+  }
+  for (Entry* in : pinned) in->pins--;
+  e.recomputing = false;
+  if (!why.empty()) return fail(why);
+  e.loc = Location::kResident;
+  stats_.resident_bytes += e.bytes;
+  stats_.recomputes++;
+  note_resident_locked();
+  return true;
+}
+
+void Engine::set_recipe(LogicalId id, std::unique_ptr<Recipe> recipe) {
+  std::lock_guard lock(mutex_);
+  Entry* e = find(id);
+  if (e && e->loc != Location::kUnbound) e->recipe = std::move(recipe);
+}
+
+bool Engine::has_recipe(LogicalId id) const {
+  std::lock_guard lock(mutex_);
+  const Entry* e = find(id);
+  return e && e->recipe != nullptr;
+}
+
+void Engine::release_recipes() {
+  std::lock_guard lock(mutex_);
+  for (auto& p : entries_)
+    if (p && p->recipe && p->loc != Location::kDropped) p->recipe.reset();
 }
 
 bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
@@ -410,7 +520,8 @@ bool Engine::reclaim_extents_locked(uint32_t tier) {
 }
 
 bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const LogicalId> spare) {
-  if (e.loc != Location::kOffloaded) return e.loc != Location::kUnbound && e.loc != Location::kLost;
+  if (e.loc != Location::kOffloaded)
+    return e.loc != Location::kUnbound && e.loc != Location::kLost && e.loc != Location::kDropped;
   if (!e.memory->alive()) {  // died out there (a gradient freed by zero_grad): nothing to read
     forget_locked(e);
     return false;
@@ -731,14 +842,13 @@ void Schedule::add_move(const Move& m) {
       operators[m.start].prefetch_at.push_back(m);
       break;
     case MoveOp::recompute:
-      // The runtime half of recompute (rerunning the producer on the compute stream) is not built
-      // yet: refuse such a plan rather than treat its moves as prefetches or skip them and exceed
-      // the budget. Plans made from traces without recomputable tensors (every Session's, for
-      // now) never contain one.
-      throw Error(fmt::format(
-          "plan move of tensor {} is a recompute, which this runtime cannot execute yet; make the "
-          "plan with `teraio plan --no-recompute` (PlannerOptions::recompute = false)",
-          m.tensor));
+      TERAIO_CHECK(m.start + 1 < m.deadline,
+                   "plan move of tensor {}: a recompute made again before kernel {} cannot free it "
+                   "after kernel {} (it must end at least two kernels after it starts, no wrap)",
+                   m.tensor, m.deadline, m.start);
+      operators[m.start].drop_after.push_back(m.tensor);
+      operators[m.deadline].recompute_before.push_back({m.tensor, true});
+      break;
   }
   moves++;
 }
@@ -747,7 +857,21 @@ Schedule Schedule::from_plan(const Plan& plan, size_t num_operators) {
   Schedule s;
   s.operators.resize(num_operators);
   for (const Move& m : plan.moves) s.add_move(m);
+  s.mark_last_recomputes();
   return s;
+}
+
+void Schedule::mark_last_recomputes() {
+  std::unordered_map<LogicalId, Remake*> last;
+  for (Operator& op : operators)
+    for (Remake& r : op.recompute_before) {
+      auto [it, fresh] = last.try_emplace(r.id, &r);
+      if (!fresh) {
+        it->second->last = false;
+        it->second = &r;
+      }
+      r.last = true;
+    }
 }
 
 void Engine::set_schedule(std::shared_ptr<const Schedule> schedule) {
@@ -807,6 +931,20 @@ void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
             *e);
     }
   }
+  // Recomputes run after the reads started here (their inputs may be among them) and in producer
+  // order (a chain reads what the one before it made).
+  for (const Schedule::Remake& r : op.recompute_before) {
+    Entry* e = find(r.id);
+    if (!e || e->loc == Location::kUnbound) continue;  // died: nothing needs it
+    if (e->loc == Location::kDropped) {
+      if (!e->memory->alive()) {
+        forget_locked(*e);
+        continue;
+      }
+      if (recompute_locked(*e, /*urgent=*/false, in_use)) stats_.plan_moves++;
+    }
+    if (r.last && e->loc != Location::kDropped) e->recipe.reset();  // its inputs may go now
+  }
   note_resident_locked();
 }
 
@@ -840,6 +978,17 @@ void Engine::after_operator(uint32_t k) {
   }
   for (LogicalId id : op.offload_due)
     if (Entry* e = find(id)) complete_offload_locked(*e, /*wait=*/true);
+  for (LogicalId id : op.drop_after) {
+    Entry* e = find(id);
+    if (!e || e->loc == Location::kUnbound) continue;  // died before it: nothing to free
+    std::string why;
+    if (drop_locked(*e, &why)) {
+      stats_.plan_moves++;
+    } else {
+      stats_.skipped_moves++;
+      event(fmt::format("skipped-drop({})", why), *e);
+    }
+  }
 }
 
 EngineStats Engine::stats() const {

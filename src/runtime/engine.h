@@ -53,9 +53,43 @@ class Memory {
   }
 };
 
+// Note [Recompute in the engine]: a tensor the plan recomputes is *dropped* once operator `start`
+// has run (its bytes are freed, nothing is written anywhere: Location::kDropped) and made again
+// before operator `deadline` by its Recipe: the binding's capture of the operator that produced it
+// (src/torch: the dispatcher operator, its arguments and the dispatch state; tests: a pattern).
+// The engine makes the recipe's inputs usable and keeps them pinned while it runs (an input that is
+// itself dropped is recomputed first: chains), makes room for the tensor within the budget, and
+// asks the recipe whether its result would still be the tensor's bytes (stale(): an input or the
+// tensor written in place since the capture). A tensor is dropped only when that holds and it has a
+// recipe; else the move is skipped (the tensor stays resident). A recompute that cannot run, or
+// whose recipe has become stale while the tensor was dropped, loses the tensor (Note [Lost bytes]):
+// its bytes are gone and are never replaced by different ones. A use of a dropped tensor before its
+// planned recompute (drift, a reactive step) recomputes it at once (urgent_recomputes).
+class Recipe {
+ public:
+  virtual ~Recipe() = default;
+  // The tracked tensors the producer reads.
+  virtual std::span<const LogicalId> inputs() const = 0;
+  // "" while rerunning the producer gives the tensor's bytes; else why it would not.
+  virtual std::string stale() const = 0;
+  // Runs the producer again and installs the bytes it made into `memory`'s tensor (the tensor is
+  // then resident, as after Memory::attach). "" on success, else what went wrong (nothing
+  // installed).
+  virtual std::string run(Memory& memory) = 0;
+};
+
 // kLost: the tensor's bytes could not be brought back and never will (Note [Lost bytes]); it stays
-// unusable, and every use reports the fault again, until it dies.
-enum class Location : uint8_t { kUnbound, kResident, kOffloading, kOffloaded, kPrefetching, kLost };
+// unusable, and every use reports the fault again, until it dies. kDropped: freed, to be made again
+// by its Recipe (Note [Recompute in the engine]).
+enum class Location : uint8_t {
+  kUnbound,
+  kResident,
+  kOffloading,
+  kOffloaded,
+  kPrefetching,
+  kLost,
+  kDropped
+};
 std::string_view to_string(Location location);
 
 struct EngineTier {
@@ -94,6 +128,9 @@ struct EngineStats {
   uint64_t failed_transfers = 0;  // writes and reads that failed (each is also a Fault)
   uint64_t retried_reads = 0;     // reads tried again after a failure (Note [Read retries])
   uint64_t lost_tensors = 0;      // tensors whose bytes could not be brought back (kLost)
+  uint64_t recomputes = 0;         // tensors made again by their recipe (planned and urgent)
+  uint64_t urgent_recomputes = 0;  // of which before a use the plan did not expect
+  double recompute_us = 0;         // host time spent running recipes (on CUDA: launching them)
   double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
 };
 
@@ -112,10 +149,22 @@ struct Fault {
 // moves and deaths (before_operator, after_operator) and the start placement (align); the
 // signatures and created bytes are read by the controller that installed it.
 struct Schedule {
+  struct Remake {  // a recompute due before an operator
+    LogicalId id = 0;
+    bool last = true;  // the tensor's last of the iteration: its recipe is released after it
+  };
   struct Operator {
     std::vector<Move> prefetch_at;       // prefetches that start before operator k
     std::vector<Move> offload_at;        // offloads that start after operator k
     std::vector<LogicalId> offload_due;  // offloads that must be complete after operator k
+    // Recompute moves (Note [Recompute in the engine]): tensors dropped after operator k, and made
+    // again before it (in the order of their producers, so that a chain reads what was made just
+    // before; `last`: the tensor's last recompute of the iteration, after which its recipe is
+    // released). `capture`: outputs of operator k that a recompute makes again later: the binding
+    // gives each a Recipe when k runs (Engine::set_recipe).
+    std::vector<LogicalId> drop_after;
+    std::vector<Remake> recompute_before;
+    std::vector<LogicalId> capture;
     // Transient tensors that died just before operator k in the profile: forgotten there, so that
     // resident bytes are the live ones without sweeping every tensor.
     std::vector<LogicalId> deaths;
@@ -132,12 +181,15 @@ struct Schedule {
   std::vector<LogicalId> start_in;
   size_t moves = 0;  // planned moves in `operators`
 
-  // Adds `m` (naming a logical id) at its operators. Throws teraio::Error for a move that names an
-  // operator past the iteration.
+  // Adds `m` (naming a logical id) at its operators (a recompute: dropped after `start`, made again
+  // before `deadline`, after the recomputes added there before it). Throws teraio::Error for a move
+  // that names an operator past the iteration, or a recompute that does not end after it starts.
   void add_move(const Move& m);
   // The moves of `plan` (whose moves name logical ids) over an iteration of `num_operators`
   // operators (no signatures, deaths or start placement).
   static Schedule from_plan(const Plan& plan, size_t num_operators);
+  // Marks each tensor's last recompute of the iteration (Remake::last); after the moves are added.
+  void mark_last_recomputes();
 };
 
 // Note [Faults in the engine]: a transfer that fails never throws out of the engine and never leaves
@@ -200,6 +252,16 @@ class Engine {
   // Why the last enforce_budget() fell short ("" when it did not): how far over, how much is in use
   // by running operators or pinned, and whether the tiers are full.
   std::string budget_shortfall() const;
+  // --- recompute (Note [Recompute in the engine]) ----------------------------------------------
+  // Gives tensor `id` the recipe that makes it again (replacing any; null removes it). Ignored for
+  // an id that is not bound.
+  void set_recipe(LogicalId id, std::unique_ptr<Recipe> recipe);
+  bool has_recipe(LogicalId id) const;
+  // Releases the recipes of the tensors that are not dropped (a recipe holds its inputs: they must
+  // not outlive the step because of it). A dropped tensor keeps its recipe until it is made again
+  // or dies.
+  void release_recipes();
+
   // The failed transfers since the last call (Note [Faults in the engine]).
   std::vector<Fault> take_faults();
   // Names a tensor in fault messages (called under the engine's lock; must not call back).
@@ -250,7 +312,7 @@ class Engine {
   // Called (under the engine's lock: it must not call back into the engine) for events that cost
   // time outside the plan or fix its starting point: "urgent-fetch", "eviction",
   // "cancelled-offload", "skipped-prefetch(<location>)", "skipped-offload(<why>)", "spilled-offload", "align-offload",
-  // "align-fetch".
+  // "align-fetch", "urgent-recompute", "skipped-drop(<why>)", "recompute-failed".
   using EventHook = std::function<void(std::string_view what, LogicalId id, uint64_t bytes)>;
   void set_event_hook(EventHook hook);
 
@@ -271,6 +333,10 @@ class Engine {
   void release_read_extent_locked(Entry& e);
   // Any state -> resident and attached; false (a Fault recorded) when the bytes cannot come back.
   bool make_usable_locked(Entry& e, std::span<const LogicalId> spare = {});
+  // Dropped -> resident by the tensor's recipe; false (a Fault recorded, the tensor lost) when it
+  // cannot be made. `urgent`: a use the plan did not expect.
+  bool recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> spare = {});
+  bool drop_locked(Entry& e, std::string* why);
   storage::IoResult take_pending_locked(Entry& e);
   bool release_in_stream_order_locked(Entry& e);
   void complete_offload_locked(Entry& e, bool wait);

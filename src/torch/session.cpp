@@ -9,10 +9,13 @@
 #include "teraio/session.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
 #ifdef TERAIO_TORCH_CUDA
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -21,6 +24,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <atomic>
@@ -151,6 +155,12 @@ class StorageMemory final : public runtime::Memory {
     held_ = at::DataPtr();  // dead or replaced by its owner: these bytes are obsolete
   }
   void drop() override { held_ = at::DataPtr(); }
+  // Installs bytes made by a recompute (Note [Recompute in the engine]): like attach(), with bytes
+  // that were never held here.
+  void install(at::DataPtr bytes) {
+    held_ = std::move(bytes);
+    attach();
+  }
   storage::BufferView allocate() override {
     // On CUDA the block may have been freed by kernels still queued on the compute stream; the
     // engine passes stream() as the read's ready_stream, so the tier's copy waits for them on the
@@ -217,6 +227,8 @@ struct Binding {
   LogicalId id = 0;
 };
 
+struct Capture;  // Note [Recipes from the dispatcher]
+
 struct OpCtx final : at::ObserverContext {
   uint32_t k = 0;
   bool in_step = false;
@@ -233,6 +245,10 @@ struct OpCtx final : at::ObserverContext {
   double t0_us = 0;
   uint64_t timer_token = 0;  // nonzero while the KernelTimer attributes this thread's work to it
   bool violation = false;  // the budget could not be met at this operator (reported once)
+  // A planned step's capture for the outputs a recompute makes again (Note [Recipes from the
+  // dispatcher]); null when none of its outputs is.
+  std::shared_ptr<const Capture> capture;
+  std::vector<LogicalId> captures;
 #ifdef TERAIO_TORCH_CUDA
   std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> events;
 #endif
@@ -291,6 +307,110 @@ void visit_tensors(const c10::IValue& v, F&& f) {
     for (const c10::IValue& e : v.toTupleRef().elements()) visit_tensors(e, f);
   }
 }
+
+// Note [Recipes from the dispatcher]: the torch side of Note [Recompute in the engine]. When a
+// planned step runs an operator whose output a later recompute makes again (Controller::captures),
+// its start captures what rerunning it needs: the dispatcher operator, a copy of its boxed
+// arguments (references to the input tensors, which the plan keeps alive until the recompute:
+// docs/formats.md, rule 12), the thread's dispatch key state (autocast on or off, a Python mode)
+// and autocast's dtypes, and the version counters of its input tensors. Its end gives each such
+// output a recipe naming the output's place among the results, its version and its geometry. A run
+// calls the operator through the dispatcher from the top, with that dispatch state, without
+// autograd (grad mode off: nothing records a graph), without autocast's weight cache (the cast is
+// made again and freed, instead of landing in a cache that this thread would never clear), and with
+// RecordFunction off (the Session's own callbacks must not see it, and it is not the step's
+// operator). The same kernel on the same inputs with the same dispatch state makes the same bytes;
+// the output's storage then gives its DataPtr to the tensor's storage, so views and autograd's saved
+// tensors see them without a copy. Checked, else the run fails (the engine loses the tensor, loudly):
+// the output exists, its geometry and byte count are those captured. stale() compares the version
+// counters: any in-place write to an input or to the tensor since the capture (views share their
+// base's counter) means a rerun would not give the tensor's bytes.
+struct Capture {
+  explicit Capture(c10::OperatorHandle handle)
+      : op(std::move(handle)), keys(c10::impl::tls_local_dispatch_key_set()) {}
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;
+  std::vector<LogicalId> inputs;  // the tracked ones (the operator's pinned inputs)
+  c10::impl::LocalDispatchKeySet keys;
+  at::ScalarType autocast_cuda = at::kHalf, autocast_cpu = at::kBFloat16;
+  std::vector<std::pair<c10::VariableVersion, uint32_t>> versions;  // inputs', at the start
+};
+
+class TorchRecipe final : public runtime::Recipe {
+ public:
+  TorchRecipe(std::shared_ptr<const Capture> capture, uint32_t slot, const at::Tensor& out)
+      : capture_(std::move(capture)),
+        slot_(slot),
+        version_(out.unsafeGetTensorImpl()->version_counter()),
+        at_version_(version_.current_version()),
+        sizes_(out.sizes().vec()),
+        strides_(out.strides().vec()),
+        offset_(out.storage_offset()),
+        dtype_(out.scalar_type()) {}
+
+  std::span<const LogicalId> inputs() const override { return capture_->inputs; }
+
+  std::string stale() const override {
+    for (const auto& [vc, v] : capture_->versions)
+      if (vc.current_version() != v)
+        return fmt::format("an input of its producer ({}) was written in place since it ran",
+                           capture_->op.operator_name().name);
+    if (version_.current_version() != at_version_) return "it was written in place since it was made";
+    return {};
+  }
+
+  std::string run(runtime::Memory& memory) override {
+    at::DisableRecordFunctionGuard no_callbacks;
+    c10::impl::ForceDispatchKeyGuard keys(capture_->keys);
+    at::NoGradGuard no_grad;
+    const at::ScalarType cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+    const at::ScalarType cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    const bool cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_dtype(at::kCUDA, capture_->autocast_cuda);
+    at::autocast::set_autocast_dtype(at::kCPU, capture_->autocast_cpu);
+    at::autocast::set_autocast_cache_enabled(false);
+    struct Restore {
+      at::ScalarType cuda, cpu;
+      bool cache;
+      ~Restore() {
+        at::autocast::set_autocast_dtype(at::kCUDA, cuda);
+        at::autocast::set_autocast_dtype(at::kCPU, cpu);
+        at::autocast::set_autocast_cache_enabled(cache);
+      }
+    } restore{cuda_dtype, cpu_dtype, cache};
+    std::vector<c10::IValue> stack(capture_->args.begin(), capture_->args.end());
+    capture_->op.callBoxed(stack);
+    at::Tensor out;
+    uint32_t slot = 0;
+    for (const c10::IValue& v : stack)
+      visit_tensors(v, [&](const at::Tensor& t) {
+        if (slot++ == slot_) out = t;
+      });
+    const std::string op = capture_->op.operator_name().name;
+    if (!out.defined() || !out.has_storage())
+      return fmt::format("rerunning {} did not return output {}", op, slot_);
+    c10::StorageImpl* si = out.storage().unsafeGetStorageImpl();
+    if (si->nbytes() != memory.bytes() || out.sizes() != at::IntArrayRef(sizes_) ||
+        out.strides() != at::IntArrayRef(strides_) || out.storage_offset() != offset_ ||
+        out.scalar_type() != dtype_)
+      return fmt::format(
+          "rerunning {} returned output {} with another shape, layout or size ({} bytes, {}) than "
+          "it had ({} bytes, {})",
+          op, slot_, si->nbytes(), fmt::join(out.sizes(), "x"), memory.bytes(),
+          fmt::join(sizes_, "x"));
+    static_cast<StorageMemory&>(memory).install(si->set_data_ptr(at::DataPtr(nullptr, si->device())));
+    return {};
+  }
+
+ private:
+  std::shared_ptr<const Capture> capture_;
+  uint32_t slot_;
+  c10::VariableVersion version_;
+  uint32_t at_version_;
+  std::vector<int64_t> sizes_, strides_;
+  int64_t offset_;
+  at::ScalarType dtype_;
+};
 
 // An operator on a tensor subclass that dispatches in Python (__torch_dispatch__: DTensor, so
 // FSDP2's sharded parameters, their gradients and optimizer states) holds no memory of its own:
@@ -567,6 +687,32 @@ struct Session::Impl final : offload::StepBinding {
     return id;
   }
 
+  // Note [Recipes from the dispatcher]: what rerunning `fn` needs, taken at its start; null when it
+  // cannot be rerun (not a dispatcher operator, or an input whose writes cannot be watched).
+  static std::shared_ptr<const Capture> capture(const at::RecordFunction& fn,
+                                                const std::vector<LogicalId>& ids) {
+    const std::optional<c10::OperatorName> name = fn.operator_name();
+    if (!name) return nullptr;
+    std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema(*name);
+    if (!op) return nullptr;
+    auto c = std::make_shared<Capture>(*op);
+    c->args.assign(fn.inputs().begin(), fn.inputs().end());
+    c->inputs = ids;
+    c->autocast_cuda = at::autocast::get_autocast_dtype(at::kCUDA);
+    c->autocast_cpu = at::autocast::get_autocast_dtype(at::kCPU);
+    bool watched = true;
+    for (const c10::IValue& v : c->args)
+      visit_tensors(v, [&](const at::Tensor& t) {
+        if (!t.defined()) return;
+        const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
+        if (vc.enabled())
+          c->versions.emplace_back(vc, vc.current_version());
+        else
+          watched = false;
+      });
+    return watched ? c : nullptr;
+  }
+
   std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     std::lock_guard lock(mu);
     auto ctx = std::make_unique<OpCtx>();
@@ -628,6 +774,10 @@ struct Session::Impl final : offload::StepBinding {
       return ctx;
     }
     ctl->begin_operator(k, sig, fn.name(), ctx->ids, op_bytes, collective, &ctx->violation, *this);
+    if (const std::vector<LogicalId>* later = ctl->captures(k)) {
+      ctx->capture = capture(fn, ctx->ids);
+      if (ctx->capture) ctx->captures = *later;
+    }
     if (ctl->recording()) {
 #ifdef TERAIO_TORCH_CUDA
       if (device && device->is_cuda()) {
@@ -682,12 +832,18 @@ struct Session::Impl final : offload::StepBinding {
         std::optional<LogicalId> id =
             lookup_or_bind(t, si, offload::make_key(k, my_slot, true), true);
         if (!id) return;
+        // Made by this operator: new here, or by an operator nested in it (aten::linear's
+        // output is aten::addmm's, bound when the nested one ended).
+        const bool made_here = fresh || std::find(outs.begin(), outs.begin() + n_nested, *id) !=
+                                            outs.begin() + n_nested;
         outs.push_back(*id);
+        if (ctx->capture && made_here &&
+            std::find(ctx->captures.begin(), ctx->captures.end(), *id) != ctx->captures.end())
+          engine->set_recipe(*id, std::make_unique<TorchRecipe>(ctx->capture, my_slot, t));
         if (!rec) return;
         if (fresh) ctl->recorder().note_output(*id, tl_backward > 0, at::GradMode::is_enabled());
         offload::ProductionFacts f = made;
-        f.aliases_input = !fresh && std::find(outs.begin(), outs.begin() + n_nested, *id) ==
-                                        outs.begin() + n_nested;
+        f.aliases_input = !made_here;
         ctl->recorder().note_produced(*id, fn.name(), f);
         const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
         if (vc.enabled())
@@ -937,6 +1093,7 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   co.min_tensor_bytes = s.options.min_tensor_bytes;
   co.trace_path = s.options.trace_path;
   co.plan_path = s.options.plan_path;
+  co.recompute = s.options.recompute;
   co.tiers = std::move(tier_specs);
   s.ctl = std::make_unique<offload::Controller>(*s.engine, std::move(co));
   // Fault messages name tensors as the trace does (engine calls are made under the Session's lock).

@@ -79,6 +79,7 @@ struct Args {
   std::string save_plan;
   bool deterministic = false;
   bool no_verify = false;
+  bool no_recompute = false;
   std::vector<std::string> inject_faults;
 };
 
@@ -250,6 +251,7 @@ class Offload {
     o.profiling_iterations = args.profile_steps;
     o.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
     o.verify = !args.no_verify;
+    o.recompute = !args.no_recompute;
     for (const std::string& spec : args.inject_faults) faults_.push_back(parse_fault(spec));
     o.fault_injection = !faults_.empty();
     // The trace and plan are always written (to scratch files unless asked for) so that the
@@ -828,11 +830,13 @@ int main(int argc, char** argv) {
                  "text file, byte-level tokens (default: data/kjv-genesis-exodus.txt)");
   app.add_option("--report", a.report, "write the JSON run report (teraio.run v1 and more) here");
   app.add_option("--save-trace", a.save_trace, "write the profiled trace (teraio.trace v2) here");
-  app.add_option("--save-plan", a.save_plan, "write the plan (teraio.plan v1) here");
+  app.add_option("--save-plan", a.save_plan, "write the plan (teraio.plan v1, v2 with recomputes) here");
   app.add_flag("--deterministic", a.deterministic,
                "deterministic algorithms only (bitwise repeatable runs)");
   app.add_flag("--no-verify", a.no_verify,
                "do not checksum what file tiers write (damaged files then go unnoticed)");
+  app.add_flag("--no-recompute", a.no_recompute,
+               "plans move bytes only: never free an activation to recompute it");
   app.add_option("--inject-fault", a.inject_faults,
                  "testing: STEP:ERROR:DIRECTION[:COUNT] makes transfers of the first tier fail "
                  "from that step on (repeatable; docs/train.md)");

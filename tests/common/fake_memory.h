@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,13 @@ class FakeMemory : public runtime::Memory {
     return storage::BufferView::host(held_.data(), held_.size());
   }
   bool alive() const override { return t_->alive; }
+  // What a recompute installs: the tensor's pattern, made again.
+  void remake() {
+    t_->data.resize(t_->size);
+    for (uint64_t i = 0; i < t_->size; ++i)
+      t_->data[i] = std::byte(static_cast<uint8_t>(i * 31 + t_->seed));
+    t_->refused.clear();
+  }
   void lose(const std::string& why) override { t_->lost = why; }
   bool refuse(const std::string& why) override {
     t_->refused = why;
@@ -54,6 +62,40 @@ class FakeMemory : public runtime::Memory {
  private:
   std::shared_ptr<FakeTensor> t_;
   std::vector<std::byte> held_;
+};
+
+// A recipe (Note [Recompute in the engine]) that makes a FakeMemory's pattern again, reading
+// `inputs`: it fails when one of them is not present and intact (the engine must make them usable
+// first), counts its runs, and is stale while `state->stale` says so.
+struct RecipeState {
+  int runs = 0;
+  std::string stale;  // what stale() returns
+  std::string fail;   // what run() returns (without installing anything)
+};
+class FakeRecipe : public runtime::Recipe {
+ public:
+  FakeRecipe(std::vector<runtime::LogicalId> ids, std::vector<std::shared_ptr<FakeTensor>> inputs,
+             std::shared_ptr<RecipeState> state = std::make_shared<RecipeState>())
+      : ids_(std::move(ids)), inputs_(std::move(inputs)), state_(std::move(state)) {}
+  std::span<const runtime::LogicalId> inputs() const override { return ids_; }
+  std::string stale() const override { return state_->stale; }
+  std::string run(runtime::Memory& memory) override {
+    state_->runs++;
+    if (!state_->fail.empty()) return state_->fail;
+    for (const auto& in : inputs_) {
+      if (in->data.size() != in->size) return "an input is absent";
+      for (uint64_t i = 0; i < in->size; ++i)
+        if (in->data[i] != std::byte(static_cast<uint8_t>(i * 31 + in->seed)))
+          return "an input is damaged";
+    }
+    static_cast<FakeMemory&>(memory).remake();
+    return {};
+  }
+
+ private:
+  std::vector<runtime::LogicalId> ids_;
+  std::vector<std::shared_ptr<FakeTensor>> inputs_;
+  std::shared_ptr<RecipeState> state_;
 };
 
 // A present tensor of `size` bytes holding the pattern of `seed`.

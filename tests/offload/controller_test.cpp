@@ -120,7 +120,8 @@ class ControllerTest : public ::testing::Test {
         bool violation = false;
         ctl_->begin_operator(k, sig, op.name.c_str(), in_ids, own, false, &violation, b_);
         for (const std::string& in : op.inputs) {
-          EXPECT_TRUE(intact(*tensor(in)))
+          // A lost tensor refuses every access in the real binding (Memory::lose): never garbage.
+          EXPECT_TRUE(intact(*tensor(in)) || !tensor(in)->lost.empty())
               << op.name << " reads " << in << " at step " << ctl_->iteration();
         }
         const bool rec = ctl_->recording();
@@ -132,6 +133,14 @@ class ControllerTest : public ::testing::Test {
           out_ids.push_back(id);
           if (rec) ctl_->recorder().note_output(id, op.backward, true);
           if (rec && rerunnable_) ctl_->recorder().note_produced(id, "aten::mul", {});
+          // The binding's capture (Note [Recipes from the dispatcher]): a recipe that reads the
+          // operator's inputs, for each output a later recompute makes again.
+          if (const std::vector<LogicalId>* later = ctl_->captures(k);
+              later && std::find(later->begin(), later->end(), id) != later->end()) {
+            std::vector<std::shared_ptr<FakeTensor>> ins;
+            for (const std::string& in : op.inputs) ins.push_back(tensor(in));
+            engine_->set_recipe(id, std::make_unique<test::FakeRecipe>(in_ids, ins, recipes_));
+          }
         }
         if (rec) ctl_->recorder().add_operator(op.name, 100, in_ids, out_ids, b_);
         ctl_->end_operator(k, op.name.c_str(), in_ids, out_ids, false, &violation);
@@ -198,6 +207,7 @@ class ControllerTest : public ::testing::Test {
   }
 
   std::unique_ptr<storage::Tier> host_;
+  std::shared_ptr<test::RecipeState> recipes_ = std::make_shared<test::RecipeState>();
   std::unique_ptr<runtime::Engine> engine_;
   std::unique_ptr<Controller> ctl_;
   FakeBinding b_;
@@ -234,16 +244,12 @@ TEST_F(ControllerTest, ProfilesThenPlansAndStaysPlanned) {
   EXPECT_TRUE(persistent_intact());
 }
 
-// The trace marks recomputable activations and the link is slow (0.01 GB/s), so recomputing them
-// would be far cheaper than moving them; but the runtime cannot execute recompute moves yet (issue
-// 15), so the controller plans moves only and the planned steps run.
-TEST_F(ControllerTest, RecomputableTensorsArePlannedAsMovesUntilTheRuntimeRecomputes) {
-  rerunnable_ = true;
-  link_gbps_ = 0.01;
-  // Over the budget at f4 (w1 and a1..a3); recomputing a1 before b2 (reading w1) fits in it. With
-  // recompute the planner would recompute here (checked: the runtime then refuses the plan).
-  start(260 << 10);
-  const std::vector<FakeOp> chain = {
+// The trace marks recomputable activations and the link is slow (0.01 GB/s), so recomputing them is
+// far cheaper than moving them: planned steps free them after their forward use and make them again
+// before their backward use, from inputs the engine makes usable first (the fake recipe fails on an
+// absent or damaged input), within the budget; every operator reads intact inputs (run() checks).
+std::vector<FakeOp> ControllerChain() {
+  return {
       {"f1", {"w1"}, {{"a1", 64 << 10}}},
       {"f2", {"a1"}, {{"a2", 64 << 10}}},
       {"f3", {"a2"}, {{"a3", 64 << 10}}},
@@ -254,10 +260,67 @@ TEST_F(ControllerTest, RecomputableTensorsArePlannedAsMovesUntilTheRuntimeRecomp
       {"b1", {"d1", "w1"}, {{"g1", 64 << 10}}, true},
       {"opt", {"w1", "g1", "s1"}, {}},
   };
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(run(chain), "") << "step " << i;
+}
+
+TEST_F(ControllerTest, RecomputableTensorsAreRecomputedWithinTheBudget) {
+  rerunnable_ = true;
+  link_gbps_ = 0.01;
+  // Over the budget at f4 (w1 and a1..a3); recomputing a1 before b2 (reading w1) fits in it.
+  start(260 << 10);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(s.mode, "planned");
+  EXPECT_EQ(s.drift_events, 0u);
+  EXPECT_GT(s.recomputes, 0u) << "a slow link and cheap producers: the plan recomputes";
+  EXPECT_EQ(s.urgent_recomputes, 0u);
+  EXPECT_EQ(recipes_->runs, static_cast<int>(s.recomputes));
+  EXPECT_EQ(s.lost_tensors, 0u);
+  EXPECT_EQ(s.failed_transfers, 0u);
+  EXPECT_EQ(s.budget_violations, 0u);
+  EXPECT_LE(s.step_peak_resident_bytes, 260u << 10);
+  EXPECT_TRUE(persistent_intact());
+}
+
+TEST_F(ControllerTest, WithoutRecomputeThePlanOnlyMoves) {
+  rerunnable_ = true;
+  link_gbps_ = 0.01;
+  ControllerOptions o;
+  o.recompute = false;
+  start(260 << 10, o);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(run(ControllerChain()), "") << "step " << i;
   const SessionStats s = stats();
   EXPECT_EQ(s.mode, "planned");
   EXPECT_GT(s.plan_moves, 0u);
+  EXPECT_EQ(s.recomputes, 0u);
+  EXPECT_EQ(recipes_->runs, 0);
+  EXPECT_TRUE(persistent_intact());
+}
+
+// A recipe that turns stale after its tensor was freed (an input written in place, seen only at
+// the recompute) loses the tensor: the step raises teraio's error naming it, never hands out other
+// bytes; the next steps recompute again and succeed.
+TEST_F(ControllerTest, AStaleRecipeLosesTheTensorLoudly) {
+  rerunnable_ = true;
+  link_gbps_ = 0.01;
+  start(260 << 10);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  ASSERT_GT(stats().recomputes, 0u);
+  // Stale from the start: every planned drop is skipped (the tensors stay resident), no loss.
+  recipes_->stale = "an input was written in place";
+  EXPECT_EQ(run(ControllerChain()), "");
+  EXPECT_EQ(stats().lost_tensors, 0u);
+  recipes_->stale.clear();
+  // Failing when run: the freed tensor cannot be made again.
+  recipes_->fail = "the kernel failed";
+  const uint64_t before = stats().recomputes;
+  const std::string err = run(ControllerChain());
+  EXPECT_NE(err.find("recomputing it failed: the kernel failed"), std::string::npos) << err;
+  EXPECT_EQ(err.find("io: "), 0u) << "raised like a lost transfer (IoError): " << err;
+  EXPECT_GT(stats().lost_tensors, 0u);
+  EXPECT_EQ(stats().recomputes, before);
+  recipes_->fail.clear();
+  EXPECT_EQ(run(ControllerChain()), "") << "the next step recomputes again";
+  EXPECT_GT(stats().recomputes, before);
   EXPECT_TRUE(persistent_intact());
 }
 

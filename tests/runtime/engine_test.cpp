@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "../common/fake_memory.h"
@@ -340,6 +341,129 @@ TEST_F(EngineTest, PlanWithUnknownTierIsRejected) {
   Plan plan;
   plan.moves = {{0, MoveOp::offload, 7, 0, 1}};
   EXPECT_THROW(e->set_plan(plan, 2), Error);
+}
+
+// --- recompute (Note [Recompute in the engine]) -------------------------------------------------
+
+// x (id 0) is made from w (id 1); y (id 2) from x: a chain. The plan frees x after kernel 1 and y
+// after kernel 2, and makes both again before kernel 5 (y's producer after x's).
+class RecomputeTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    e_ = make(0);
+    e_->bind(0, std::make_unique<FakeMemory>(x_));
+    e_->bind(1, std::make_unique<FakeMemory>(w_));
+    e_->bind(2, std::make_unique<FakeMemory>(y_));
+    e_->set_recipe(0, std::make_unique<test::FakeRecipe>(std::vector<LogicalId>{1},
+                                                         std::vector{w_}, xs_));
+    e_->set_recipe(2, std::make_unique<test::FakeRecipe>(std::vector<LogicalId>{0},
+                                                         std::vector{x_}, ys_));
+    Plan plan;
+    plan.moves = {{0, MoveOp::recompute, 0, 1, 5}, {2, MoveOp::recompute, 0, 2, 5}};
+    e_->set_plan(plan, 7);
+  }
+  // Runs kernels [from, to): before, use of `uses[k]` (if any), after.
+  void run(uint32_t from, uint32_t to, std::map<uint32_t, std::vector<LogicalId>> uses = {}) {
+    for (uint32_t k = from; k < to; ++k) {
+      e_->before_operator(k);
+      if (uses.count(k)) {
+        e_->begin_use(uses[k]);
+        e_->end_use(uses[k]);
+      }
+      e_->after_operator(k);
+    }
+  }
+  std::shared_ptr<FakeTensor> x_ = make_tensor(8192, 1), w_ = make_tensor(4096, 2),
+                              y_ = make_tensor(8192, 3);
+  std::shared_ptr<test::RecipeState> xs_ = std::make_shared<test::RecipeState>(),
+                                     ys_ = std::make_shared<test::RecipeState>();
+  std::unique_ptr<Engine> e_;
+};
+
+TEST_F(RecomputeTest, DroppedAfterStartAndMadeAgainBeforeDeadline) {
+  run(0, 3);
+  EXPECT_EQ(e_->location(0), Location::kDropped);
+  EXPECT_EQ(e_->location(2), Location::kDropped);
+  EXPECT_TRUE(x_->data.empty() && y_->data.empty()) << "freed: nothing written anywhere";
+  EXPECT_EQ(e_->stats().resident_bytes, 4096u);
+  EXPECT_EQ(e_->stats().bytes_offloaded, 0u);
+  run(3, 5);
+  EXPECT_EQ(xs_->runs, 0);
+  run(5, 6, {{5, {0, 2}}});
+  EXPECT_TRUE(test::intact(*x_) && test::intact(*y_));
+  EXPECT_EQ(xs_->runs, 1);
+  EXPECT_EQ(ys_->runs, 1) << "y's recipe found x made again just before it";
+  const EngineStats s = e_->stats();
+  EXPECT_EQ(s.recomputes, 2u);
+  EXPECT_EQ(s.urgent_recomputes, 0u);
+  EXPECT_EQ(s.plan_moves, 4u);
+  EXPECT_EQ(s.resident_bytes, 8192u * 2 + 4096);
+  EXPECT_FALSE(e_->has_recipe(0)) << "released after its last recompute (it holds the inputs)";
+}
+
+TEST_F(RecomputeTest, AnEarlyUseRecomputesTheChainAtOnce) {
+  run(0, 3);
+  run(3, 4, {{3, {2}}});  // y used before its recompute: x is made first (y's input), then y
+  EXPECT_TRUE(test::intact(*x_) && test::intact(*y_));
+  EXPECT_EQ(e_->stats().urgent_recomputes, 2u);
+  EXPECT_EQ(e_->stats().recomputes, 2u);
+  run(4, 7, {{5, {0, 2}}});
+  EXPECT_EQ(xs_->runs, 1) << "resident by then: the planned recompute has nothing to do";
+}
+
+TEST_F(RecomputeTest, OffloadedInputIsReadBackFirst) {
+  run(0, 2);
+  ASSERT_TRUE(e_->offload(1, 0));
+  e_->finish_offload(1);
+  ASSERT_EQ(e_->location(1), Location::kOffloaded);
+  run(2, 6, {{5, {0}}});
+  EXPECT_TRUE(test::intact(*x_));
+  EXPECT_EQ(e_->location(1), Location::kResident);
+  EXPECT_EQ(e_->stats().urgent_fetches, 1u);
+}
+
+TEST_F(RecomputeTest, NoRecipeOrStaleKeepsTheTensor) {
+  e_->set_recipe(0, nullptr);
+  ys_->stale = "written in place";
+  run(0, 3);
+  EXPECT_EQ(e_->location(0), Location::kResident);
+  EXPECT_EQ(e_->location(2), Location::kResident);
+  EXPECT_EQ(e_->stats().skipped_moves, 2u);
+  run(3, 7, {{5, {0, 2}}});
+  EXPECT_TRUE(test::intact(*x_) && test::intact(*y_));
+  EXPECT_EQ(e_->stats().recomputes, 0u);
+}
+
+TEST_F(RecomputeTest, StaleAfterTheDropLosesTheTensorLoudly) {
+  run(0, 3);
+  xs_->stale = "an input was written in place";
+  run(3, 6, {{5, {0}}});
+  EXPECT_EQ(e_->location(0), Location::kLost);
+  EXPECT_NE(x_->lost.find("recomputing it failed: an input was written in place"),
+            std::string::npos)
+      << x_->lost;
+  EXPECT_TRUE(x_->data.empty()) << "never other bytes";
+  EXPECT_EQ(e_->location(2), Location::kLost) << "y's input is gone: y cannot be made either";
+  const std::vector<Fault> f = e_->take_faults();
+  ASSERT_FALSE(f.empty());
+  EXPECT_TRUE(f[0].lost);
+  EXPECT_EQ(e_->stats().lost_tensors, 2u);
+}
+
+TEST_F(RecomputeTest, ReleasingRecipesKeepsThoseOfDroppedTensors) {
+  run(0, 2);  // x dropped, y resident
+  e_->release_recipes();
+  EXPECT_TRUE(e_->has_recipe(0));
+  EXPECT_FALSE(e_->has_recipe(2));
+  e_->fetch_all();
+  EXPECT_TRUE(test::intact(*x_));
+}
+
+TEST_F(RecomputeTest, AMoveThatCannotFreeAnythingIsRefused) {
+  Plan plan;
+  plan.moves = {{0, MoveOp::recompute, 0, 3, 4}};
+  EXPECT_THROW(e_->set_plan(plan, 7), Error);
 }
 
 // --- faults (Note [Faults in the engine]) ---------------------------------------------------------

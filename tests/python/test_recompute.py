@@ -1,0 +1,197 @@
+"""Recompute (issue 15): a planned step frees an activation after its last forward use and makes it
+again before its next use by rerunning its producer through the dispatcher (Notes [Recompute in the
+engine] and [Recipes from the dispatcher]). A slow link given by hand (0.01 GB/s) makes moving far
+dearer than recomputing, so the planner recomputes every activation it can. Training must stay
+bitwise identical to the run without a Session (fp32 and bf16 autocast; an MLP, a CNN, a tiny HF
+Llama); an operator that draws random numbers is never rerun; a tensor written in place after its
+production, or whose producer's input is, is never recomputed; recompute=False plans moves only."""
+import json
+
+import pytest
+import torch
+
+import teraio
+from conftest import assert_bitwise, train
+
+SLOW = 0.01  # GB/s: moving 64 KiB costs 6.5 ms, a CPU elementwise kernel a few microseconds
+
+
+def session(tmp_path, budget, **kw):
+    return teraio.Session(budget=budget,
+                          tiers=[teraio.HostTier("64MiB", read_gbps=SLOW, write_gbps=SLOW)],
+                          min_tensor_bytes=1024, **kw)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(64, 256)
+        self.norm = torch.nn.LayerNorm(256)
+        self.l2 = torch.nn.Linear(256, 256)
+        self.l3 = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.norm(self.l1(x)))
+        h = torch.tanh(self.l2(h)) * torch.sigmoid(h)
+        return self.l3(h)
+
+
+def mlp_batch(g):
+    return (torch.randn(64, 64, generator=g), torch.randint(0, 10, (64,), generator=g))
+
+
+class CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = torch.nn.functional.silu(self.c1(x))
+        x = torch.nn.functional.max_pool2d(torch.relu(self.c2(x)) + x, 2)
+        return self.fc(x.flatten(1))
+
+
+def cnn_batch(g):
+    return (torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g))
+
+
+def run_both(tmp_path, model, batch, budget, steps=6, autocast=False, **kw):
+    """Trains `steps` steps without and with a Session; returns (ref, got, stats, plan)."""
+    plan_path = tmp_path / "plan.json"
+
+    def make():
+        m = model()
+        if autocast:
+            return Autocast(m)
+        return m
+
+    ref = train(make, batch, steps)
+    with session(tmp_path, budget, plan_path=str(plan_path), **kw) as s:
+        got = train(make, batch, steps, session=s)
+        st = s.stats()
+        s.fetch_all()
+        assert_bitwise(ref, got)
+    plan = json.loads(plan_path.read_text()) if plan_path.exists() else None
+    return st, plan
+
+
+class Autocast(torch.nn.Module):
+    """bf16 autocast over fp32 parameters (and fp32 AdamW states)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, *a):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.m(*a).float()
+
+
+def recompute_moves(plan):
+    return [m for m in plan["moves"] if m["op"] == "recompute"]
+
+
+# Budgets below each model's footprint (autocast's bf16 activations are half as large)
+@pytest.mark.parametrize("model,batch,autocast,budget", [
+    (MLP, mlp_batch, False, "1100KiB"), (MLP, mlp_batch, True, "1000KiB"),
+    (CNN, cnn_batch, False, "160KiB"), (CNN, cnn_batch, True, "100KiB")],
+    ids=["mlp-fp32", "mlp-autocast", "cnn-fp32", "cnn-autocast"])
+def test_recompute_is_bitwise(tmp_path, model, batch, autocast, budget):
+    st, plan = run_both(tmp_path, model, batch, budget, autocast=autocast)
+    assert st["mode"] == "planned", st
+    assert plan["version"] == 2 and recompute_moves(plan), "a slow link: the plan recomputes"
+    assert st["recomputes"] > 0, st
+    assert st["urgent_recomputes"] == 0 and st["lost_tensors"] == 0, st
+    assert st["recompute_us"] > 0, st
+    assert st["skipped_moves"] == 0, st  # every planned drop had its recipe
+    assert st["step_peak_resident_bytes"] <= st["budget_bytes"], st
+
+
+def test_recompute_false_moves_only(tmp_path):
+    st, plan = run_both(tmp_path, MLP, mlp_batch, "1100KiB", recompute=False)
+    assert st["mode"] == "planned" and st["plan_moves"] > 0, st
+    assert st["recomputes"] == 0, st
+    assert not recompute_moves(plan)
+
+
+transformers = pytest.importorskip("transformers")
+
+
+class Llama(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=256,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=64)
+        cfg._attn_implementation = "eager"
+        self.m = transformers.LlamaForCausalLM(cfg)
+
+    def forward(self, ids):
+        return self.m(input_ids=ids).logits
+
+
+def llama_batch(g):
+    ids = torch.randint(0, 128, (4, 33), generator=g)
+    return (ids[:, :-1], ids[:, 1:])
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast"])
+def test_recompute_is_bitwise_llama(tmp_path, autocast):
+    st, plan = run_both(tmp_path, Llama, llama_batch, "900KiB", autocast=autocast)
+    assert st["mode"] == "planned" and st["drift_events"] == 0, st
+    assert recompute_moves(plan) and st["recomputes"] > 0, st
+    assert st["urgent_recomputes"] == 0 and st["lost_tensors"] == 0, st
+    assert st["step_peak_resident_bytes"] <= st["budget_bytes"], st
+
+
+D = 128
+
+
+class Tricky(torch.nn.Module):
+    """Activations a recompute must not remake: dropout's (random numbers), one written in place
+    after its production, and one whose producer's input is written in place later; and one it
+    may (gelu's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(D, D)
+        self.l2 = torch.nn.Linear(D, D)
+        self.l3 = torch.nn.Linear(D, D)
+        self.drop = torch.nn.Dropout(0.25)
+        self.out = torch.nn.Linear(D, 16)
+
+    def forward(self, x):
+        a = self.drop(torch.tanh(self.l1(x)))
+        g = torch.nn.functional.gelu(a)  # safe: its input is kept for l2's backward anyway
+        b = self.l2(a)
+        b.mul_(2.0)                    # b written in place after its production
+        c = self.l3(torch.sigmoid(b))
+        d = torch.tanh(c)              # d's input c ...
+        c.add_(1.0)                    # ... written in place after d was made
+        return self.out(d * c * g)
+
+
+def tricky_batch(g):
+    return torch.randn(256, D, generator=g), torch.randint(0, 16, (256,), generator=g)
+
+
+def test_unsafe_producers_are_never_rerun(tmp_path):
+    trace_path = tmp_path / "trace.json"
+    st, plan = run_both(tmp_path, Tricky, tricky_batch, "1MiB", trace_path=str(trace_path))
+    trace = json.loads(trace_path.read_text())
+    names = [k["name"] for k in trace["kernels"]]
+    by_id = {t["id"]: t for t in trace["tensors"]}
+    recomputed = {m["tensor"] for m in recompute_moves(plan)}
+    assert recomputed, "the plan recomputes the safe activations"
+    for t in recomputed:
+        x = by_id[t]
+        assert x.get("recomputable"), x
+        assert "dropout" not in names[x["producer"]] and "bernoulli" not in names[x["producer"]]
+    # the outputs of the random operator, of the producer whose input changes later and the one
+    # written in place are marked not recomputable, so the plan never frees them to recompute
+    risky = [x for x in trace["tensors"] if "producer" in x and not x.get("recomputable")]
+    assert any("dropout" in names[x["producer"]] or "bernoulli" in names[x["producer"]]
+               for x in risky), [names[x["producer"]] for x in risky]
+    assert st["recomputes"] > 0 and st["lost_tensors"] == 0, st
