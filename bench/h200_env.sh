@@ -17,7 +17,7 @@ fi
 ensure_teraio() {
   local stamp=/tmp/teraio-installed.sha
   local want
-  want=$(cat src/*/*.cpp src/*/*.h src/*/CMakeLists.txt CMakeLists.txt include/teraio/*.h python/teraio/*.py setup.py pybackend/*.py | sha1sum | cut -c1-16)
+  want=$(cat src/*/*.cpp src/*/*.h src/*/CMakeLists.txt CMakeLists.txt cmake/*.cmake VERSION include/teraio/*.h python/teraio/*.py setup.py pybackend/*.py | sha1sum | cut -c1-16)
   if [[ -f $stamp && $(cat $stamp) == "$want" ]] && $PY -c 'import teraio._C' 2>/dev/null; then
     echo "teraio already installed ($want)"
     return 0

@@ -1,104 +1,90 @@
-"""What CMake builds, read from the CMakeLists.txt files, for setup.py (stdlib only).
+"""How setup.py builds the extension teraio._C with CMake (stdlib only; tests/pybuild uses it too).
 
-setup.py compiles the extension teraio._C with torch.utils.cpp_extension rather than through CMake
-(the GPU machine has torch, CUDA and a compiler but not the Debian packages CMake's configure looks
-for). So that the two builds cannot drift, setup.py takes from here what CMake is told: the sources
-of each `teraio_<module>` library (`add_library(teraio_<module> STATIC a.cpp ...)` in
-src/<module>/CMakeLists.txt), the libraries each one links (the `teraio_<module>` names in its
-`target_link_libraries`), the definitions of `teraio_torch`, and the warning flags of
-`teraio_warnings` (the top-level CMakeLists.txt). A ctest (setup_reads_cmake, tests/pybuild)
-checks these against the targets CMake configured.
-
-Only literal file names are understood in those commands (no variables or generator
-expressions); anything else raises CMakeReadError naming the file.
+The extension is a target of the project's CMake build (src/torch/CMakeLists.txt, teraio_python),
+configured with -DTERAIO_PYTHON=ON: the module and the libraries it links, against the torch of
+the Python that runs setup.py, and nothing that needs fmt, CLI11 or GLPK (the GPU machine has none
+of them and no package registry). The build directory is kept between builds (build-py/cmake-cpu or
+build-py/cmake-cuda), so a second `pip install .` compiles only what changed.
 """
 from __future__ import annotations
 
+import glob
 import os
-import re
-
-# The interface libraries that are not modules (flags, an imported liburing).
-_NOT_MODULES = {"teraio_warnings", "teraio_liburing"}
+import shutil
+import sysconfig
 
 
-class CMakeReadError(RuntimeError):
+class CMakeBuildError(RuntimeError):
     pass
 
 
-def _commands(path: str, name: str) -> list[list[str]]:
-    """The argument lists of every `name(...)` call in the CMake file `path` (comments dropped)."""
-    with open(path) as f:
-        text = "\n".join(line.split("#", 1)[0] for line in f)
-    return [m.group(1).split() for m in re.finditer(rf"\b{name}\s*\(([^)]*)\)", text)]
+def _tool(name: str) -> str | None:
+    """`name` on PATH, else the one of its PyPI package (`pip install cmake`/`ninja`), if any."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        mod = __import__(name)
+    except ImportError:
+        return None
+    for attr in ("CMAKE_BIN_DIR", "BIN_DIR"):
+        path = os.path.join(getattr(mod, attr, ""), name)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
-def _module_file(root: str, module: str) -> str:
-    return os.path.join(root, "src", module, "CMakeLists.txt")
+def cmake() -> str:
+    path = _tool("cmake")
+    if path is None:
+        raise CMakeBuildError("cmake not found: install CMake 3.25 or newer (Debian: cmake, "
+                              "scripts/bootstrap.sh) and build again")
+    return path
 
 
-def library_sources(root: str, module: str) -> list[str]:
-    """The sources of teraio_<module>, as paths relative to root."""
-    path = _module_file(root, module)
-    for args in _commands(path, "add_library"):
-        if args[:2] == [f"teraio_{module}", "STATIC"]:
-            files = args[2:]
-            bad = [f for f in files if not re.fullmatch(r"[\w./-]+\.(cpp|cu)", f)]
-            if not files or bad:
-                raise CMakeReadError(f"{path}: add_library(teraio_{module} STATIC ...) must list "
-                                     f"its source files literally (found {bad or 'none'})")
-            return [os.path.join("src", module, f) for f in files]
-    raise CMakeReadError(f"{path}: no add_library(teraio_{module} STATIC ...) found")
+def build_dir(root: str, cuda: bool) -> str:
+    return os.path.join(root, "build-py", "cmake-cuda" if cuda else "cmake-cpu")
 
 
-def library_deps(root: str, module: str) -> list[str]:
-    """The teraio modules teraio_<module> links (public and private), in the order written."""
-    deps: list[str] = []
-    for args in _commands(_module_file(root, module), "target_link_libraries"):
-        if args and args[0] == f"teraio_{module}":
-            for a in args[1:]:
-                if a.startswith("teraio_") and a not in _NOT_MODULES and a[7:] not in deps:
-                    deps.append(a[7:])
-    return deps
+def forget_moved(build: str, root: str) -> None:
+    """Removes `build` when its CMake cache belongs to another source tree (a moved or copied
+    checkout): CMake refuses to configure such a directory."""
+    cache = os.path.join(build, "CMakeCache.txt")
+    if not os.path.exists(cache):
+        return
+    with open(cache) as f:
+        for line in f:
+            if line.startswith("CMAKE_HOME_DIRECTORY:INTERNAL="):
+                if os.path.realpath(line.split("=", 1)[1].strip()) != os.path.realpath(root):
+                    shutil.rmtree(build)
+                return
 
 
-def linked_modules(root: str, top: str) -> list[str]:
-    """`top` and every module it links, directly or not; each after the modules it links."""
-    order: list[str] = []
-
-    def visit(m: str, path: tuple) -> None:
-        if m in path:
-            raise CMakeReadError(f"module dependency cycle: {' -> '.join(path + (m,))}")
-        if m in order:
-            return
-        for d in library_deps(root, m):
-            visit(d, path + (m,))
-        order.append(m)
-
-    visit(top, ())
-    return order
+def configure_command(root: str, build: str, python: str, torch_dir: str, cuda: bool,
+                      cuda_home: str | None = None) -> list[str]:
+    """The `cmake` configure command of the Python configuration (Release, like `--preset torch`)."""
+    cmd = [cmake(), "-S", root, "-B", build, "-DTERAIO_PYTHON=ON", "-DCMAKE_BUILD_TYPE=Release",
+           f"-DPython3_EXECUTABLE={python}", f"-DTERAIO_TORCH_DIR={torch_dir}",
+           f"-DTERAIO_CUDA={'ON' if cuda else 'OFF'}"]
+    if cuda and cuda_home:
+        cmd.append(f"-DCUDAToolkit_ROOT={cuda_home}")
+    # The generator is chosen once per build directory (CMake refuses another one later).
+    if not os.path.exists(os.path.join(build, "CMakeCache.txt")) and _tool("ninja"):
+        cmd += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+    return cmd
 
 
-def compile_definitions(root: str, module: str) -> list[str]:
-    """The literal definitions of target_compile_definitions(teraio_<module> PRIVATE|PUBLIC ...)."""
-    out: list[str] = []
-    for args in _commands(_module_file(root, module), "target_compile_definitions"):
-        if args and args[0] == f"teraio_{module}":
-            out += [a for a in args[1:] if a not in ("PRIVATE", "PUBLIC", "INTERFACE")]
-    return out
+def build_command(build: str, jobs: int | None) -> list[str]:
+    cmd = [cmake(), "--build", build, "--target", "teraio_python"]
+    if jobs:
+        cmd += ["-j", str(jobs)]
+    return cmd
 
 
-def warning_flags(root: str) -> list[str]:
-    """The options of teraio_warnings (the top-level CMakeLists.txt), -Werror not among them."""
-    path = os.path.join(root, "CMakeLists.txt")
-    for args in _commands(path, "target_compile_options"):
-        if args[:2] == ["teraio_warnings", "INTERFACE"]:
-            return args[2:]
-    raise CMakeReadError(f"{path}: no target_compile_options(teraio_warnings INTERFACE ...) found")
-
-
-if __name__ == "__main__":  # ROOT MODULE...: "module|sources|deps" per module (tests/pybuild)
-    import sys
-
-    for m in sys.argv[2:]:
-        print(m, ";".join(library_sources(sys.argv[1], m)), ";".join(library_deps(sys.argv[1], m)),
-              sep="|")
+def module_file(build: str) -> str:
+    """The module CMake built (src/torch/CMakeLists.txt puts it in <build>/python/)."""
+    want = os.path.join(build, "python", "_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not os.path.isfile(want):
+        found = glob.glob(os.path.join(build, "python", "_C*.so"))
+        raise CMakeBuildError(f"CMake built no {want} (found: {found or 'nothing'})")
+    return want

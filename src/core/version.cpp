@@ -1,9 +1,9 @@
 // version(): the VERSION file's text, which the build passes as -DTERAIO_VERSION=MAJOR.MINOR.PATCH
-// (a bare number, so that no quotes have to survive CMake's and torch's ninja command lines).
+// (a bare number, so that no quotes have to survive the generated command lines).
 #include "teraio/version.h"
 
 #ifndef TERAIO_VERSION
-#error "TERAIO_VERSION must be defined by the build (CMake or setup.py read it from VERSION)"
+#error "TERAIO_VERSION must be defined by the build (CMake reads it from VERSION)"
 #endif
 
 #define TERAIO_STRINGIFY_(x) #x
