@@ -192,6 +192,7 @@ PYBIND11_MODULE(_C, m) {
       d["capacity_bytes"] = a.capacity_bytes;
       d["read_gbps"] = a.read_gbps;
       d["write_gbps"] = a.write_gbps;
+      d["duplex_gbps"] = a.duplex_gbps;
       out.append(std::move(d));
     }
     return out;

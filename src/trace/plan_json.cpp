@@ -31,7 +31,7 @@ TierSpec planner_tier(const TierArg& t) {
                "--tier \"{}\": planning needs the tier's bandwidths; append :READ_GBPS:WRITE_GBPS "
                "(GB/s), e.g. {}:6.5:6.5",
                t.text, t.text);
-  return TierSpec{t.name, t.capacity_bytes, t.read_gbps, t.write_gbps};
+  return TierSpec{t.name, t.capacity_bytes, t.read_gbps, t.write_gbps, t.duplex_gbps};
 }
 
 }  // namespace
