@@ -1,7 +1,7 @@
 // Discrete-event replay of a plan (docs/simulator.md has the model). Kernels run back to back on
-// one compute stream; every tier has a write link (offloads) and a read link (prefetches), each
-// serving one transfer at a time in issue order; a transfer a kernel waits for becomes urgent and
-// preempts its link. An offload without a prefetch writes and frees, and nothing comes back (that
+// one compute stream; every tier has a write direction (offloads) and a read direction
+// (prefetches), each serving one transfer at a time in issue order, both slower while both move
+// (Note [Duplex link]); a transfer a kernel waits for becomes urgent and preempts its direction. An offload without a prefetch writes and frees, and nothing comes back (that
 // of a persistent tensor no kernel uses moves nothing: in steady state it is already out). A
 // recompute is compute-stream time (its producer's kernel time) just before the kernel it is due
 // for, after that kernel's transfers. Links advance lazily, so the cost is
