@@ -106,7 +106,8 @@ def case_mixtral(args, autocast):
                teraio_step_s=sorted(got[3][4:])[len(got[3][4:]) // 2],
                losses=[float(x) for x in ref[0]],
                stats={k: st.get(k) for k in ("mode", "modes", "drift_events", "plans_cached", "plan_moves",
-                                              "urgent_fetches", "budget_violations", "kernel_timing",
+                                              "urgent_fetches", "budget_violations", "kernel_timing", "recomputes",
+                                              "urgent_recomputes", "lost_tensors", "skipped_moves",
                                               "profiled_kernel_us", "profiled_event_us",
                                               "predicted_iteration_us", "last_error")})
     return res

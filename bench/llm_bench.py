@@ -174,8 +174,11 @@ def parse_args(argv=None):
                    help="teraio: FileTier capacity in GiB, reserved (fallocate) at start "
                         "(default 200 or 80%% of the free space of --disk-dir, whichever is smaller)")
     g.add_argument("--disk-gbps", type=float, default=1.7, help="teraio: FileTier read/write GB/s given to the planner")
-    g.add_argument("--trace-out", default=None, help="teraio: write each profiled trace here (Session trace_path)")
-    g.add_argument("--plan-out", default=None, help="teraio: write each plan here (Session plan_path)")
+    g.add_argument("--trace-out", default=None,
+                   help="teraio: write each profiled trace here (Session trace_path; default: "
+                        "trace-<name of --out>.json beside --out, so that `teraio simulate` can replay the run)")
+    g.add_argument("--plan-out", default=None,
+                   help="teraio: write each plan here (Session plan_path; default: plan-<name of --out>.json beside --out)")
     g.add_argument("--profiling-iterations", type=int, default=2, help="teraio: profiled steps before planning")
     g.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="teraio: checksum the FileTier's pieces and verify them on read (Session verify)")
@@ -218,6 +221,13 @@ def parse_args(argv=None):
         p.error(f"--seq {a.seq} exceeds max_position_embeddings of {a.model}")
     if a.out is None:
         a.out = os.path.join("out", f"llm_bench_{a.system}_{a.model}_{a.dtype}.json")
+    # The trace and plan of a teraio run (llama-1b: about 0.6 MB and 0.1-0.3 MB of JSON) are what a
+    # prediction is checked against later (docs/benchmarks.md, "The link both ways").
+    out_dir, out_name = os.path.split(a.out)
+    if a.trace_out is None:
+        a.trace_out = os.path.join(out_dir, "trace-" + out_name)
+    if a.plan_out is None:
+        a.plan_out = os.path.join(out_dir, "plan-" + out_name)
     return a
 
 

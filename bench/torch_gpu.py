@@ -111,7 +111,7 @@ def run(make_model, make_batch, steps, session=None, lr=1e-3, peak_from=None):
         if session is not None:  # per-step counters, to see which steps leave the plan
             st = session.stats()
             per_step.append({k: st[k] for k in ("mode", "step_peak_resident_bytes", "urgent_fetches", "evictions",
-                                                "skipped_moves", "aligned_moves", "plan_moves",
+                                                "skipped_moves", "aligned_moves", "plan_moves", "recomputes",
                                                 "stream_ordered_offloads")})
     return losses, model, opt, times, torch.cuda.max_memory_allocated(), per_step
 

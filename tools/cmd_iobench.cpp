@@ -247,10 +247,12 @@ int run_quick(const IobenchArgs& a, bool cuda, uint64_t total, uint64_t stripe) 
         "\"pass_bytes\":{},\"request_bytes\":{},\"queue_depth\":{},"
         "\"write_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"write_passes\":{},"
         "\"read_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"read_passes\":{},"
+        "\"both_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"both_passes\":{},"
         "\"elapsed_s\":{:.4f},\"cut\":{},\"page_cache\":{},\"notes\":[",
         json_quote(p.tier), json_quote(p.engine), json_quote(p.memory), p.pass_bytes, p.request_bytes,
         p.queue_depth, p.write_gbps.median, p.write_gbps.min, p.write_gbps.max, p.write_passes,
-        p.read_gbps.median, p.read_gbps.min, p.read_gbps.max, p.read_passes, p.elapsed_s, p.cut, p.page_cache);
+        p.read_gbps.median, p.read_gbps.min, p.read_gbps.max, p.read_passes, p.both_gbps.median,
+        p.both_gbps.min, p.both_gbps.max, p.both_passes, p.elapsed_s, p.cut, p.page_cache);
     for (size_t i = 0; i < notes.size(); ++i) out += (i ? "," : "") + json_quote(notes[i]);
     fmt::print("{}]}}\n", out);
     return 0;
@@ -259,9 +261,10 @@ int run_quick(const IobenchArgs& a, bool cuda, uint64_t total, uint64_t stripe) 
              p.tier, p.engine, format_bytes(static_cast<double>(p.pass_bytes)),
              format_bytes(static_cast<double>(p.request_bytes)), p.queue_depth, p.memory);
   fmt::print("write {:.2f} GB/s [{:.2f}, {:.2f}] ({} passes), read {:.2f} GB/s [{:.2f}, {:.2f}] ({} passes), "
-             "probe took {:.3f} s\n",
+             "both ways {:.2f} GB/s per direction [{:.2f}, {:.2f}] ({} passes), probe took {:.3f} s\n",
              p.write_gbps.median, p.write_gbps.min, p.write_gbps.max, p.write_passes, p.read_gbps.median,
-             p.read_gbps.min, p.read_gbps.max, p.read_passes, p.elapsed_s);
+             p.read_gbps.min, p.read_gbps.max, p.read_passes, p.both_gbps.median, p.both_gbps.min,
+             p.both_gbps.max, p.both_passes, p.elapsed_s);
   for (auto& n : notes) fmt::print("note: {}\n", n);
   return 0;
 }

@@ -33,25 +33,24 @@ struct SimulateArgs {
 };
 
 
-// Applies NAME:READ_GBPS:WRITE_GBPS overrides to a copy of the plan's tiers.
+// Applies NAME:READ_GBPS:WRITE_GBPS[:BOTH_GBPS] overrides to a copy of the plan's tiers. Without
+// BOTH_GBPS the tier keeps the plan's both-ways bandwidth; 0 makes its directions independent.
 std::vector<TierSpec> apply_bandwidths(std::vector<TierSpec> tiers,
                                        const std::vector<std::string>& specs) {
   for (const std::string& spec : specs) {
-    const size_t a = spec.find(':');
-    const size_t b = a == std::string::npos ? a : spec.find(':', a + 1);
-    TERAIO_CHECK(b != std::string::npos && spec.find(':', b + 1) == std::string::npos,
-                 "--tier-bandwidth \"{}\": expected NAME:READ_GBPS:WRITE_GBPS", spec);
-    const std::string name = spec.substr(0, a);
+    const std::vector<std::string_view> f = split_fields(spec, ':');
+    TERAIO_CHECK(f.size() == 3 || f.size() == 4,
+                 "--tier-bandwidth \"{}\": expected NAME:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]", spec);
     bool found = false;
     for (TierSpec& t : tiers) {
-      if (t.name != name) continue;
-      t.read_gbps = parse_positive_double(std::string_view(spec).substr(a + 1, b - a - 1),
-                                          "--tier-bandwidth read");
-      t.write_gbps =
-          parse_positive_double(std::string_view(spec).substr(b + 1), "--tier-bandwidth write");
+      if (t.name != f[0]) continue;
+      t.read_gbps = parse_positive_double(f[1], "--tier-bandwidth read");
+      t.write_gbps = parse_positive_double(f[2], "--tier-bandwidth write");
+      if (f.size() == 4)
+        t.duplex_gbps = f[3] == "0" ? 0 : parse_positive_double(f[3], "--tier-bandwidth both-ways");
       found = true;
     }
-    TERAIO_CHECK(found, "--tier-bandwidth \"{}\": the plan has no tier named \"{}\"", spec, name);
+    TERAIO_CHECK(found, "--tier-bandwidth \"{}\": the plan has no tier named \"{}\"", spec, f[0]);
   }
   return tiers;
 }
@@ -113,6 +112,11 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
     fmt::print("{:<12} {:<6} {:>9.2f} {:>12} {:>12} {:>9.1f}%\n", "", "read", tiers[i].read_gbps,
                format_bytes(static_cast<double>(t.prefetch_bytes)), format_us(t.read_busy_us),
                pct(t.read_busy_us, r.iteration_us));
+  }
+  for (const TierSpec& t : tiers) {
+    if (t.duplex_gbps > 0)
+      fmt::print("{}: {:.2f} GB/s per direction while reads and writes overlap (both ways)\n",
+                 t.name, t.duplex_gbps);
   }
 }
 
@@ -185,7 +189,8 @@ const Registration kSimulate{{
                    "print one JSON object (a JSON array with --sweep-bandwidth)");
       sub.add_option(
           "--tier-bandwidth", args->tier_bandwidths,
-          "NAME:READ_GBPS:WRITE_GBPS: simulate the plan's tier NAME at these bandwidths; repeat");
+          "NAME:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]: simulate the plan's tier NAME at these "
+          "bandwidths (BOTH_GBPS: per direction while both move; 0: independent); repeat");
       sub.add_option("--iterations", args->iterations,
                      "iterations to simulate; times are their mean")
           ->capture_default_str()

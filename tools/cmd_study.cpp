@@ -197,6 +197,7 @@ int run_sensitivity(const SensArgs& args) {
       for (TierSpec& t : popts.tiers) {
         t.read_gbps *= s;
         t.write_gbps *= s;
+        t.duplex_gbps *= s;
       }
       const double us = simulate(trace, make_plan(trace, popts), at_truth).iteration_us;
       fmt::print("| x{:.2f} | {} | {:+.2f}% | {:.1f}% |\n", s, format_us(us), 100 * (us - true_us) / true_us,

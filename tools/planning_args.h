@@ -16,8 +16,10 @@ namespace teraio::cli {
 // The --tier help of every planning command: the tier specs of teraio/tier_args.h, bandwidths
 // required (the planner cannot measure a tier).
 inline constexpr const char* kPlanningTierHelp =
-    "[NAME=]host:CAPACITY:READ_GBPS:WRITE_GBPS, [NAME=]file:DIR[,DIR...]:CAPACITY:READ_GBPS:WRITE_GBPS "
-    "or NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. ssd:2TiB:6.5:6.5; repeat or separate with commas, "
+    "[NAME=]host:CAPACITY:READ_GBPS:WRITE_GBPS[:BOTH_GBPS], "
+    "[NAME=]file:DIR[,DIR...]:CAPACITY:READ_GBPS:WRITE_GBPS[:BOTH_GBPS] "
+    "or NAME:CAPACITY:READ_GBPS:WRITE_GBPS[:BOTH_GBPS], e.g. ssd:2TiB:6.5:6.5 (BOTH_GBPS: per "
+    "direction while reads and writes move at once); repeat or separate with commas, "
     "most preferred first";
 
 struct PlanningArgs {

@@ -19,7 +19,17 @@ struct TierSpec {
   uint64_t capacity_bytes = 0;
   double read_gbps = 0;
   double write_gbps = 0;
+  // Per direction while reads and writes of this tier move at once (one link carries both: a PCIe
+  // link ran 49.6 GB/s each way against 55.2 one way on the H200); each direction then runs at
+  // min(its own bandwidth, duplex_gbps). 0: the directions are independent (the v1 model; what a
+  // plan file without the field means). docs/simulator.md, "Duplex links".
+  double duplex_gbps = 0;
 };
+
+// The both-ways bandwidth assumed when only one-way figures are known (Session tiers with a given
+// bandwidth, or whose probe could not run both ways): this fraction of the slower direction, the
+// ratio measured on the H200's host link (docs/benchmarks.md, "The link both ways").
+inline constexpr double kDefaultDuplexFraction = 0.9;
 
 // Parses one tier spec of include/teraio/tier_args.h with its bandwidths, e.g. "ssd:2TiB:6.5:6.5"
 // or "host:64GiB:50:50" (named "host"); throws teraio::Error, also when the bandwidths are missing.

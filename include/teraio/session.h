@@ -30,6 +30,10 @@ struct SessionTier {
   // measured (an override).
   double read_gbps = 0;
   double write_gbps = 0;
+  // GB/s per direction while reads and writes move at once (TierSpec::duplex_gbps). 0: measured by
+  // the probe when it runs, else kDefaultDuplexFraction (include/teraio/plan.h) of the slower of
+  // read_gbps and write_gbps; > 0: given.
+  double duplex_gbps = 0;
 };
 
 struct SessionOptions {
@@ -74,6 +78,10 @@ struct SessionTierStats {
   // value is then 20 for a host tier and 1.5 for a file tier).
   std::string read_source = "default";
   std::string write_source = "default";
+  // Per direction while both move (TierSpec::duplex_gbps): "given", "measured" (the probe's
+  // both-ways median) or "default" (kDefaultDuplexFraction of the slower one-way figure).
+  double duplex_gbps = 0;
+  std::string duplex_source = "default";
   // The probe, when one ran: min and max over its passes, its wall time and the scratch memory
   // it moved bytes from and to ("device", "host").
   double read_gbps_min = 0, read_gbps_max = 0;
@@ -209,6 +217,8 @@ constexpr void for_each_tier_stats_field(F&& f) {
   f("write_gbps", &T::write_gbps);
   f("read_source", &T::read_source);
   f("write_source", &T::write_source);
+  f("duplex_gbps", &T::duplex_gbps);
+  f("duplex_source", &T::duplex_source);
   f("read_gbps_min", &T::read_gbps_min);
   f("read_gbps_max", &T::read_gbps_max);
   f("write_gbps_min", &T::write_gbps_min);

@@ -1,5 +1,6 @@
 // Discrete-event replay of a plan over a trace: kernels take their traced time, each tier has a
-// read and a write link, transfers queue, kernels wait for late prefetches (urgent fetches jump the
+// read and a write direction sharing one link (each slower while both move: TierSpec::duplex_gbps),
+// transfers queue, kernels wait for late prefetches (urgent fetches jump the
 // queue) and prefetches wait for memory; a recompute reruns its producer on the compute stream just
 // before the kernel it is due for. docs/simulator.md has the model.
 #pragma once

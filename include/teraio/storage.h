@@ -322,6 +322,8 @@ struct BandwidthProbeOptions {
   int queue_depth = 4;                // requests in flight (limited by the scratch buffer)
   int repetitions = 3;                // timed passes per direction (median, min, max)
   double time_limit_s = 1.5;          // the probe submits nothing after this (see probe_bandwidth)
+  // Also time reads and writes at once (BandwidthProbe::both_gbps): the last quarter of the time.
+  bool both_ways = true;
   // Device scratch: work queued on this stream before the probe (kernels that used the memory
   // before it was handed over) finishes before the tier's copies touch it. nullptr: none.
   CudaStream ready_stream = nullptr;
@@ -334,6 +336,10 @@ struct BandwidthProbe {
   Spread write_gbps;   // buffer -> tier (offload), GB/s = 1e9 bytes/s
   Spread read_gbps;    // tier -> buffer (prefetch)
   int write_passes = 0, read_passes = 0;  // timed passes behind each spread
+  // Per direction while reads and writes run at once (both_ways; 0 and no passes when it did not
+  // run: the option was off, or the scratch holds a single request).
+  Spread both_gbps;
+  int both_passes = 0;
   uint64_t pass_bytes = 0;                // bytes of the tier each write pass covers
   uint64_t request_bytes = 0;
   int queue_depth = 0;
@@ -348,7 +354,9 @@ struct BandwidthProbe {
 // memory on CPU). Only that range of the tier and the scratch buffer are written; their previous
 // contents are lost, nothing else is touched. Order: one untimed warm-up write pass (within the
 // first quarter of time_limit_s; the timed passes cover what it wrote), timed write passes (until
-// half of it), then timed read passes of what was written (until the end). A pass is not started
+// half of it), then timed read passes of what was written (until the end, or until three quarters
+// of it with both_ways), then passes that read the first half of the range while writing the
+// second, requests of the two directions alternating in the scratch's slots (until the end). A pass is not started
 // when the previous one of its direction says it would not finish in time, and stops submitting at
 // its direction's limit; at least one timed pass per direction runs (at least one request). The
 // whole probe takes at most time_limit_s plus the requests in flight at each limit.

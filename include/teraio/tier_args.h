@@ -1,7 +1,7 @@
 // The tier spec syntax that every command (`plan`, `exact`, `study`, `train`) and the Python
 // package (teraio.parse_tiers) share, parsed in one place (docs/formats.md, "Tier specs"):
-//   [NAME=]host:CAPACITY[:READ_GBPS:WRITE_GBPS]
-//   [NAME=]file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS]
+//   [NAME=]host:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]]
+//   [NAME=]file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]]
 //   NAME:CAPACITY:READ_GBPS:WRITE_GBPS       the planner's first form, still accepted
 // A list separates specs with commas; a file tier's directory list ends at its ':'.
 #pragma once
@@ -23,6 +23,7 @@ struct TierArg {
   uint64_t capacity_bytes = 0;     // > 0
   double read_gbps = 0;            // GB/s (1e9 bytes/s), > 0 when given; 0: not given
   double write_gbps = 0;
+  double duplex_gbps = 0;          // BOTH_GBPS: per direction while both move; 0: not given
   std::string text;  // the spec as written, for messages
 
   bool bandwidths_given() const { return read_gbps > 0; }

@@ -75,16 +75,21 @@ class HostTier:
 
     read_gbps / write_gbps: the bandwidth the planner assumes (GB/s). 0 (default): the Session
     measures it with a short probe at the first step; a value > 0 is used as given.
+    duplex_gbps: GB/s per direction while reads and writes move at once (one link carries both).
+    0 (default): measured by the probe when it runs, else 0.9 of the slower of read and write.
     """
 
-    def __init__(self, capacity: Size, read_gbps: float = 0.0, write_gbps: float = 0.0):
+    def __init__(self, capacity: Size, read_gbps: float = 0.0, write_gbps: float = 0.0,
+                 duplex_gbps: float = 0.0):
         self.capacity_bytes = parse_size(capacity, "HostTier capacity")
         self.read_gbps = _bandwidth(read_gbps, "HostTier read_gbps")
         self.write_gbps = _bandwidth(write_gbps, "HostTier write_gbps")
+        self.duplex_gbps = _bandwidth(duplex_gbps, "HostTier duplex_gbps")
 
     def _spec(self) -> dict:
         return {"kind": "host", "capacity_bytes": self.capacity_bytes,
-                "read_gbps": self.read_gbps, "write_gbps": self.write_gbps}
+                "read_gbps": self.read_gbps, "write_gbps": self.write_gbps,
+                "duplex_gbps": self.duplex_gbps}
 
     def __repr__(self) -> str:
         return f"HostTier({self.capacity_bytes})"
@@ -93,11 +98,12 @@ class HostTier:
 class FileTier:
     """Files on one or more directories (one per SSD; tensors are striped across them).
 
-    read_gbps / write_gbps: as for HostTier (0: measured by the Session at the first step).
+    read_gbps / write_gbps / duplex_gbps: as for HostTier (0: measured by the Session at the first
+    step).
     """
 
     def __init__(self, paths: Union[str, Sequence[str]], capacity: Size,
-                 read_gbps: float = 0.0, write_gbps: float = 0.0):
+                 read_gbps: float = 0.0, write_gbps: float = 0.0, duplex_gbps: float = 0.0):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         try:
@@ -116,10 +122,12 @@ class FileTier:
         self.capacity_bytes = parse_size(capacity, "FileTier capacity")
         self.read_gbps = _bandwidth(read_gbps, "FileTier read_gbps")
         self.write_gbps = _bandwidth(write_gbps, "FileTier write_gbps")
+        self.duplex_gbps = _bandwidth(duplex_gbps, "FileTier duplex_gbps")
 
     def _spec(self) -> dict:
         return {"kind": "file", "paths": self.paths, "capacity_bytes": self.capacity_bytes,
-                "read_gbps": self.read_gbps, "write_gbps": self.write_gbps}
+                "read_gbps": self.read_gbps, "write_gbps": self.write_gbps,
+                "duplex_gbps": self.duplex_gbps}
 
     def __repr__(self) -> str:
         return f"FileTier({self.paths!r}, {self.capacity_bytes})"

@@ -11,8 +11,8 @@ from . import _C
 def parse_tiers(text: str) -> List[object]:
     """'host:64GiB,file:/mnt/nvme:500GiB' -> [HostTier(64 GiB), FileTier(['/mnt/nvme'], 500 GiB)].
 
-    Each spec is host:CAPACITY[:READ_GBPS:WRITE_GBPS] or
-    file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS]; specs are separated by commas (a file
+    Each spec is host:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]] or
+    file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]]; specs are separated by commas (a file
     tier's directories keep theirs: its list ends at the ':' before the capacity). Bandwidths left
     out are measured by the Session. Raises teraio.Error with a one-line message.
     """
@@ -24,7 +24,8 @@ def parse_tiers(text: str) -> List[object]:
     tiers: List[object] = []
     for d in _C.parse_tier_list(text, "parse_tiers"):
         if d["kind"] == "host":
-            tiers.append(HostTier(d["capacity_bytes"], d["read_gbps"], d["write_gbps"]))
+            tiers.append(HostTier(d["capacity_bytes"], d["read_gbps"], d["write_gbps"], d["duplex_gbps"]))
         else:
-            tiers.append(FileTier(d["paths"], d["capacity_bytes"], d["read_gbps"], d["write_gbps"]))
+            tiers.append(FileTier(d["paths"], d["capacity_bytes"], d["read_gbps"], d["write_gbps"],
+                                  d["duplex_gbps"]))
     return tiers

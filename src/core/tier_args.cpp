@@ -11,12 +11,12 @@ namespace teraio {
 namespace {
 
 constexpr std::string_view kForms =
-    "host:CAPACITY[:READ_GBPS:WRITE_GBPS], file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS] or "
+    "host:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]], file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]] or "
     "NAME:CAPACITY:READ_GBPS:WRITE_GBPS, e.g. host:64GiB or file:/mnt/nvme0:500GiB";
 constexpr std::string_view kHostForm =
-    "[NAME=]host:CAPACITY[:READ_GBPS:WRITE_GBPS], e.g. host:64GiB";
+    "[NAME=]host:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]], e.g. host:64GiB";
 constexpr std::string_view kFileForm =
-    "[NAME=]file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS], e.g. file:/mnt/nvme0:500GiB";
+    "[NAME=]file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]], e.g. file:/mnt/nvme0:500GiB";
 
 // The first field of a spec: "host" or "file" after an optional NAME= (then *name is NAME and
 // *has_name is set), or the whole field (a NAME of the old form, or a mistake).
@@ -67,10 +67,10 @@ TierArg parse_tier_arg(std::string_view text, std::string_view what) {
   const std::string_view word = kind_word(f[0], &name, &has_name);
   const size_t rest = f.size() - 1;  // fields after the first
   size_t cap = 0;                    // index of the capacity field
-  if (word == "host" && (rest == 1 || rest == 3)) {
+  if (word == "host" && (rest == 1 || rest == 3 || rest == 4)) {
     t.kind = TierArg::Kind::kHost;
     cap = 1;
-  } else if (word == "file" && (rest == 2 || rest == 4)) {
+  } else if (word == "file" && (rest == 2 || rest == 4 || rest == 5)) {
     t.kind = TierArg::Kind::kFile;
     cap = 2;
     for (std::string_view dir : split_fields(f[1], ',')) {
@@ -78,8 +78,8 @@ TierArg parse_tier_arg(std::string_view text, std::string_view what) {
                    f[1]);
       t.paths.emplace_back(dir);
     }
-  } else if (!has_name && rest == 3 && !(word == "file" && !is_size(f[1]))) {
-    // NAME:CAPACITY:READ_GBPS:WRITE_GBPS ("file:1TiB:6:6" too: a tier named file).
+  } else if (!has_name && (rest == 3 || rest == 4) && !(word == "file" && !is_size(f[1]))) {
+    // NAME:CAPACITY:READ_GBPS:WRITE_GBPS[:BOTH_GBPS] ("file:1TiB:6:6" too: a tier named file).
     TERAIO_CHECK(!word.empty(), "{} \"{}\": the tier name is empty; expected {}", what, text,
                  kForms);
     t.kind = TierArg::Kind::kNamed;
@@ -100,10 +100,14 @@ TierArg parse_tier_arg(std::string_view text, std::string_view what) {
   }
   t.capacity_bytes = parse_size(f[cap], fmt::format("{} \"{}\" capacity", what, text));
   TERAIO_CHECK(t.capacity_bytes > 0, "{} \"{}\": the capacity must be positive", what, text);
-  if (f.size() == cap + 3) {
+  if (f.size() >= cap + 3) {
     t.read_gbps = parse_positive_double(f[cap + 1], fmt::format("{} \"{}\" read GB/s", what, text));
     t.write_gbps =
         parse_positive_double(f[cap + 2], fmt::format("{} \"{}\" write GB/s", what, text));
+  }
+  if (f.size() == cap + 4) {
+    t.duplex_gbps =
+        parse_positive_double(f[cap + 3], fmt::format("{} \"{}\" both-ways GB/s", what, text));
   }
   return t;
 }
@@ -125,8 +129,8 @@ std::vector<TierArg> parse_tier_arg_list(std::string_view text, std::string_view
 void check_session_tier(const TierArg& tier, std::string_view what) {
   TERAIO_CHECK(
       tier.kind != TierArg::Kind::kNamed,
-      "{} \"{}\": a Session's tier is host:CAPACITY[:READ_GBPS:WRITE_GBPS] or "
-      "file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS] (NAME:CAPACITY:READ_GBPS:WRITE_GBPS "
+      "{} \"{}\": a Session's tier is host:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]] or "
+      "file:DIR[,DIR...]:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]] (NAME:CAPACITY:READ_GBPS:WRITE_GBPS "
       "is for planning only)",
       what, tier.text);
   const std::string_view kind = tier.kind == TierArg::Kind::kHost ? "host" : "file";

@@ -158,6 +158,9 @@ void Planner::check_options() const {
     TERAIO_CHECK(std::isfinite(t.read_gbps) && t.read_gbps > 0 && std::isfinite(t.write_gbps) && t.write_gbps > 0,
                  "planner: tier '{}' needs positive read and write bandwidth (got {} and {} GB/s)", t.name,
                  t.read_gbps, t.write_gbps);
+    TERAIO_CHECK(std::isfinite(t.duplex_gbps) && t.duplex_gbps >= 0,
+                 "planner: tier '{}' has both-ways bandwidth {} GB/s; it must be >= 0 (0: independent directions)",
+                 t.name, t.duplex_gbps);
   }
   TERAIO_CHECK(opts_.budget_bytes <= static_cast<uint64_t>(INT64_MAX / 4), "planner: budget {} is too large",
                opts_.budget_bytes);
@@ -909,6 +912,15 @@ Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* sta
   return planner_detail::make_plan_tuned(trace, opts, planner_detail::PlannerTuning{}, stats, nullptr);
 }
 
+// Note [Planning for a duplex link]
+// The slot model gives each direction of a tier its own slots at its one-way bandwidth; it does
+// not know that a slot used both ways carries less each way (TierSpec::duplex_gbps; the simulator's
+// Note [Duplex link]). Coupling the two directions' slots would make a slot's capacity depend on
+// what the other direction reserves there later, shrinking slots already filled and undoing
+// earlier decisions of the greedy loop. Instead the variants include plans made at the both-ways
+// bandwidth in both directions (as if every transfer overlapped one going the other way: the
+// pessimistic end), beside the one-way ones, and plan_best keeps whichever the simulator, which
+// models the shared link, finds fastest.
 std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts) {
   using planner_detail::PlannerTuning;
   std::vector<PlanVariant> out;
@@ -954,11 +966,28 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
   for (TierSpec& tier : slow.tiers) {
     tier.read_gbps *= 0.8;
     tier.write_gbps *= 0.8;
+    tier.duplex_gbps *= 0.8;
   }
   for (double slack : {0.1, 0.25}) {
     PlannerTuning t = base;
     t.lazy_slack = slack;
     add(fmt::format("bandwidth x0.8, slack {}", slack), slow, t);
+  }
+  // See Note [Planning for a duplex link].
+  PlannerOptions both = opts;
+  bool shared = false;
+  for (TierSpec& tier : both.tiers) {
+    if (tier.duplex_gbps <= 0) continue;
+    shared |= tier.duplex_gbps < std::max(tier.read_gbps, tier.write_gbps);
+    tier.read_gbps = std::min(tier.read_gbps, tier.duplex_gbps);
+    tier.write_gbps = std::min(tier.write_gbps, tier.duplex_gbps);
+  }
+  if (shared) {
+    for (double slack : {0.0, 0.25, 0.5}) {
+      PlannerTuning t = base;
+      t.lazy_slack = slack;
+      add(fmt::format("both-ways bandwidth, slack {}", slack), both, t);
+    }
   }
   return out;
 }

@@ -1,7 +1,7 @@
 // Discrete-event replay of a plan (docs/simulator.md has the model). Kernels run back to back on
-// one compute stream; every tier has a write link (offloads) and a read link (prefetches), each
-// serving one transfer at a time in issue order; a transfer a kernel waits for becomes urgent and
-// preempts its link. An offload without a prefetch writes and frees, and nothing comes back (that
+// one compute stream; every tier has a write direction (offloads) and a read direction
+// (prefetches), each serving one transfer at a time in issue order, both slower while both move
+// (Note [Duplex link]); a transfer a kernel waits for becomes urgent and preempts its direction. An offload without a prefetch writes and frees, and nothing comes back (that
 // of a persistent tensor no kernel uses moves nothing: in steady state it is already out). A
 // recompute is compute-stream time (its producer's kernel time) just before the kernel it is due
 // for, after that kernel's transfers. Links advance lazily, so the cost is
@@ -26,7 +26,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 struct Transfer {
   uint64_t bytes = 0;
-  double dur_us = 0;
+  double rem_bytes = 0;    // not yet transferred (kept while suspended by an urgent transfer)
+  double service_us = 0;   // time in service so far (suspensions excluded)
   double issue_us = kInf;  // set when the kernel loop issues it
   double begin_us = -1;    // first moment of service
   double end_us = 0;
@@ -42,86 +43,173 @@ struct Segment {
   double end_us;
 };
 
-// One direction of one tier. Transfers are served in issue order (`seq`), except urgent ones, which
-// preempt the transfer in service; that one resumes right after them. See Note [Urgent preemption].
-class Link {
- public:
-  std::vector<uint32_t> seq;  // transfer ids in issue order (known before the run)
-  size_t issued = 0;          // seq[0, issued) have been issued
+// One direction of one tier: transfers served one at a time in issue order (`seq`), urgent ones
+// first (`front`). See Note [Urgent preemption].
+struct Direction {
+  std::vector<uint32_t> seq;    // transfer ids in issue order (known before the run)
+  size_t issued = 0;            // seq[0, issued) have been issued
+  size_t cursor = 0;            // first seq entry that may not have started
+  std::vector<uint32_t> front;  // served before seq, in order: urgent ones, then a suspended one
+  uint32_t current = kNone;     // transfer in service
+  double rem_bytes = 0;         // its bytes left at `Tier::now_`
+  double seg_begin = 0;         // when its current service segment began
+  double alone = 0;             // bytes per us while the other direction is idle
+  double both = 0;              // bytes per us while the other direction is busy too
   std::vector<Segment> segments;
+  double rate(bool other_busy) const { return other_busy ? both : alone; }
+};
 
-  // Serves transfers until time t: completes those ending at or before t, starts those that can
-  // start at or before t.
-  void advance(std::vector<Transfer>& xs, double t) {
+// Note [Duplex link]
+// The two directions of a tier share one physical link: while both move bytes, each runs at
+// min(its one-way rate, TierSpec::duplex_gbps) (a PCIe link to pinned host memory carries both
+// directions at about 90% of each one's one-way speed, docs/benchmarks.md "The link both ways").
+// duplex_gbps == 0 keeps the directions independent. A rate changes whenever the other direction
+// starts or stops, so a transfer's remaining work is kept in bytes and re-timed at every such event
+// rather than given a duration when it starts. The two directions therefore advance together, event
+// by event (a completion or a start on either side); tiers stay independent of each other.
+class TierLinks {
+ public:
+  Direction dir[2];  // [0] write (offloads), [1] read (prefetches)
+
+  TierLinks(const TierSpec& t) {
+    dir[0].alone = t.write_gbps * 1e3;
+    dir[1].alone = t.read_gbps * 1e3;
+    for (Direction& d : dir)
+      d.both = t.duplex_gbps > 0 ? std::min(d.alone, t.duplex_gbps * 1e3) : d.alone;
+  }
+
+  // Serves transfers until time t (>= the last time advanced to): completes those that end at or
+  // before t, starts those that can start at or before t. Every transfer issued at or before t must
+  // have been issued. With `stop` != kNone, returns as soon as transfer `stop` completes instead.
+  void advance(std::vector<Transfer>& xs, double t, uint32_t stop = kNone) {
     for (;;) {
-      if (current_ != kNone) {
-        const double end = seg_begin_ + rem_us_;
-        if (end > t) return;
-        finish(xs, end);
+      start_idle(xs);
+      const bool busy0 = dir[0].current != kNone, busy1 = dir[1].current != kNone;
+      double next = kInf;
+      int finishing = -1;  // direction whose transfer completes at `next`
+      for (int d = 0; d < 2; ++d) {
+        const Direction& D = dir[d];
+        if (D.current != kNone) {
+          const double end = now_ + D.rem_bytes / D.rate(d == 0 ? busy1 : busy0);
+          if (end < next) {
+            next = end;
+            finishing = d;
+          }
+        } else if (const uint32_t id = next_issued(xs, d); id != kNone) {
+          if (xs[id].issue_us < next) {  // a start, later than now_
+            next = xs[id].issue_us;
+            finishing = -1;
+          }
+        }
       }
-      while (cursor_ < issued && xs[seq[cursor_]].done) ++cursor_;
-      if (cursor_ >= issued) return;
-      const uint32_t next = seq[cursor_];
-      const double begin = std::max(clock_, xs[next].issue_us);
-      if (begin > t) return;
-      ++cursor_;
-      start(xs, next, begin, xs[next].dur_us);
+      if (next == kInf) {  // nothing in service or issued: idle until the next issue
+        TERAIO_INTERNAL_ASSERT(stop == kNone, "simulate: an urgent transfer was never served");
+        if (std::isfinite(t)) now_ = t;
+        return;
+      }
+      if (next > t) {
+        progress(t, busy0, busy1);
+        return;
+      }
+      progress(next, busy0, busy1);
+      if (finishing >= 0) {
+        const uint32_t id = dir[finishing].current;
+        finish(xs, finishing, next);
+        if (id == stop) return;
+      }
     }
   }
 
-  // Serves `urgent` (not yet done, in issue order) right now at time t (the link has been advanced
-  // to t): the transfer in service keeps going if it is urgent, else it is preempted. Returns when
-  // the last urgent transfer completes.
-  double serve_urgent(std::vector<Transfer>& xs, std::span<const uint32_t> urgent, double t) {
-    double time = t;
-    uint32_t suspended = kNone;
-    double suspended_rem = 0;
-    if (current_ != kNone) {
-      if (std::find(urgent.begin(), urgent.end(), current_) != urgent.end()) {
-        time = seg_begin_ + rem_us_;
-        finish(xs, time);
-      } else {
-        if (t > seg_begin_) segments.push_back({seg_begin_, t});
-        suspended = current_;
-        suspended_rem = rem_us_ - (t - seg_begin_);
-        current_ = kNone;
-      }
-    }
+  // Serves `urgent` (transfers of direction d not yet done, in issue order) from now_ on, which the
+  // caller has advanced to: the transfer in service keeps going if it is urgent, else it is
+  // suspended and resumes right after them. The other direction keeps serving meanwhile (it is
+  // what slows them down). Returns when the last urgent transfer completes.
+  double serve_urgent(std::vector<Transfer>& xs, int d, std::span<const uint32_t> urgent) {
+    Direction& D = dir[d];
+    std::vector<uint32_t> ahead;
+    uint32_t last = D.current;  // the urgent transfer served last
     for (uint32_t id : urgent) {
-      Transfer& x = xs[id];
-      if (x.done) continue;
-      start(xs, id, time, x.dur_us);
-      time += x.dur_us;
-      finish(xs, time);
+      if (xs[id].done || id == D.current) continue;
+      ahead.push_back(id);
+      last = id;
     }
-    if (suspended != kNone) {
-      start(xs, suspended, time, suspended_rem);
-    } else {
-      clock_ = time;
-    }
-    return time;
+    if (D.current != kNone &&
+        std::find(urgent.begin(), urgent.end(), D.current) == urgent.end())
+      ahead.push_back(suspend(xs, d));
+    D.front.insert(D.front.begin(), ahead.begin(), ahead.end());
+    advance(xs, kInf, last);
+    return now_;
   }
 
  private:
-  void start(std::vector<Transfer>& xs, uint32_t id, double begin, double rem_us) {
-    current_ = id;
-    seg_begin_ = begin;
-    rem_us_ = rem_us;
-    if (xs[id].begin_us < 0) xs[id].begin_us = begin;
+  // The next issued, not yet started transfer of seq for direction d (front is empty), or kNone.
+  uint32_t next_issued(const std::vector<Transfer>& xs, int d) {
+    Direction& D = dir[d];
+    if (!D.front.empty()) return kNone;  // started at once by start_idle
+    while (D.cursor < D.issued && xs[D.seq[D.cursor]].done) ++D.cursor;
+    return D.cursor < D.issued ? D.seq[D.cursor] : kNone;
   }
-  void finish(std::vector<Transfer>& xs, double end) {
-    if (end > seg_begin_) segments.push_back({seg_begin_, end});
-    xs[current_].done = true;
-    xs[current_].end_us = end;
-    clock_ = end;
-    current_ = kNone;
+  void start_idle(std::vector<Transfer>& xs) {
+    for (int d = 0; d < 2; ++d) {
+      Direction& D = dir[d];
+      if (D.current != kNone) continue;
+      while (!D.front.empty()) {
+        const uint32_t id = D.front.front();
+        D.front.erase(D.front.begin());
+        if (!xs[id].done) {
+          start(xs, d, id);
+          break;
+        }
+      }
+      if (D.current != kNone) continue;
+      const uint32_t id = next_issued(xs, d);
+      if (id != kNone && xs[id].issue_us <= now_) {
+        ++D.cursor;
+        start(xs, d, id);
+      }
+    }
+  }
+  void progress(double t, bool busy0, bool busy1) {
+    const double dt = t - now_;
+    if (busy0) dir[0].rem_bytes = std::max(0.0, dir[0].rem_bytes - dt * dir[0].rate(busy1));
+    if (busy1) dir[1].rem_bytes = std::max(0.0, dir[1].rem_bytes - dt * dir[1].rate(busy0));
+    now_ = t;
+  }
+  void start(std::vector<Transfer>& xs, int d, uint32_t id) {
+    Direction& D = dir[d];
+    D.current = id;
+    D.seg_begin = now_;
+    D.rem_bytes = xs[id].rem_bytes;
+    if (xs[id].begin_us < 0) xs[id].begin_us = now_;
+  }
+  void close_segment(std::vector<Transfer>& xs, int d) {
+    Direction& D = dir[d];
+    if (now_ > D.seg_begin) {
+      D.segments.push_back({D.seg_begin, now_});
+      xs[D.current].service_us += now_ - D.seg_begin;
+    }
+  }
+  void finish(std::vector<Transfer>& xs, int d, double end) {
+    Direction& D = dir[d];
+    now_ = end;
+    close_segment(xs, d);
+    Transfer& x = xs[D.current];
+    x.done = true;
+    x.end_us = end;
+    x.rem_bytes = 0;
+    D.current = kNone;
+  }
+  // Takes direction d's transfer out of service, its remaining bytes kept; returns its id.
+  uint32_t suspend(std::vector<Transfer>& xs, int d) {
+    Direction& D = dir[d];
+    close_segment(xs, d);
+    const uint32_t id = D.current;
+    xs[id].rem_bytes = D.rem_bytes;
+    D.current = kNone;
+    return id;
   }
 
-  size_t cursor_ = 0;         // first seq entry that may not have started
-  uint32_t current_ = kNone;  // transfer in service
-  double seg_begin_ = 0;      // when the current service segment began
-  double rem_us_ = 0;         // its remaining service time at seg_begin_
-  double clock_ = 0;          // when the link last became idle
+  double now_ = 0;  // the time both directions have been served up to
 };
 
 // Compressed lists of transfer ids per global kernel index.
@@ -184,6 +272,12 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
                  "simulate: tier \"{}\" has {} bandwidth {} GB/s but moves use it", ts.name,
                  m.op == MoveOp::offload ? "write" : "read", gbps);
   }
+  for (const TierSpec& ts : tiers) {
+    TERAIO_CHECK(std::isfinite(ts.duplex_gbps) && ts.duplex_gbps >= 0,
+                 "simulate: tier \"{}\" has both-ways bandwidth {} GB/s; it must be >= 0 (0: the "
+                 "directions are independent)",
+                 ts.name, ts.duplex_gbps);
+  }
 
   SimResult result;
   result.tiers.resize(tiers.size());
@@ -215,12 +309,11 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   std::vector<std::pair<int64_t, uint32_t>> issue_keyed, need_keyed;
   xs.reserve(check.pairs.size() * 2 * static_cast<size_t>(iters + 1));
   auto add = [&](const MovePair& p, bool offload, int64_t issue_g, int64_t need_g) {
-    const TierSpec& ts = tiers[p.tier];
     Transfer x;
     x.bytes = p.bytes;
+    x.rem_bytes = static_cast<double>(p.bytes);
     x.offload = offload;
     x.link = p.tier * 2 + (offload ? 0 : 1);
-    x.dur_us = static_cast<double>(p.bytes) / ((offload ? ts.write_gbps : ts.read_gbps) * 1e3);
     x.issue_kernel = issue_g;
     const auto id = static_cast<uint32_t>(xs.size());
     xs.push_back(x);
@@ -246,9 +339,10 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   issue_keyed = {};
   need_keyed = {};
 
-  std::vector<Link> links(tiers.size() * 2);
+  std::vector<TierLinks> links(tiers.begin(), tiers.end());
+  auto direction = [&](uint32_t link) -> Direction& { return links[link / 2].dir[link % 2]; };
   for (size_t g = 0; g <= static_cast<size_t>(last_g); ++g) {
-    for (uint32_t id : issue.at(g)) links[xs[id].link].seq.push_back(id);
+    for (uint32_t id : issue.at(g)) direction(xs[id].link).seq.push_back(id);
   }
 
   std::vector<double> start_us(static_cast<size_t>(n) + 1);  // kernel starts of the last iteration
@@ -264,7 +358,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     for (uint32_t id : need.at(static_cast<size_t>(g))) {
       Transfer& x = xs[id];
       if (x.offload != offload) continue;
-      links[x.link].advance(xs, t);
+      links[x.link / 2].advance(xs, t);
       if (!x.done) waiting.emplace_back(x.link, id);
     }
     if (waiting.empty()) return t;
@@ -285,7 +379,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
         xs[waiting[i].second].urgent = true;
       }
       if (g > first_g) urgent += group.size();
-      ready = std::max(ready, links[link].serve_urgent(xs, group, t));
+      ready = std::max(ready, links[link / 2].serve_urgent(xs, static_cast<int>(link % 2), group));
     }
     return ready;
   };
@@ -294,7 +388,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
       Transfer& x = xs[id];
       if (x.offload != offload) continue;
       x.issue_us = t;
-      ++links[x.link].issued;
+      ++direction(x.link).issued;
     }
   };
 
@@ -315,7 +409,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     t += times[static_cast<size_t>(g % n)];
     issue_all(g, true, t);  // offloads begin once kernel g has finished
   }
-  for (Link& l : links) l.advance(xs, kInf);
+  for (TierLinks& l : links) l.advance(xs, kInf);
 
   // See Note [Reported iteration].
   result.stall_us = stall_us / static_cast<double>(iters);
@@ -330,7 +424,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     if (x.issue_kernel < first_g || x.issue_kernel >= last_g) continue;
     TierTraffic& tt = result.tiers[x.link / 2];
     (x.offload ? tt.offload_bytes : tt.prefetch_bytes) += x.bytes;
-    (x.offload ? tt.write_busy_us : tt.read_busy_us) += x.dur_us;
+    (x.offload ? tt.write_busy_us : tt.read_busy_us) += x.service_us;
     if (opts.record_timeline) {
       result.transfers.push_back(
           {x.link / 2, x.offload, x.urgent, x.begin_us - t0, x.end_us - t0, x.bytes});
@@ -355,12 +449,14 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     return gap_prefix[i - 1] + std::min(x, gaps[i - 1].end_us) - gaps[i - 1].begin_us;
   };
   double overlap = 0;
-  for (const Link& l : links) {
-    for (const Segment& s : l.segments) {
-      const double a = s.begin_us;
-      const double b = std::min(s.end_us, t1);
-      if (b <= a) continue;
-      overlap += (b - a) - (stalled_before(b) - stalled_before(a));
+  for (const TierLinks& l : links) {
+    for (const Direction& d : l.dir) {
+      for (const Segment& s : d.segments) {
+        const double a = s.begin_us;
+        const double b = std::min(s.end_us, t1);
+        if (b <= a) continue;
+        overlap += (b - a) - (stalled_before(b) - stalled_before(a));
+      }
     }
   }
   result.overlap_us = std::max(0.0, overlap / static_cast<double>(iters));

@@ -32,6 +32,7 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
     for (TierSpec& t : pt.tiers) {
       t.read_gbps *= scale;
       t.write_gbps *= scale;
+      t.duplex_gbps *= scale;
       pt.total_read_gbps += t.read_gbps;
       pt.total_write_gbps += t.write_gbps;
     }

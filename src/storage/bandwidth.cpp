@@ -88,6 +88,56 @@ PassResult run_pass(Tier& tier, Direction direction, BufferView scratch, const P
   return res;
 }
 
+// Reads [read_offset, +bytes) and writes [write_offset, +bytes) of the tier at once: slot s of the
+// window (even, >= 2) serves reads when s is even, writes when odd, and the slots are visited in
+// turn, so the two directions keep the same number of requests in flight. Returns GB/s per
+// direction: the bytes of both over two, over the wall time.
+double both_ways_pass(Tier& tier, BufferView scratch, uint64_t read_offset, uint64_t write_offset,
+                      uint64_t bytes, uint64_t request, size_t window, CudaStream ready_stream,
+                      std::chrono::steady_clock::time_point deadline, bool* cut) {
+  const uint64_t n = (bytes + request - 1) / request;  // requests per direction
+  std::vector<Completion> inflight(window);
+  std::string first_error;
+  auto finish = [&](size_t slot) {
+    if (!inflight[slot].valid()) return;
+    const IoResult r = inflight[slot].wait();
+    inflight[slot] = Completion();
+    if (!r.ok && first_error.empty()) first_error = r.error;
+  };
+  uint64_t next[2] = {0, 0};  // [0] reads, [1] writes submitted
+  uint64_t moved = 0;
+  const auto t0 = Clock::now();
+  try {
+    for (size_t i = 0; next[0] < n || next[1] < n; ++i) {
+      const size_t slot = i % window;
+      const int d = static_cast<int>(slot % 2);
+      if (next[d] >= n) continue;
+      finish(slot);
+      if (!first_error.empty()) break;
+      if (Clock::now() >= deadline && next[0] > 0 && next[1] > 0) {
+        *cut = true;
+        break;
+      }
+      const uint64_t off = next[d] * request;
+      const uint64_t len = std::min(request, bytes - off);
+      const BufferView v = scratch.subview(slot * request, len);
+      inflight[slot] = tier.submit({d == 0 ? Direction::kRead : Direction::kWrite, v,
+                                    (d == 0 ? read_offset : write_offset) + off,
+                                    Priority::kNormal, ready_stream});
+      ++next[d];
+      moved += len;
+    }
+    for (size_t s = 0; s < window; ++s) finish(s);
+  } catch (...) {
+    for (Completion& c : inflight)
+      if (c.valid()) c.wait();
+    throw;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!first_error.empty()) throw Error(first_error);
+  return seconds > 0 ? static_cast<double>(moved) / 2 / seconds / 1e9 : 0;
+}
+
 BandwidthProbe probe_bandwidth(Tier& tier, BufferView scratch, uint64_t offset_bytes,
                                uint64_t size_bytes, const BandwidthProbeOptions& o) {
   const TierInfo info = tier.info();
@@ -125,7 +175,8 @@ BandwidthProbe probe_bandwidth(Tier& tier, BufferView scratch, uint64_t offset_b
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.time_limit_s));
   const auto warm_until = start + limit / 4;
   const auto writes_until = start + limit / 2;
-  const auto reads_until = start + limit;
+  const auto reads_until = o.both_ways ? start + limit * 3 / 4 : start + limit;
+  const auto both_until = start + limit;
   PassOptions po;
   po.offset_bytes = offset_bytes;
   po.request_bytes = request;
@@ -170,6 +221,38 @@ BandwidthProbe probe_bandwidth(Tier& tier, BufferView scratch, uint64_t offset_b
   p.cut = warm.cut;
   timed(Direction::kWrite, p.pass_bytes, writes_until, warm.seconds, &w);
   timed(Direction::kRead, p.pass_bytes, reads_until, 0, &r);
+  // Both ways: the first half of what the write passes covered is read while the second half is
+  // written, each request of `request` bytes (so at least two of them must fit the scratch).
+  const size_t both_window = static_cast<size_t>(window) / 2 * 2;
+  const uint64_t half = p.pass_bytes / 2 / request * request;
+  std::vector<double> b;
+  if (o.both_ways && both_window >= 2 && half > 0) {
+    double last_s = 0;
+    while (b.size() < static_cast<size_t>(o.repetitions)) {
+      const auto expected =
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(last_s));
+      if (!b.empty() && Clock::now() + expected > both_until) {
+        p.cut = true;
+        break;
+      }
+      bool cut = false;
+      const auto t0 = Clock::now();
+      try {
+        b.push_back(both_ways_pass(tier, scratch, offset_bytes, offset_bytes + half, half, request,
+                                   both_window, o.ready_stream, both_until, &cut));
+      } catch (const Error& e) {
+        throw Error(fmt::format("bandwidth probe of the {} tier ({}) failed both ways: {}",
+                                info.name, info.engine, e.what()));
+      }
+      last_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (cut) {
+        p.cut = true;
+        break;
+      }
+    }
+  }
+  p.both_gbps = spread(b);
+  p.both_passes = static_cast<int>(b.size());
   p.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
   p.write_gbps = spread(w);
   p.read_gbps = spread(r);
@@ -179,8 +262,9 @@ BandwidthProbe probe_bandwidth(Tier& tier, BufferView scratch, uint64_t offset_b
     p.notes.push_back("buffered I/O (no O_DIRECT): these are page-cache numbers, not the disk's");
   if (p.cut)
     p.notes.push_back(fmt::format(
-        "time limit of {:.2f} s reached: {} write and {} read pass(es) of up to {}", o.time_limit_s,
-        p.write_passes, p.read_passes, format_bytes(static_cast<double>(p.pass_bytes))));
+        "time limit of {:.2f} s reached: {} write, {} read and {} both-ways pass(es) of up to {}",
+        o.time_limit_s, p.write_passes, p.read_passes, p.both_passes,
+        format_bytes(static_cast<double>(p.pass_bytes))));
   return p;
 }
 

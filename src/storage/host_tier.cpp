@@ -2,7 +2,8 @@
 // Worker threads take requests in priority order and copy with memcpy (host buffers) or
 // cudaMemcpyAsync on their own streams, ordered after the producer by an event (device buffers).
 // Reads and writes have their own queue and workers: the link carries both directions at once
-// (bench/duplex_gpu.py), and the planner and the simulator count on it (two channels). With one
+// (bench/duplex_gpu.py: at 90% of each one's one-way speed), and the simulator counts on it (two
+// channels sharing one link, docs/simulator.md "Duplex links"). With one
 // shared pool, a pool busy with reads (or with a write waiting for its producer's kernel) left the
 // other direction idle.
 #include <cerrno>

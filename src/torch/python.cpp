@@ -29,6 +29,7 @@ teraio::SessionTier tier_from_dict(const py::dict& d) {
   t.capacity_bytes = py::cast<uint64_t>(d["capacity_bytes"]);
   if (d.contains("read_gbps")) t.read_gbps = py::cast<double>(d["read_gbps"]);
   if (d.contains("write_gbps")) t.write_gbps = py::cast<double>(d["write_gbps"]);
+  if (d.contains("duplex_gbps")) t.duplex_gbps = py::cast<double>(d["duplex_gbps"]);
   return t;
 }
 
@@ -191,6 +192,7 @@ PYBIND11_MODULE(_C, m) {
       d["capacity_bytes"] = a.capacity_bytes;
       d["read_gbps"] = a.read_gbps;
       d["write_gbps"] = a.write_gbps;
+      d["duplex_gbps"] = a.duplex_gbps;
       out.append(std::move(d));
     }
     return out;

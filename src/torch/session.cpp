@@ -500,6 +500,13 @@ struct Session::Impl final : offload::StepBinding {
           spec.write_gbps = ts.write_gbps = p.write_gbps.median;
           ts.write_source = "measured";
         }
+        if (ts.duplex_source != "given") {  // measured both ways, else the default fraction
+          const bool both = p.both_passes > 0 && p.both_gbps.median > 0;
+          spec.duplex_gbps = ts.duplex_gbps =
+              both ? p.both_gbps.median
+                   : kDefaultDuplexFraction * std::min(spec.read_gbps, spec.write_gbps);
+          ts.duplex_source = both ? "measured" : "default";
+        }
         ts.read_gbps_min = p.read_gbps.min;
         ts.read_gbps_max = p.read_gbps.max;
         ts.write_gbps_min = p.write_gbps.min;
@@ -1063,6 +1070,9 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
       spec.write_gbps = t.write_gbps > 0 ? t.write_gbps : 1.5;
     }
     spec.capacity_bytes = t.capacity_bytes;
+    spec.duplex_gbps = t.duplex_gbps > 0
+                           ? t.duplex_gbps
+                           : kDefaultDuplexFraction * std::min(spec.read_gbps, spec.write_gbps);
     if (options.fault_injection) {
       auto faulty = storage::make_fault_tier(std::move(s.tiers.back()), {});
       s.fault_tiers.push_back(faulty.get());
@@ -1078,6 +1088,8 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
     ts.write_gbps = spec.write_gbps;
     if (t.read_gbps > 0) ts.read_source = "given";
     if (t.write_gbps > 0) ts.write_source = "given";
+    ts.duplex_gbps = spec.duplex_gbps;
+    if (t.duplex_gbps > 0) ts.duplex_source = "given";
     ts.notes = info.notes;
     s.tier_stats.push_back(std::move(ts));
   }

@@ -31,7 +31,7 @@ TierSpec planner_tier(const TierArg& t) {
                "--tier \"{}\": planning needs the tier's bandwidths; append :READ_GBPS:WRITE_GBPS "
                "(GB/s), e.g. {}:6.5:6.5",
                t.text, t.text);
-  return TierSpec{t.name, t.capacity_bytes, t.read_gbps, t.write_gbps};
+  return TierSpec{t.name, t.capacity_bytes, t.read_gbps, t.write_gbps, t.duplex_gbps};
 }
 
 }  // namespace
@@ -83,6 +83,8 @@ Plan parse_plan(std::string_view text, std::string_view source) {
     t.write_gbps = r.non_negative(r.field(o, "write_gbps", p), p.field("write_gbps"));
     if (t.read_gbps <= 0) r.fail(p.field("read_gbps"), "must be > 0");
     if (t.write_gbps <= 0) r.fail(p.field("write_gbps"), "must be > 0");
+    if (r.has(o, "duplex_gbps"))  // optional: absent (older plans) means independent directions
+      t.duplex_gbps = r.non_negative(r.field(o, "duplex_gbps", p), p.field("duplex_gbps"));
     plan.tiers.push_back(std::move(t));
   }
 
@@ -178,6 +180,10 @@ std::string plan_to_json(const Plan& plan) {
     append_json_number(out, t.read_gbps, "a tier's read_gbps");
     out += ", \"write_gbps\": ";
     append_json_number(out, t.write_gbps, "a tier's write_gbps");
+    if (t.duplex_gbps > 0) {  // written only when set, so that older readers read the plan
+      out += ", \"duplex_gbps\": ";
+      append_json_number(out, t.duplex_gbps, "a tier's duplex_gbps");
+    }
     out += '}';
   }
   out += plan.tiers.empty() ? "],\n  \"moves\": [" : "\n  ],\n  \"moves\": [";

@@ -190,6 +190,7 @@ std::vector<SessionTier> parse_tiers(const std::vector<std::string>& texts) {
       t.paths = a.paths;
       t.read_gbps = a.read_gbps;
       t.write_gbps = a.write_gbps;
+      t.duplex_gbps = a.duplex_gbps;
       tiers.push_back(std::move(t));
     }
   }
@@ -816,8 +817,8 @@ int main(int argc, char** argv) {
                  "resident bytes of tracked tensors allowed (e.g. 8MiB, 40GiB); turns on "
                  "offloading through a teraio Session");
   app.add_option("--tier", a.tiers,
-                 "where offloaded bytes go, most preferred first: host:SIZE[:READ_GBPS:WRITE_GBPS] "
-                 "or file:DIR[,DIR...]:SIZE[:READ_GBPS:WRITE_GBPS] (bandwidths measured unless "
+                 "where offloaded bytes go, most preferred first: host:SIZE[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]] "
+                 "or file:DIR[,DIR...]:SIZE[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]] (bandwidths measured unless "
                  "given); repeat or separate with commas");
   app.add_option("--profile-steps", a.profile_steps,
                  "steps profiled (reactive) before the plan is made")

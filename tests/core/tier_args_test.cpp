@@ -96,6 +96,26 @@ TEST(TierArgs, OldNamedFormIsAnAlias) {
   EXPECT_EQ(parse_tier_arg(R"(my "ssd"\1:1TiB:1:1)").name, R"(my "ssd"\1)");
 }
 
+TEST(TierArgs, BothWaysBandwidthIsAnOptionalFifthFigure) {
+  // BOTH_GBPS after the pair: per direction while reads and writes move at once.
+  TierArg t = parse_tier_arg("host:64GiB:55.2:55.1:49.6");
+  EXPECT_EQ(t.kind, Kind::kHost);
+  EXPECT_EQ(t.read_gbps, 55.2);
+  EXPECT_EQ(t.write_gbps, 55.1);
+  EXPECT_EQ(t.duplex_gbps, 49.6);
+  EXPECT_EQ(parse_tier_arg("host:64GiB:55.2:55.1").duplex_gbps, 0);  // not given
+  t = parse_tier_arg("file:/a,/b:1TiB:6:5:4");
+  EXPECT_EQ(t.kind, Kind::kFile);
+  EXPECT_EQ(t.paths, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(t.duplex_gbps, 4);
+  t = parse_tier_arg("ssd:2TiB:6.5:6:3");
+  EXPECT_EQ(t.kind, Kind::kNamed);
+  EXPECT_EQ(t.duplex_gbps, 3);
+  EXPECT_NE(error_of("host:64GiB:5:5:0").find("both-ways GB/s"), std::string::npos);
+  EXPECT_NE(error_of("host:64GiB:5:5:x").find("both-ways GB/s"), std::string::npos);
+  EXPECT_NE(error_of("host:64GiB:5:5:4:3").find("a host tier is"), std::string::npos);
+}
+
 TEST(TierArgs, Lists) {
   std::vector<TierArg> l = parse_tier_arg_list("host:64GiB,file:/mnt/nvme:500GiB");
   ASSERT_EQ(l.size(), 2u);
@@ -127,12 +147,12 @@ TEST(TierArgs, MalformedSpecsSayWhatIsExpected) {
   };
   const Case cases[] = {
       {"", "--tier: an empty tier spec; expected host:CAPACITY"},
-      {"ssd", "--tier \"ssd\": expected host:CAPACITY[:READ_GBPS:WRITE_GBPS], file:DIR"},
+      {"ssd", "--tier \"ssd\": expected host:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]], file:DIR"},
       {"ssd:2TiB:6.5", "--tier \"ssd:2TiB:6.5\": expected host:CAPACITY"},
       {":2TiB:1:6", "--tier \":2TiB:1:6\": the tier name is empty"},
-      {"host", "--tier \"host\": a host tier is [NAME=]host:CAPACITY[:READ_GBPS:WRITE_GBPS]"},
+      {"host", "--tier \"host\": a host tier is [NAME=]host:CAPACITY[:READ_GBPS:WRITE_GBPS[:BOTH_GBPS]]"},
       {"host:1GiB:5", "--tier \"host:1GiB:5\": a host tier is [NAME=]host:CAPACITY"},
-      {"host:1GiB:5:5:5", "a host tier is"},
+      {"host:1GiB:5:5:5:5", "a host tier is"},
       {"file:1GiB", "--tier \"file:1GiB\": a file tier is [NAME=]file:DIR[,DIR...]:CAPACITY"},
       {"file:/mnt/a:1GiB:5", "--tier \"file:/mnt/a:1GiB:5\": a file tier is"},
       {"x=file:1TiB:6:6", "a file tier is"},

@@ -34,6 +34,9 @@ def test_host_tier_is_measured_at_the_first_step_and_the_plan_uses_it(tmp_path):
     assert t["probe_memory"] == "host"  # CPU tensors: the CPU allocator's memory
     assert any("arena" in n for n in t["notes"]), t["notes"]  # pinned or not, and why
     assert plan_tiers(plan) == [("host", pytest.approx(t["read_gbps"]), pytest.approx(t["write_gbps"]))]
+    # Reads and writes at once, per direction: measured too, and in the plan.
+    assert t["duplex_source"] == "measured" and math.isfinite(t["duplex_gbps"]) and t["duplex_gbps"] > 0
+    assert json.loads(plan.read_text())["tiers"][0]["duplex_gbps"] == pytest.approx(t["duplex_gbps"])
 
 
 def test_given_bandwidths_are_used_as_given_and_the_rest_is_measured(tmp_path):
@@ -54,3 +57,18 @@ def test_given_bandwidths_are_used_as_given_and_the_rest_is_measured(tmp_path):
     assert 0 < file["probe_s"] < 2.0, file  # capped at 1.5 s plus the requests in flight
     assert plan_tiers(plan) == [("host", 7.0, 5.0),
                                 ("file", 2.0, pytest.approx(file["write_gbps"]))]
+    # Not measured: 0.9 of the slower direction; the file tier's probe measured both ways.
+    assert host["duplex_source"] == "default" and host["duplex_gbps"] == pytest.approx(4.5)
+    assert file["duplex_source"] == "measured" and file["duplex_gbps"] > 0
+
+
+def test_given_both_ways_bandwidth_is_used_as_given(tmp_path):
+    plan = tmp_path / "plan.json"
+    with teraio.Session(budget="200KiB", tiers=[teraio.HostTier("64MiB", 7.0, 5.0, duplex_gbps=3.0)],
+                        min_tensor_bytes=1024, plan_path=str(plan)) as s:
+        train(mlp, mlp_batch, 3, session=s)
+        (t,) = s.stats()["tiers"]
+    assert (t["duplex_gbps"], t["duplex_source"]) == (3.0, "given")
+    assert json.loads(plan.read_text())["tiers"][0]["duplex_gbps"] == 3.0
+    with pytest.raises(teraio.Error, match="duplex_gbps"):
+        teraio.HostTier("64MiB", duplex_gbps=-1)

@@ -29,6 +29,11 @@ def test_host_and_file_tiers(tmp_path):
         (t,) = teraio.parse_tiers(text)
         assert isinstance(t, teraio.HostTier)
         assert (t.capacity_bytes, t.read_gbps, t.write_gbps) == (2**30, 20.0, 25.0)
+    assert host.duplex_gbps == f.duplex_gbps == 0.0  # not given: measured, or 0.9 of one way
+    # A fifth figure: the bandwidth per direction while reads and writes move at once.
+    host, f = teraio.parse_tiers(f"host:64GiB:55.2:55.1:49.6,file:{a}:1GiB:6:5:4")
+    assert (host.read_gbps, host.write_gbps, host.duplex_gbps) == (55.2, 55.1, 49.6)
+    assert (f.read_gbps, f.write_gbps, f.duplex_gbps) == (6.0, 5.0, 4.0)
 
 
 @pytest.mark.parametrize("text,message", [

@@ -74,6 +74,38 @@ TEST_F(SimulateCli, TierBandwidthOverridesThePlan) {
   EXPECT_EQ(run_teraio("simulate " + trace_ + " " + plan_ + " --tier-bandwidth ssd:2").status, 1);
 }
 
+TEST_F(SimulateCli, TierBandwidthGivesTheBothWaysRate) {
+  // The FullOverlap golden case of simulator_test.cpp: 70 us with independent directions, 110 us
+  // when both ways run at 0.5 GB/s each; a plan's duplex_gbps is kept unless overridden.
+  const Trace tr = test::make_trace({10, 10, 10, 10, 10}, {{20000, false}, {20000, true}},
+                                    {{0}, {}, {1}, {}, {0}});
+  Plan plan;
+  plan.tiers = {test::tier("host", 1.0, 1.0)};
+  plan.tiers[0].duplex_gbps = 0.5;
+  plan.moves = {test::offload(0, 0, 1), test::prefetch(0, 3, 4), test::prefetch(1, 1, 2),
+                test::offload(1, 2, 3)};
+  test::fit_budget(tr, plan);
+  const std::string t = (dir_ / "t2.json").string(), p = (dir_ / "p2.json").string();
+  write_trace(tr, t);
+  write_plan(plan, p);
+  auto iteration = [&](const std::string& extra) {
+    const CmdResult r = run_teraio("simulate " + t + " " + p + " --iterations 1 --json" + extra);
+    EXPECT_EQ(r.status, 0) << r.out;
+    return r.status == 0 ? nlohmann::json::parse(r.out)["iteration_us"].get<double>() : -1.0;
+  };
+  EXPECT_DOUBLE_EQ(iteration(""), 110);
+  EXPECT_DOUBLE_EQ(iteration(" --tier-bandwidth host:1:1"), 110);
+  EXPECT_DOUBLE_EQ(iteration(" --tier-bandwidth host:1:1:0"), 70);
+  EXPECT_DOUBLE_EQ(iteration(" --tier-bandwidth host:2:2:1"), 70);
+  const CmdResult table = run_teraio("simulate " + t + " " + p);
+  EXPECT_NE(table.out.find("host: 0.50 GB/s per direction while reads and writes overlap"),
+            std::string::npos)
+      << table.out;
+  const CmdResult bad = run_teraio("simulate " + t + " " + p + " --tier-bandwidth host:1:1:x");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.out.find("both-ways"), std::string::npos) << bad.out;
+}
+
 TEST_F(SimulateCli, TableAndSweep) {
   const CmdResult table = run_teraio("simulate " + trace_ + " " + plan_);
   ASSERT_EQ(table.status, 0) << table.out;

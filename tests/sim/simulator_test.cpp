@@ -203,6 +203,140 @@ TEST(SimGolden, OffloadWithoutPrefetchWritesAndFrees) {
   EXPECT_DOUBLE_EQ(simulate(tr, plan).stall_us, 0);
 }
 
+// Note [Duplex link]: while both directions of a tier move bytes, each runs at duplex_gbps.
+TierSpec duplex_tier(double one_way_gbps, double duplex_gbps) {
+  TierSpec t = tier("host", one_way_gbps, one_way_gbps);
+  t.duplex_gbps = duplex_gbps;
+  return t;
+}
+
+TEST(SimDuplex, OneDirectionAloneRunsAtItsOwnBandwidth) {
+  // The first golden case at a duplex rate of 0.25 GB/s: the offload and the prefetch never
+  // overlap, so nothing changes (20 us each).
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
+  Plan plan;
+  plan.tiers = {duplex_tier(kGbps, 0.25)};
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 70);
+  EXPECT_DOUBLE_EQ(r.tiers[0].write_busy_us, 20);
+  EXPECT_DOUBLE_EQ(r.tiers[0].read_busy_us, 20);
+  EXPECT_DOUBLE_EQ(find_transfer(r, false, 20000)->end_us, 60);
+}
+
+TEST(SimDuplex, FullOverlapRunsBothAtTheDuplexRate) {
+  // A (20 kB) goes out after kernel 0 while B (20 kB, persistent, used at kernel 2 only) comes in
+  // from kernel 1, both issued at 10 us; kernel 2 waits for both. One way 1 GB/s, both ways 0.5:
+  // 20 kB at 500 B/us is 40 us, so both end at 50 (at 30 with independent directions). Then B goes
+  // out after kernel 2 (60) while A comes back from kernel 3 (60): both end at 100, kernel 4 runs
+  // 100-110.
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}, {20000, true}},
+                              {{0}, {}, {1}, {}, {0}});
+  Plan plan;
+  plan.tiers = {duplex_tier(kGbps, 0.5)};
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4), prefetch(1, 1, 2), offload(1, 2, 3)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 110);
+  EXPECT_DOUBLE_EQ(r.stall_us, 60);
+  ASSERT_EQ(r.kernel_start_us.size(), 5u);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[2], 50);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[4], 100);
+  EXPECT_DOUBLE_EQ(r.tiers[0].write_busy_us, 80);  // time in service, not bytes / one-way rate
+  EXPECT_DOUBLE_EQ(r.tiers[0].read_busy_us, 80);
+  ASSERT_EQ(r.transfers.size(), 4u);
+  for (const SimTransfer& x : r.transfers) EXPECT_DOUBLE_EQ(x.end_us - x.begin_us, 40);
+
+  // Independent directions (duplex 0, or a duplex rate at or above the one-way one): 70 us.
+  for (double d : {0.0, 1.0, 3.0}) {
+    SimOptions ind = o;
+    ind.actual_tiers = {duplex_tier(kGbps, d)};
+    EXPECT_DOUBLE_EQ(simulate(tr, plan, ind).iteration_us, 70) << "duplex " << d;
+  }
+}
+
+TEST(SimDuplex, PartialOverlapIsRetimed) {
+  // A (20 kB) goes out from 10 us, alone at 1000 B/us until B (5 kB) starts coming in at 20: A has
+  // 10 kB left and both run at 500 B/us, so B ends at 30; A's last 5 kB run alone again and end at
+  // 35. (A duration fixed when A started would say 30 or 50.)
+  const Trace tr = make_trace({10, 10, 10, 10, 10, 10}, {{20000, false}, {5000, true}},
+                              {{0}, {}, {}, {1}, {}, {0}});
+  Plan plan;
+  plan.tiers = {duplex_tier(kGbps, 0.5)};
+  plan.moves = {offload(0, 0, 3), prefetch(0, 5, 5), prefetch(1, 2, 3), offload(1, 3, 4)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  const SimTransfer* a_out = find_transfer(r, true, 20000);
+  const SimTransfer* b_in = find_transfer(r, false, 5000);
+  ASSERT_NE(a_out, nullptr);
+  ASSERT_NE(b_in, nullptr);
+  EXPECT_DOUBLE_EQ(a_out->begin_us, 10);
+  EXPECT_DOUBLE_EQ(a_out->end_us, 35);
+  EXPECT_DOUBLE_EQ(b_in->begin_us, 20);
+  EXPECT_DOUBLE_EQ(b_in->end_us, 30);
+  // B goes out 40-45 (alone), A comes back 50-70 (alone): kernel 5 starts at 70.
+  EXPECT_DOUBLE_EQ(r.iteration_us, 80);
+  EXPECT_DOUBLE_EQ(r.tiers[0].write_busy_us, 30);
+  EXPECT_DOUBLE_EQ(r.tiers[0].read_busy_us, 30);
+}
+
+TEST(SimDuplex, UrgentTransferIsSlowedByTheOtherDirection) {
+  // The FullOverlap timeline: at 20 us kernel 2 waits for A's offload, which becomes urgent, but
+  // urgency reorders its own direction only: B's prefetch keeps moving and the two share the link,
+  // so A's offload still ends at 50 (not at 30), and B's prefetch, done by then, was not urgent.
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}, {20000, true}},
+                              {{0}, {}, {1}, {}, {0}});
+  Plan plan;
+  plan.tiers = {duplex_tier(kGbps, 0.5)};
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4), prefetch(1, 1, 2), offload(1, 2, 3)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  EXPECT_EQ(r.urgent_fetches, 2u);  // A out at kernel 2, B out at kernel 4
+  const SimTransfer* a_out = find_transfer(r, true, 20000);
+  const SimTransfer* b_in = find_transfer(r, false, 20000);
+  ASSERT_NE(a_out, nullptr);
+  ASSERT_NE(b_in, nullptr);
+  // Both transfers of 20 kB are in the timeline twice (A and B go each way); the first found of
+  // each kind is the one issued first.
+  EXPECT_TRUE(a_out->urgent);
+  EXPECT_DOUBLE_EQ(a_out->end_us, 50);
+  EXPECT_FALSE(b_in->urgent);
+  EXPECT_DOUBLE_EQ(b_in->end_us, 50);
+}
+
+TEST(SimDuplex, AsymmetricTierCapsEachDirection) {
+  // Read 2 GB/s, write 1 GB/s, both ways 1.5: the write keeps 1 GB/s (its own is lower), the read
+  // drops to 1.5. A 20 kB offload and a 30 kB prefetch issued at 10: the prefetch ends at 30 (20 us
+  // at 1500 B/us), the offload at 30 too (20 us at 1000 B/us).
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}, {30000, true}},
+                              {{0}, {}, {1}, {}, {0}});
+  Plan plan;
+  TierSpec t = tier("host", 2.0, 1.0);
+  t.duplex_gbps = 1.5;
+  plan.tiers = {t};
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4), prefetch(1, 1, 2), offload(1, 2, 3)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(find_transfer(r, true, 20000)->end_us, 30);
+  EXPECT_DOUBLE_EQ(find_transfer(r, false, 30000)->end_us, 30);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[2], 30);
+}
+
 TEST(SimGolden, EmptyPlanIsIdeal) {
   const Trace tr =
       make_trace({1.5, 2.25, 0, 7.125}, {{100, true}, {200, false}}, {{0, 1}, {1}, {}, {0}});
@@ -348,6 +482,54 @@ TEST(SimProperty, BandwidthCurveOfOnePlanIsMonotone) {
       prev = it;
     }
   }
+}
+
+// With a both-ways rate, a plan runs no faster than with independent directions at the one-way
+// rates and no slower than with independent directions at the both-ways rate; more bandwidth (all
+// three rates scaled up) is never slower; traffic is unchanged and each link's busy time is at
+// least bytes / one-way rate.
+TEST(SimProperty, DuplexLiesBetweenIndependentBounds) {
+  std::mt19937_64 rng(9090);
+  std::uniform_real_distribution<double> frac(0.3, 1.2);
+  int slowed = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const Trace tr = test::random_trace(rng, trial % 2 == 1);
+    Plan plan = test::random_plan(tr, rng);
+    SimOptions fast, slow, dup;
+    fast.iterations = slow.iterations = dup.iterations = 1 + trial % 3;
+    fast.actual_tiers = slow.actual_tiers = dup.actual_tiers = plan.tiers;
+    for (size_t i = 0; i < plan.tiers.size(); ++i) {
+      TierSpec& t = dup.actual_tiers[i];
+      t.duplex_gbps = frac(rng) * std::min(t.read_gbps, t.write_gbps);
+      slow.actual_tiers[i].read_gbps = std::min(t.read_gbps, t.duplex_gbps);
+      slow.actual_tiers[i].write_gbps = std::min(t.write_gbps, t.duplex_gbps);
+    }
+    const SimResult a = simulate(tr, plan, fast);
+    const SimResult b = simulate(tr, plan, dup);
+    const SimResult c = simulate(tr, plan, slow);
+    EXPECT_LE(a.iteration_us, b.iteration_us * (1 + 1e-12) + 1e-9) << "trial " << trial;
+    EXPECT_LE(b.iteration_us, c.iteration_us * (1 + 1e-12) + 1e-9) << "trial " << trial;
+    EXPECT_GE(b.iteration_us, b.ideal_us);
+    EXPECT_EQ(b.peak_bytes, a.peak_bytes);
+    for (size_t i = 0; i < plan.tiers.size(); ++i) {
+      EXPECT_EQ(b.tiers[i].offload_bytes, a.tiers[i].offload_bytes);
+      EXPECT_EQ(b.tiers[i].prefetch_bytes, a.tiers[i].prefetch_bytes);
+      EXPECT_GE(b.tiers[i].write_busy_us, a.tiers[i].write_busy_us * (1 - 1e-9) - 1e-9);
+      EXPECT_GE(b.tiers[i].read_busy_us, a.tiers[i].read_busy_us * (1 - 1e-9) - 1e-9);
+    }
+    slowed += b.iteration_us > a.iteration_us * (1 + 1e-9);
+    SimOptions up = dup;
+    const double f = 1 + frac(rng);
+    for (TierSpec& t : up.actual_tiers) {
+      t.read_gbps *= f;
+      t.write_gbps *= f;
+      t.duplex_gbps *= f;
+    }
+    EXPECT_LE(simulate(tr, plan, up).iteration_us, b.iteration_us * (1 + 1e-12) + 1e-9)
+        << "trial " << trial;
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(slowed, 300);  // the generator makes the directions overlap often
 }
 
 // 250k kernels and 100k moves (50k pairs) must simulate in well under a second.

@@ -29,6 +29,10 @@ void expect_numbers(const BandwidthProbe& p) {
   }
   EXPECT_GE(p.write_passes, 1);
   EXPECT_GE(p.read_passes, 1);
+  EXPECT_GE(p.both_passes, 1);  // every test's scratch holds at least two requests
+  EXPECT_TRUE(std::isfinite(p.both_gbps.median) && p.both_gbps.median > 0) << p.both_gbps.median;
+  EXPECT_LE(p.both_gbps.min, p.both_gbps.median);
+  EXPECT_LE(p.both_gbps.median, p.both_gbps.max);
   EXPECT_GT(p.elapsed_s, 0);
 }
 
@@ -57,6 +61,7 @@ TEST(BandwidthProbe, HostTierGivesNumbersAndTouchesOnlyItsRange) {
   EXPECT_EQ(p.memory, "host");
   EXPECT_EQ(p.write_passes, o.repetitions);
   EXPECT_EQ(p.read_passes, o.repetitions);
+  EXPECT_EQ(p.both_passes, o.repetitions);
   EXPECT_EQ(p.pass_bytes, kSize);
   EXPECT_EQ(p.request_bytes, 256u << 10);
   EXPECT_EQ(p.queue_depth, 4);  // 1 MiB of scratch holds 4 requests of 256 KiB
@@ -144,6 +149,26 @@ TEST(BandwidthProbe, TimeLimitHolds) {
   EXPECT_LT(wall_s, 0.2 + 2 * 4 * 0.02 + 1.0) << wall_s;
   ASSERT_FALSE(p.notes.empty());
   EXPECT_NE(p.notes.back().find("time limit"), std::string::npos) << p.notes.back();
+}
+
+TEST(BandwidthProbe, BothWaysIsOptionalAndNeedsTwoRequestsInFlight) {
+  auto tier = make_host_tier({.capacity_bytes = kTier});
+  std::vector<unsigned char> scratch(1 << 20);
+  BandwidthProbeOptions o;
+  o.request_bytes = 256 << 10;
+  o.both_ways = false;
+  BandwidthProbe p =
+      probe_bandwidth(*tier, BufferView::host(scratch.data(), scratch.size()), 0, kSize, o);
+  EXPECT_EQ(p.both_passes, 0);
+  EXPECT_EQ(p.both_gbps.median, 0);
+  EXPECT_EQ(p.read_passes, o.repetitions);
+  // One request in flight: reads and writes cannot be in flight together.
+  o.both_ways = true;
+  o.queue_depth = 1;
+  p = probe_bandwidth(*tier, BufferView::host(scratch.data(), scratch.size()), 0, kSize, o);
+  EXPECT_EQ(p.queue_depth, 1);
+  EXPECT_EQ(p.both_passes, 0);
+  EXPECT_GE(p.read_passes, 1);
 }
 
 TEST(BandwidthProbe, BadArgumentsAreClearErrors) {

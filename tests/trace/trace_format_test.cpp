@@ -230,6 +230,29 @@ TEST(PlanFormat, ReadsAndRoundTrips) {
   EXPECT_EQ(plan_to_json(p), plan_to_json(q));
 }
 
+TEST(PlanFormat, BothWaysBandwidthIsOptionalAndRoundTrips) {
+  // Older plans have no duplex_gbps: independent directions (0), and writing them back adds none.
+  const Plan old = parse_plan(kPlan);
+  EXPECT_EQ(old.tiers[0].duplex_gbps, 0);
+  EXPECT_EQ(plan_to_json(old).find("duplex_gbps"), std::string::npos);
+  Plan p = old;
+  p.tiers[0].duplex_gbps = 49.6;
+  const std::string text = plan_to_json(p);
+  EXPECT_NE(text.find("\"version\": 1"), std::string::npos);  // still v1: older readers ignore it
+  const Plan q = parse_plan(text);
+  EXPECT_DOUBLE_EQ(q.tiers[0].duplex_gbps, 49.6);
+  EXPECT_EQ(q.tiers[1].duplex_gbps, 0);
+  EXPECT_EQ(plan_to_json(q), text);
+  EXPECT_DOUBLE_EQ(parse_tier_spec("host:64GiB:55.2:55.1:49.6").duplex_gbps, 49.6);
+  std::string msg;
+  try {
+    parse_plan(with(kPlan, "\"write_gbps\": 6}", "\"write_gbps\": 6, \"duplex_gbps\": -1}"), "p.json");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(msg.rfind("p.json: tiers[1].duplex_gbps: must be >= 0", 0), 0u) << msg;
+}
+
 TEST(PlanFormat, RejectsMalformedInputNamingTheField) {
   const std::string p = kPlan;
   const std::pair<std::string, std::string> cases[] = {
