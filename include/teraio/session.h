@@ -104,7 +104,10 @@ struct SessionStats {
   uint64_t untracked_bytes = 0;    // CUDA: device memory used besides tracked tensors (measured)
   uint64_t plan_budget_bytes = 0;  // budget given to the planner: budget - untracked - margin
   std::string plan_variant;        // the planner variant the search kept ("default", ...)
-  double predicted_iteration_us = 0;  // the simulator's replay of the last plan (0 before one)
+  // The simulator's replay of the last plan: a step of a long run (the mean of simulated
+  // iterations 2 to 7; the plan file's `predicted` is the 2-iteration mean of `teraio simulate`).
+  // 0 before a plan.
+  double predicted_iteration_us = 0;
   // How the last profile's operators were timed: "CUPTI" (the GPU time of each operator's kernels,
   // copies and memsets), "CUDA events (why not CUPTI)", or "host clock" (CPU). Their sum is
   // profiled_kernel_us; profiled_event_us is the same operators timed with CUDA events, which also
