@@ -59,3 +59,28 @@ def assert_bitwise(a, b):
 
 def footprint_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class TinyLlama(torch.nn.Module):
+    """A LlamaForCausalLM from a config (needs transformers): 2 layers, hidden 64, vocab 128,
+    eager attention; forward(ids) returns the logits."""
+
+    def __init__(self, intermediate_size=128):
+        super().__init__()
+        import transformers
+        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=intermediate_size,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=64)
+        cfg._attn_implementation = "eager"
+        self.m = transformers.LlamaForCausalLM(cfg)
+
+    def forward(self, ids):
+        return self.m(input_ids=ids).logits
+
+
+def token_batch(batch, seq):
+    """A make_batch for TinyLlama: `batch` sequences of `seq` tokens and their next tokens."""
+    def make(g):
+        ids = torch.randint(0, 128, (batch, seq + 1), generator=g)
+        return (ids[:, :-1], ids[:, 1:])
+    return make

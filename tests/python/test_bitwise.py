@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import teraio
-from conftest import assert_bitwise, train
+from conftest import TinyLlama, assert_bitwise, token_batch, train
 
 
 def mlp():
@@ -109,22 +109,8 @@ def test_sgd_foreach_false_and_true(tmp_path, foreach, budget):
 transformers = pytest.importorskip("transformers")
 
 
-class LlamaWrap(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                                       num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, max_position_embeddings=64)
-        cfg._attn_implementation = "eager"
-        self.m = transformers.LlamaForCausalLM(cfg)
-
-    def forward(self, ids):
-        return self.m(input_ids=ids).logits
-
-
-def llama_batch(g):
-    ids = torch.randint(0, 128, (2, 17), generator=g)
-    return (ids[:, :-1], ids[:, 1:])
+LlamaWrap = TinyLlama
+llama_batch = token_batch(2, 16)
 
 
 @pytest.mark.parametrize("planning", [False, True])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import teraio
-from conftest import assert_bitwise, train
+from conftest import TinyLlama, assert_bitwise, token_batch, train
 
 SLOW = 0.01  # GB/s: moving 64 KiB costs 6.5 ms, a CPU elementwise kernel a few microseconds
 
@@ -119,22 +119,11 @@ def test_recompute_false_moves_only(tmp_path):
 transformers = pytest.importorskip("transformers")
 
 
-class Llama(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=256,
-                                       num_hidden_layers=2, num_attention_heads=4,
-                                       num_key_value_heads=2, max_position_embeddings=64)
-        cfg._attn_implementation = "eager"
-        self.m = transformers.LlamaForCausalLM(cfg)
-
-    def forward(self, ids):
-        return self.m(input_ids=ids).logits
+def Llama():
+    return TinyLlama(intermediate_size=256)
 
 
-def llama_batch(g):
-    ids = torch.randint(0, 128, (4, 33), generator=g)
-    return (ids[:, :-1], ids[:, 1:])
+llama_batch = token_batch(4, 32)
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast"])

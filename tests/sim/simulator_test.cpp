@@ -210,6 +210,18 @@ TierSpec duplex_tier(double one_way_gbps, double duplex_gbps) {
   return t;
 }
 
+// One iteration of `moves` over `tier` (the budget fitted to the plan), with its timeline.
+SimResult replay_once(const Trace& tr, const TierSpec& tier, std::vector<Move> moves) {
+  Plan plan;
+  plan.tiers = {tier};
+  plan.moves = std::move(moves);
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  return simulate(tr, plan, o);
+}
+
 TEST(SimDuplex, OneDirectionAloneRunsAtItsOwnBandwidth) {
   // The first golden case at a duplex rate of 0.25 GB/s: the offload and the prefetch never
   // overlap, so nothing changes (20 us each).
@@ -252,6 +264,20 @@ TEST(SimDuplex, FullOverlapRunsBothAtTheDuplexRate) {
   EXPECT_DOUBLE_EQ(r.tiers[0].read_busy_us, 80);
   ASSERT_EQ(r.transfers.size(), 4u);
   for (const SimTransfer& x : r.transfers) EXPECT_DOUBLE_EQ(x.end_us - x.begin_us, 40);
+  // Urgency reorders its own direction only: at 20 us kernel 2 waits for A's offload, which becomes
+  // urgent, but B's prefetch keeps moving and the two share the link, so A's offload still ends at
+  // 50 (not at 30), and B's prefetch, done by then, was not urgent.
+  EXPECT_EQ(r.urgent_fetches, 2u);  // A out at kernel 2, B out at kernel 4
+  const SimTransfer* a_out = find_transfer(r, true, 20000);
+  const SimTransfer* b_in = find_transfer(r, false, 20000);
+  ASSERT_NE(a_out, nullptr);
+  ASSERT_NE(b_in, nullptr);
+  // Both transfers of 20 kB are in the timeline twice (A and B go each way); the first found of
+  // each kind is the one issued first.
+  EXPECT_TRUE(a_out->urgent);
+  EXPECT_DOUBLE_EQ(a_out->end_us, 50);
+  EXPECT_FALSE(b_in->urgent);
+  EXPECT_DOUBLE_EQ(b_in->end_us, 50);
 
   // Independent directions (duplex 0, or a duplex rate at or above the one-way one): 70 us.
   for (double d : {0.0, 1.0, 3.0}) {
@@ -267,14 +293,9 @@ TEST(SimDuplex, PartialOverlapIsRetimed) {
   // 35. (A duration fixed when A started would say 30 or 50.)
   const Trace tr = make_trace({10, 10, 10, 10, 10, 10}, {{20000, false}, {5000, true}},
                               {{0}, {}, {}, {1}, {}, {0}});
-  Plan plan;
-  plan.tiers = {duplex_tier(kGbps, 0.5)};
-  plan.moves = {offload(0, 0, 3), prefetch(0, 5, 5), prefetch(1, 2, 3), offload(1, 3, 4)};
-  test::fit_budget(tr, plan);
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
-  const SimResult r = simulate(tr, plan, o);
+  const SimResult r = replay_once(
+      tr, duplex_tier(kGbps, 0.5),
+      {offload(0, 0, 3), prefetch(0, 5, 5), prefetch(1, 2, 3), offload(1, 3, 4)});
   const SimTransfer* a_out = find_transfer(r, true, 20000);
   const SimTransfer* b_in = find_transfer(r, false, 5000);
   ASSERT_NE(a_out, nullptr);
@@ -289,49 +310,16 @@ TEST(SimDuplex, PartialOverlapIsRetimed) {
   EXPECT_DOUBLE_EQ(r.tiers[0].read_busy_us, 30);
 }
 
-TEST(SimDuplex, UrgentTransferIsSlowedByTheOtherDirection) {
-  // The FullOverlap timeline: at 20 us kernel 2 waits for A's offload, which becomes urgent, but
-  // urgency reorders its own direction only: B's prefetch keeps moving and the two share the link,
-  // so A's offload still ends at 50 (not at 30), and B's prefetch, done by then, was not urgent.
-  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}, {20000, true}},
-                              {{0}, {}, {1}, {}, {0}});
-  Plan plan;
-  plan.tiers = {duplex_tier(kGbps, 0.5)};
-  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4), prefetch(1, 1, 2), offload(1, 2, 3)};
-  test::fit_budget(tr, plan);
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
-  const SimResult r = simulate(tr, plan, o);
-  EXPECT_EQ(r.urgent_fetches, 2u);  // A out at kernel 2, B out at kernel 4
-  const SimTransfer* a_out = find_transfer(r, true, 20000);
-  const SimTransfer* b_in = find_transfer(r, false, 20000);
-  ASSERT_NE(a_out, nullptr);
-  ASSERT_NE(b_in, nullptr);
-  // Both transfers of 20 kB are in the timeline twice (A and B go each way); the first found of
-  // each kind is the one issued first.
-  EXPECT_TRUE(a_out->urgent);
-  EXPECT_DOUBLE_EQ(a_out->end_us, 50);
-  EXPECT_FALSE(b_in->urgent);
-  EXPECT_DOUBLE_EQ(b_in->end_us, 50);
-}
-
 TEST(SimDuplex, AsymmetricTierCapsEachDirection) {
   // Read 2 GB/s, write 1 GB/s, both ways 1.5: the write keeps 1 GB/s (its own is lower), the read
   // drops to 1.5. A 20 kB offload and a 30 kB prefetch issued at 10: the prefetch ends at 30 (20 us
   // at 1500 B/us), the offload at 30 too (20 us at 1000 B/us).
   const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}, {30000, true}},
                               {{0}, {}, {1}, {}, {0}});
-  Plan plan;
   TierSpec t = tier("host", 2.0, 1.0);
   t.duplex_gbps = 1.5;
-  plan.tiers = {t};
-  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4), prefetch(1, 1, 2), offload(1, 2, 3)};
-  test::fit_budget(tr, plan);
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
-  const SimResult r = simulate(tr, plan, o);
+  const SimResult r =
+      replay_once(tr, t, {offload(0, 0, 1), prefetch(0, 3, 4), prefetch(1, 1, 2), offload(1, 2, 3)});
   EXPECT_DOUBLE_EQ(find_transfer(r, true, 20000)->end_us, 30);
   EXPECT_DOUBLE_EQ(find_transfer(r, false, 30000)->end_us, 30);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[2], 30);
