@@ -1,7 +1,6 @@
 // The host tier: a pinned (when a GPU is present) arena allocated once with a hard byte cap.
 // Worker threads take requests in priority order and copy with memcpy (host buffers) or
-// cudaMemcpyAsync on their own streams, ordered after the producer by an event (device buffers),
-// several copies in flight per worker (Note [Copies in flight]).
+// cudaMemcpyAsync on their own streams, ordered after the producer by an event (device buffers).
 // Reads and writes have their own queue and workers: the link carries both directions at once
 // (bench/duplex_gpu.py: at 90% of each one's one-way speed), and the simulator counts on it (two
 // channels sharing one link, docs/simulator.md "Duplex links"). With one
@@ -10,7 +9,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <thread>
 #include <unordered_map>
 
@@ -106,117 +104,58 @@ class HostTier final : public Tier {
   }
 
  private:
-  // Note [Copies in flight]: a worker does not wait for one device copy before it enqueues the next:
-  // up to kInFlight copies of a worker are on its stream at once (their events published, so a
-  // compute stream can wait for them on the GPU), and a job is finished when its copy's event has
-  // completed, oldest first. Waiting for each copy before taking the next job kept every request
-  // in the queue until the copies before it had ended, so a CPU that waits for a copy to be
-  // *enqueued* (Completion::stream_wait: a read an operator needs, a write whose memory is released
-  // in stream order) waited for the link instead, and launched no kernels meanwhile. Priority still
-  // reorders the requests not yet enqueued; at most kInFlight per worker are ahead of an urgent one.
-  static constexpr size_t kInFlight = 4;
-
   void work(PriorityQueue<HostJob>& queue) {
     std::unordered_map<int, void*> streams;  // device -> this worker's stream
-    std::deque<HostJob> inflight;            // device copies enqueued, oldest first
-    auto fail = [](HostJob& job, const std::exception& e) {
-      return failure(EIO, fmt::format("host tier: {} of {} bytes at offset {}: {}",
-                                      to_string(job.request.direction),
-                                      job.request.buffer.size_bytes(), job.request.offset_bytes,
-                                      e.what()));
-    };
-    auto finish = [&](HostJob& job, IoResult r) {
-      cuda::event_destroy(job.ready_event);
-      job.ready_event = nullptr;
-      job.state->finish(std::move(r));
-    };
-    auto complete_oldest = [&] {
-      HostJob job = std::move(inflight.front());
-      inflight.pop_front();
+    while (auto job = queue.pop_wait()) {
       IoResult r;
       try {
-        r = complete(job);
+        r = run(*job, streams);
       } catch (const std::exception& e) {
-        r = fail(job, e);
+        r = failure(EIO,
+                    fmt::format("host tier: {} of {} bytes at offset {}: {}",
+                                to_string(job->request.direction), job->request.buffer.size_bytes(),
+                                job->request.offset_bytes, e.what()));
       }
-      finish(job, std::move(r));
-    };
-    for (;;) {
-      std::optional<HostJob> job = inflight.empty() ? queue.pop_wait() : queue.try_pop();
-      if (!job) {
-        if (inflight.empty()) break;  // closed and drained
-        complete_oldest();            // nothing new: finish what the stream has done
-        continue;
-      }
-      bool enqueued = false;
-      IoResult r;
-      try {
-        enqueued = start(*job, streams, &r);
-      } catch (const std::exception& e) {
-        r = fail(*job, e);
-      }
-      if (!enqueued) {
-        finish(*job, std::move(r));
-        continue;
-      }
-      inflight.push_back(std::move(*job));
-      if (inflight.size() > kInFlight) complete_oldest();
+      cuda::event_destroy(job->ready_event);
+      job->state->finish(std::move(r));
     }
     for (auto& [dev, s] : streams) cuda::stream_destroy(s);
   }
 
-  // Starts `job`: a device copy is enqueued on the worker's stream and its event published (true:
-  // complete() finishes it); a host copy, a failed checksum or an empty request is done at once
-  // (false, *result set).
-  bool start(HostJob& job, std::unordered_map<int, void*>& streams, IoResult* result) {
+  IoResult run(HostJob& job, std::unordered_map<int, void*>& streams) {
     const IoRequest& q = job.request;
     uint64_t size = q.buffer.size_bytes();
     std::byte* slot = arena_ + q.offset_bytes;
     bool write = q.direction == Direction::kWrite;
     if (!write && options_.checksums) {
       const uint64_t sum = checksum(arena_ + q.offset_bytes, size);
-      if (auto expected = crcs_.mismatch(q.offset_bytes, size, sum)) {
-        *result = checksum_failure(
+      if (auto expected = crcs_.mismatch(q.offset_bytes, size, sum))
+        return checksum_failure(
             fmt::format("host tier: read of {} bytes at offset {}", size, q.offset_bytes),
             *expected, sum);
-        return false;
-      }
-    }
-    if (size > 0 && q.buffer.is_device()) {
-      int dev = q.buffer.device();
-      cuda::set_device(dev);
-      void*& s = streams[dev];
-      if (s == nullptr) s = cuda::stream_create(dev);
-      if (job.ready_event != nullptr) cuda::stream_wait_event(s, job.ready_event);
-      if (write) {
-        cuda::memcpy_async(slot, q.buffer.data(), size, s);
-      } else {
-        cuda::memcpy_async(q.buffer.data(), slot, size, s);
-      }
-      cuda::event_record(job.state->event, s);
-      job.state->publish_event();  // a read's data is in place / a write's source free then
-      return true;
     }
     if (size > 0) {
-      if (write) {
+      if (q.buffer.is_device()) {
+        int dev = q.buffer.device();
+        cuda::set_device(dev);
+        void*& s = streams[dev];
+        if (s == nullptr) s = cuda::stream_create(dev);
+        if (job.ready_event != nullptr) cuda::stream_wait_event(s, job.ready_event);
+        if (write) {
+          cuda::memcpy_async(slot, q.buffer.data(), size, s);
+        } else {
+          cuda::memcpy_async(q.buffer.data(), slot, size, s);
+        }
+        cuda::event_record(job.state->event, s);
+        job.state->publish_event();  // a read's data is in place / a write's source free then
+        cuda::event_sync(job.state->event);
+      } else if (write) {
         std::memcpy(slot, q.buffer.data(), size);
       } else {
         std::memcpy(q.buffer.data(), slot, size);
       }
     }
-    *result = done(q);
-    return false;
-  }
-
-  // Waits for an enqueued device copy; the job's result.
-  IoResult complete(HostJob& job) {
-    cuda::event_sync(job.state->event);
-    return done(job.request);
-  }
-
-  IoResult done(const IoRequest& q) {
-    const uint64_t size = q.buffer.size_bytes();
-    if (q.direction == Direction::kWrite && options_.checksums) record(q.offset_bytes, size);
+    if (write && options_.checksums) record(q.offset_bytes, size);
     IoResult ok;
     ok.bytes = size;
     return ok;
