@@ -64,8 +64,10 @@ struct Gap {
 };
 
 // A chosen period: offloaded on `tier`, done at distance `done`, prefetch from distance `begin`
-// (`begin` == the gap's len for a one-way gap: no prefetch). A recompute (no tier) is absent over
-// the whole gap (done 0, begin len) and made again before the gap's end.
+// (`begin` == the gap's len for a one-way gap: no prefetch). A recompute (no tier) is absent from
+// the gap's start to its point (done 0, begin = the point's distance: the gap's len, or less for an
+// input a chain makes earlier, which is then resident from that point to the gap's end) and made
+// again before the point.
 struct Pair {
   uint32_t gap;
   uint32_t tier;
@@ -351,6 +353,9 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
       if (!alive_at(i, d)) { ok = false; break; }
       const int64_t si = freed_at(i, d);
       if (si < 0) continue;
+      // i made at d must still be freed for a kernel or more before it: its window would be
+      // (start, d), and a window with no kernel inside is no recompute (and no gap once d reads i).
+      if (d <= spans[si].start + 1) { ok = false; break; }
       // A chain: make i at d instead, if its own inputs are resident there.
       for (TensorId ii : kernel_inputs(trace_, lifetimes, *trace_.tensors[i].producer)) {
         if (!alive_at(ii, d) || freed_at(ii, d) >= 0) { ok = false; break; }
@@ -395,13 +400,16 @@ void Planner::take_recomputes(const std::vector<Span>& spans) {
     auto it = std::lower_bound(gaps_.begin(), gaps_.end(), sp, [](const Gap& g, const Span& x) {
       return g.tensor != x.tensor ? g.tensor < x.tensor : g.start < x.start;
     });
+    // A chain's input is made at its consumer's point, before its own gap ends (Note [Recompute in
+    // the planner]): absent up to that point only.
     TERAIO_INTERNAL_ASSERT(it != gaps_.end() && it->tensor == sp.tensor && it->start == sp.start &&
-                               it->end == sp.point && !it->one_way,
+                               sp.start < sp.point && sp.point <= it->end && !it->one_way,
                            "planner: recompute of tensor {} after kernel {} matches no gap", sp.tensor, sp.start);
     const auto gi = static_cast<uint32_t>(it - gaps_.begin());
-    subtract(*it, 1, it->len - 1);
+    const uint32_t absent = sp.point - sp.start;  // recompute gaps never wrap
+    subtract(*it, 1, absent - 1);
     pair_of_[gi] = static_cast<int32_t>(pairs_.size());
-    Pair pr{gi, 0, 0, it->len};
+    Pair pr{gi, 0, 0, absent};
     pr.recompute = true;
     recompute_pairs_.emplace_back(static_cast<uint32_t>(pairs_.size()), sp);
     for (TensorId t : sp.reads) ++readers_[read_key(t, sp.point)];
@@ -562,7 +570,10 @@ void Planner::force() {
       schedule_range(gi, 1, g.len - 1, after);
     } else {
       const Pair& pr = pairs_[pair_of_[gi]];
-      if (pr.recompute) return;  // absent over its whole gap already
+      // A recompute is absent up to its point and stays as it is: a chain's input, present from
+      // the point to the gap's end, is not moved there (a forced move would free it where its
+      // consumer's recompute reads it).
+      if (pr.recompute) return;
       schedule_range(gi, 1, pr.done, after);
       schedule_range(gi, pr.begin, g.len - 1, after);
     }
@@ -764,7 +775,7 @@ Plan Planner::emit() const {
     if (!pr.live) continue;
     const Gap& g = gaps_[pr.gap];
     if (pr.recompute) {
-      plan.moves.push_back(Move{g.tensor, MoveOp::recompute, 0, g.start, g.end});
+      plan.moves.push_back(Move{g.tensor, MoveOp::recompute, 0, g.start, g.start + pr.begin});
       continue;
     }
     if (g.idle) {

@@ -135,6 +135,47 @@ TEST(RecomputePlanner, SyntheticLlamaAtATightBudgetRunsFasterWithRecompute) {
 
 // Every plan is valid whatever the budget and tiers: recomputes, chains, the reads moves rely on
 // (during development, a chained recompute's stale read made an invalid plan on Llama3-70B).
+// X = f(W) at 0, Z = g(X) at 1, X used at 2 and 4, Z at 3, C (made at 2) at 2 and 4; 1 GB each but W,
+// cheap producers, a 1 GB/s link, a budget of 2 GB + W. X is recomputed over (2, 4). Recomputing Z
+// before kernel 3 would read X there, inside X's window: a chain that makes X at 3, right after it
+// was freed at 2, frees nothing, and with the read at 3 X has no gap left to recompute. The
+// planner must not take that chain (it once stopped on an internal error, seen on a
+// teraio-train profile).
+TEST(RecomputePlanner, AChainThatWouldFreeNothingIsNotTaken) {
+  Trace t;
+  const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
+  auto made = [&](const char* name, KernelIndex producer) {
+    TensorInfo x{kGB, TensorKind::activation, false, name};
+    x.producer = producer;
+    x.recomputable = true;
+    return t.add_tensor(x);
+  };
+  const TensorId x = made("X", 0), z = made("Z", 1);
+  const TensorId c = t.add_tensor({kGB, TensorKind::temporary, false, "C"});
+  t.add_kernel("aten::f", 10, std::vector<TensorId>{w, x});
+  t.add_kernel("aten::g", 10, std::vector<TensorId>{x, z});
+  t.add_kernel("use_x", 100'000, std::vector<TensorId>{x, c});
+  t.add_kernel("use_z", 100'000, std::vector<TensorId>{z});
+  t.add_kernel("use_x_again", 100'000, std::vector<TensorId>{x, c});
+  for (bool search : {false, true}) {
+    std::vector<Plan> plans;
+    if (search) {
+      for (PlanVariant& v : make_plan_variants(t, options())) plans.push_back(std::move(v.plan));
+    } else {
+      plans.push_back(make_plan(t, options()));
+    }
+    for (const Plan& p : plans) {
+      expect_valid(t, p);
+      for (const Move& m : p.moves) {
+        if (m.op == MoveOp::recompute) {
+          EXPECT_LT(m.start + 1, m.deadline) << "frees a kernel or more";
+        }
+      }
+    }
+    EXPECT_EQ(count(plans.front(), MoveOp::recompute, x), 1u);
+  }
+}
+
 TEST(RecomputePlanner, PlansOfSyntheticTracesAreValidAtEveryBudget) {
   for (const char* model : {"tiny", "llama-1b"}) {
     SynthOptions so;
