@@ -30,6 +30,9 @@ struct TierSpec {
 // bandwidth, or whose probe could not run both ways): this fraction of the slower direction, the
 // ratio measured on the H200's host link (docs/benchmarks.md, "The link both ways").
 inline constexpr double kDefaultDuplexFraction = 0.9;
+inline double default_duplex_gbps(double read_gbps, double write_gbps) {
+  return kDefaultDuplexFraction * (read_gbps < write_gbps ? read_gbps : write_gbps);
+}
 
 // Parses one tier spec of include/teraio/tier_args.h with its bandwidths, e.g. "ssd:2TiB:6.5:6.5"
 // or "host:64GiB:50:50" (named "host"); throws teraio::Error, also when the bandwidths are missing.

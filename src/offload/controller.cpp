@@ -348,7 +348,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   Plan plan;
   try {
     if (options_.plan_search) {
-      BestPlan best = plan_best(rec.trace, po);
+      BestPlan best = plan_best(rec.trace, po, kFirstIterations);
       plan = std::move(best.plan);
       plan_variant_ = best.variant;
     } else {
@@ -367,16 +367,19 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   // mean of 2 iterations, the first starting with nothing in flight), which the plan file keeps.
   // What a user compares with the steps they measure is a step of a long run, which carries the
   // transfers the step before left running: the Session reports the mean of simulated iterations
-  // 2 to kSteadyIterations - 1, from the totals through 2 and through kSteadyIterations (a mean,
+  // 2 to kSteadyIterations - 1, from the totals through kFirstIterations (2: plan_best's replay)
+  // and through kSteadyIterations (a mean,
   // not the last iteration alone, which is not monotonic in bandwidth: docs/simulator.md, "Which
   // iteration is reported"). On the H200's llama-1b plans that is 3-5% above the 2-iteration mean.
   try {
     SimOptions so;
-    so.iterations = 2;
-    const double first2 = 2 * simulate(rec.trace, plan, so).iteration_us;
+    so.iterations = kFirstIterations;  // plan_best's replay already is this one
+    const double first = kFirstIterations * (options_.plan_search
+                                                 ? plan.predicted.iteration_us
+                                                 : simulate(rec.trace, plan, so).iteration_us);
     so.iterations = kSteadyIterations;
     const double all = kSteadyIterations * simulate(rec.trace, plan, so).iteration_us;
-    predicted_iteration_us_ = (all - first2) / (kSteadyIterations - 2);
+    predicted_iteration_us_ = (all - first) / (kSteadyIterations - kFirstIterations);
   } catch (const std::exception&) {
     predicted_iteration_us_ = plan.predicted.iteration_us;
   }

@@ -200,7 +200,8 @@ class Controller {
   std::string plan_variant_;           // which of the planner's variants the last plan is
   double profiled_kernel_us_ = 0;  // the last trace's operator times, summed
   double predicted_iteration_us_ = 0;  // the last plan's steady-state step in the simulator
-  static constexpr int kSteadyIterations = 8;  // Note [Steady-state prediction]
+  static constexpr int kFirstIterations = 2;   // Note [Steady-state prediction]
+  static constexpr int kSteadyIterations = 8;
   uint64_t last_operators_ = 0;
 
   std::string last_error_;

@@ -64,6 +64,7 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
       s.start_in.push_back(id);
     }
   }
+  std::unordered_map<LogicalId, KernelIndex> producer;  // of the recomputed tensors
   for (Move m : moves) {
     const TensorId t = m.tensor;
     m.tensor = recording.tensors.at(t).id;
@@ -77,11 +78,9 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
                  "plan recomputes tensor {} from kernel {}, past its move", t, p);
     std::vector<LogicalId>& cap = s.operators[p].capture;
     if (std::find(cap.begin(), cap.end(), m.tensor) == cap.end()) cap.push_back(m.tensor);
+    producer[m.tensor] = p;
   }
   // Recomputes due before one operator run in the order of their producers (docs/formats.md).
-  std::unordered_map<LogicalId, KernelIndex> producer;
-  for (TensorId t = 0; t < trace.num_tensors(); ++t)
-    if (trace.tensors[t].producer) producer[recording.tensors.at(t).id] = *trace.tensors[t].producer;
   for (runtime::Schedule::Operator& op : s.operators)
     std::stable_sort(op.recompute_before.begin(), op.recompute_before.end(),
                      [&](const runtime::Schedule::Remake& a, const runtime::Schedule::Remake& b) {

@@ -504,7 +504,7 @@ struct Session::Impl final : offload::StepBinding {
           const bool both = p.both_passes > 0 && p.both_gbps.median > 0;
           spec.duplex_gbps = ts.duplex_gbps =
               both ? p.both_gbps.median
-                   : kDefaultDuplexFraction * std::min(spec.read_gbps, spec.write_gbps);
+                   : default_duplex_gbps(spec.read_gbps, spec.write_gbps);
           ts.duplex_source = both ? "measured" : "default";
         }
         ts.read_gbps_min = p.read_gbps.min;
@@ -1072,7 +1072,7 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
     spec.capacity_bytes = t.capacity_bytes;
     spec.duplex_gbps = t.duplex_gbps > 0
                            ? t.duplex_gbps
-                           : kDefaultDuplexFraction * std::min(spec.read_gbps, spec.write_gbps);
+                           : default_duplex_gbps(spec.read_gbps, spec.write_gbps);
     if (options.fault_injection) {
       auto faulty = storage::make_fault_tier(std::move(s.tiers.back()), {});
       s.fault_tiers.push_back(faulty.get());

@@ -23,6 +23,16 @@ struct FakeTensor {
   std::string refused;  // Memory::refuse's message, until the bytes are attached again
 };
 
+// Byte i of the pattern of `seed`.
+inline std::byte pattern_byte(uint64_t i, int seed) {
+  return std::byte(static_cast<uint8_t>(i * 31 + seed));
+}
+// Fills the tensor with the pattern of its seed (present from then on).
+inline void fill_pattern(FakeTensor& t) {
+  t.data.resize(t.size);
+  for (uint64_t i = 0; i < t.size; ++i) t.data[i] = pattern_byte(i, t.seed);
+}
+
 class FakeMemory : public runtime::Memory {
  public:
   explicit FakeMemory(std::shared_ptr<FakeTensor> t) : t_(std::move(t)) {}
@@ -48,9 +58,7 @@ class FakeMemory : public runtime::Memory {
   bool alive() const override { return t_->alive; }
   // What a recompute installs: the tensor's pattern, made again.
   void remake() {
-    t_->data.resize(t_->size);
-    for (uint64_t i = 0; i < t_->size; ++i)
-      t_->data[i] = std::byte(static_cast<uint8_t>(i * 31 + t_->seed));
+    fill_pattern(*t_);
     t_->refused.clear();
   }
   void lose(const std::string& why) override { t_->lost = why; }
@@ -63,6 +71,25 @@ class FakeMemory : public runtime::Memory {
   std::shared_ptr<FakeTensor> t_;
   std::vector<std::byte> held_;
 };
+
+// A present tensor of `size` bytes holding the pattern of `seed`.
+inline std::shared_ptr<FakeTensor> make_tensor(uint64_t size, int seed) {
+  auto t = std::make_shared<FakeTensor>();
+  t->size = size;
+  t->seed = seed;
+  fill_pattern(*t);
+  return t;
+}
+
+// The tensor is present and holds the pattern of `seed`.
+inline bool has_pattern(const FakeTensor& t, int seed) {
+  if (t.data.size() != t.size) return false;
+  for (uint64_t i = 0; i < t.size; ++i)
+    if (t.data[i] != pattern_byte(i, seed)) return false;
+  return true;
+}
+// The tensor is present and holds the pattern it was made with.
+inline bool intact(const FakeTensor& t) { return has_pattern(t, t.seed); }
 
 // A recipe (Note [Recompute in the engine]) that makes a FakeMemory's pattern again, reading
 // `inputs`: it fails when one of them is not present and intact (the engine must make them usable
@@ -84,9 +111,7 @@ class FakeRecipe : public runtime::Recipe {
     if (!state_->fail.empty()) return state_->fail;
     for (const auto& in : inputs_) {
       if (in->data.size() != in->size) return "an input is absent";
-      for (uint64_t i = 0; i < in->size; ++i)
-        if (in->data[i] != std::byte(static_cast<uint8_t>(i * 31 + in->seed)))
-          return "an input is damaged";
+      if (!intact(*in)) return "an input is damaged";
     }
     static_cast<FakeMemory&>(memory).remake();
     return {};
@@ -97,25 +122,5 @@ class FakeRecipe : public runtime::Recipe {
   std::vector<std::shared_ptr<FakeTensor>> inputs_;
   std::shared_ptr<RecipeState> state_;
 };
-
-// A present tensor of `size` bytes holding the pattern of `seed`.
-inline std::shared_ptr<FakeTensor> make_tensor(uint64_t size, int seed) {
-  auto t = std::make_shared<FakeTensor>();
-  t->size = size;
-  t->seed = seed;
-  t->data.resize(size);
-  for (uint64_t i = 0; i < size; ++i) t->data[i] = std::byte(static_cast<uint8_t>(i * 31 + seed));
-  return t;
-}
-
-// The tensor is present and holds the pattern of `seed`.
-inline bool has_pattern(const FakeTensor& t, int seed) {
-  if (t.data.size() != t.size) return false;
-  for (uint64_t i = 0; i < t.size; ++i)
-    if (t.data[i] != std::byte(static_cast<uint8_t>(i * 31 + seed))) return false;
-  return true;
-}
-// The tensor is present and holds the pattern it was made with.
-inline bool intact(const FakeTensor& t) { return has_pattern(t, t.seed); }
 
 }  // namespace teraio::test
