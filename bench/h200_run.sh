@@ -28,6 +28,8 @@
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
+# TIMELINE=1: every llm_bench run also profiles one step after the measured ones (bench/timeline.py;
+# its Chrome trace beside the result, its summary in the result's "timeline").
 # Usage (repo root on the GPU machine, build-gpu/, build-train-gpu/, build-gpudeps/ and .whl/ carried):
 #   OUT=... bash bench/h200_run.sh PHASE [name-filter]
 # Results: $OUT/h200_<phase>.tgz (one JSON per run, traces and plans; rewritten after every run, so
@@ -53,7 +55,8 @@ bench() {
   shift 2
   [[ -n $FILTER && $name != *$FILTER* ]] && return 0
   step "bench $name: $*"
-  timeout --signal=INT --kill-after=20 "$limit" $PY bench/llm_bench.py --steps "$STEPS" --out "$R/$name.json" "$@"
+  timeout --signal=INT --kill-after=20 "$limit" $PY bench/llm_bench.py --steps "$STEPS" --out "$R/$name.json" \
+    ${TIMELINE:+--timeline "$R/timeline-$name.json.xz"} "$@"
   echo "rc=$? for $name"
   finish
 }

@@ -212,6 +212,10 @@ def parse_args(argv=None):
     g.add_argument("--aio-single-submit", action="store_true", help="ds-infinity: aio single_submit")
     g.add_argument("--no-space-check", action="store_true",
                    help="ds-infinity: start even if the estimated swap bytes exceed the free space of --disk-dir")
+    p.add_argument("--timeline", default=None, metavar="TRACE",
+                   help="CUDA: after the measured steps, run one more under torch.profiler, write its "
+                        "Chrome trace to TRACE (.xz: compressed) and the summary of bench/timeline.py "
+                        "(compute-stream idle time, starved or waiting; copies per direction) to the result")
     p.add_argument("--out", default=None,
                    help="result JSON (if not given: out/llm_bench_<system>_<model>_<dtype>.json)")
     a = p.parse_args(argv)
@@ -764,7 +768,7 @@ def run(args) -> dict:
                 raise RuntimeError(f"ds-infinity needs about {need / 2**30:.1f} GiB of swap files in {args.disk_dir}, "
                                    f"which has {free / 2**30:.1f} GiB free (--no-space-check to try anyway)")
 
-        batches = make_batches(args, cfg.vocab_size, warmup + args.steps)
+        batches = make_batches(args, cfg.vocab_size, warmup + args.steps + (1 if args.timeline else 0))
         system = SYSTEM_CLASSES[args.system](args, device, run_dir)
         res["precision"] = system.precision()
         t = time.perf_counter()
@@ -838,6 +842,21 @@ def run(args) -> dict:
             io["run_dir_bytes_at_end"] = dir_bytes(run_dir)  # allocated blocks: teraio fallocates its FileTier
         res["io"] = io
         res["system_info"] = system.info()
+        if args.timeline and cuda:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import timeline
+            log(f"one more step under torch.profiler -> {args.timeline}")
+            t0 = time.perf_counter()
+            loss, summary = timeline.profile_step(lambda: system.step(batches[-1]), args.timeline)
+            summary["step_s_under_profiler"] = time.perf_counter() - t0
+            per_step = getattr(system, "per_step_stats", None)
+            if per_step and len(per_step) >= 2:  # what teraio's counters did in that step
+                counters = sys.modules["teraio"].STATS_COUNTERS
+                summary["teraio_step_delta"] = {k: per_step[-1][k] - per_step[-2][k] for k in counters
+                                                if k in per_step[-1]}
+            res["timeline"] = summary
+            log("timeline: " + json.dumps({k: summary.get(k) for k in (
+                "span_us", "compute_busy_us", "idle_starved_us", "idle_waiting_us", "idle_waiting_after")}))
         res["environment"] = environment(device)
         res["ok"] = True
         log(f"{args.system} {args.model} {args.dtype}: mean {mean:.3f} s/step, {res['tokens_per_s']:.0f} tokens/s"

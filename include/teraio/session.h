@@ -117,7 +117,11 @@ struct SessionStats {
   double profiled_event_us = 0;
   uint64_t bytes_offloaded = 0;
   uint64_t bytes_prefetched = 0;
-  double stall_us = 0;
+  double stall_us = 0;             // host time the engine waited for transfers, in three parts:
+  double stall_read_us = 0;        // reads (prefetches not yet arrived or not yet enqueued)
+  double stall_write_us = 0;       // writes at their planned deadline
+  double stall_room_us = 0;        // writes completed or evictions made to stay within the budget
+  double hook_us = 0;  // host time inside teraio's operator callbacks in steps (stalls included)
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
   uint64_t aligned_moves = 0;  // moves made at step start to put tensors where the plan begins
@@ -190,6 +194,10 @@ constexpr void for_each_stats_field(F&& f) {
   f("bytes_offloaded", &S::bytes_offloaded, K::kCounter);
   f("bytes_prefetched", &S::bytes_prefetched, K::kCounter);
   f("stall_us", &S::stall_us, K::kCounter);
+  f("stall_read_us", &S::stall_read_us, K::kCounter);
+  f("stall_write_us", &S::stall_write_us, K::kCounter);
+  f("stall_room_us", &S::stall_room_us, K::kCounter);
+  f("hook_us", &S::hook_us, K::kCounter);
   f("plan_moves", &S::plan_moves, K::kCounter);
   f("skipped_moves", &S::skipped_moves, K::kCounter);
   f("aligned_moves", &S::aligned_moves, K::kCounter);

@@ -60,6 +60,7 @@ struct Engine::Entry {
   // (EngineOptions::stream_ordered_offloads).
   bool write_in_flight = false;
   uint64_t last_use = 0;
+  uint64_t write_seq = 0;  // the order its offload was started in (make_room_locked)
   std::string lost_message;  // kLost: the fault that lost the bytes, reported at every use
   std::unique_ptr<Recipe> recipe;  // Note [Recompute in the engine]
   bool recomputing = false;        // its recipe is running (a chain must not loop back to it)
@@ -165,11 +166,30 @@ Location Engine::location(LogicalId id) const {
   return e ? e->loc : Location::kUnbound;
 }
 
+// Note [Where the CPU waits]: every wait of the engine for a transfer counts in stall_us, and in
+// one of three parts: reads, writes due (their planned deadline, or a read back that must follow
+// the write), and room (make_room_locked: writes completed, or evictions, to stay within the
+// budget). A wait is the CPU's: for a stream-ordered write or a read on CUDA it lasts until the
+// copy is on a copy stream, not until it ends. The CPU then launches nothing, so the GPU runs out
+// of queued work if the wait outlasts the CPU's lead: room waits beyond what the plan needed are
+// what make_room_locked avoids by completing the oldest writes first, and only as many as it must.
+void Engine::add_stall_locked(Wait what, double since_us) {
+  const double dt = now_us() - since_us;
+  stats_.stall_us += dt;
+  if (making_room_)
+    stats_.stall_room_us += dt;
+  else if (what == Wait::kRead)
+    stats_.stall_read_us += dt;
+  else
+    stats_.stall_write_us += dt;
+}
+
 // Waits for the entry's transfer (the wait counts as stall), forgets it, and returns its result.
 storage::IoResult Engine::take_pending_locked(Entry& e) {
   double t0 = e.pending.ready() ? 0 : now_us();
   storage::IoResult r = e.pending.wait();  // a copy: resetting `pending` frees the state
-  if (t0 != 0) stats_.stall_us += now_us() - t0;
+  if (t0 != 0)
+    add_stall_locked(e.loc == Location::kPrefetching ? Wait::kRead : Wait::kWrite, t0);
   e.pending = {};
   return r;
 }
@@ -188,7 +208,7 @@ bool Engine::release_in_stream_order_locked(Entry& e) {
   } catch (const Error&) {
     // failed already (so ready: false below): the bytes are still ours, the caller gives them back
   }
-  stats_.stall_us += now_us() - t0;
+  add_stall_locked(Wait::kWrite, t0);
   return !e.pending.ready();
 }
 
@@ -247,7 +267,7 @@ bool Engine::complete_prefetch_locked(Entry& e) {
     req.priority = storage::Priority::kUrgent;
     e.pending = tiers_[e.tier].tier->submit(req);
   }
-  if (t0 != 0) stats_.stall_us += now_us() - t0;
+  if (t0 != 0) add_stall_locked(Wait::kRead, t0);
   if (!ok) {
     const storage::IoResult r = e.pending.wait();
     e.pending = {};
@@ -473,6 +493,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   e.extent = *ext;
   e.has_extent = true;
   e.loc = Location::kOffloading;
+  e.write_seq = ++write_clock_;
   stats_.offloads++;
   return true;
 }
@@ -680,13 +701,31 @@ bool Engine::make_room_locked(uint64_t bytes, std::span<const LogicalId> spare) 
   if (stats_.resident_bytes <= target) return true;
   sweep_dead_locked(0);  // tensors that died still count until forgotten
   if (stats_.resident_bytes <= target) return true;
-  // Offloads already in flight free their memory first; reads that finished while nobody waited
-  // for them become resident tensors that may leave again.
+  // Offloads already in flight free their memory first: those done, then the oldest (on a link
+  // that writes in order, the first to end), only as many as the target needs (Note [Where the CPU
+  // waits]). Reads that finished while nobody waited for them become resident tensors that may
+  // leave again.
+  struct Guard {
+    bool& flag;
+    explicit Guard(bool& f) : flag(f) { flag = true; }
+    ~Guard() { flag = false; }
+  } guard(making_room_);
+  std::vector<Entry*> writing;
   for (auto& p : entries_) {
-    if (p && p->loc == Location::kOffloading) complete_offload_locked(*p, /*wait=*/true);
-    if (p && p->loc == Location::kPrefetching && p->pins == 0 && p->pending.ready() &&
-        p->memory->alive())
+    if (!p) continue;
+    if (p->loc == Location::kOffloading) {
+      complete_offload_locked(*p, /*wait=*/false);
+      if (p->loc == Location::kOffloading) writing.push_back(p.get());
+    } else if (p->loc == Location::kPrefetching && p->pins == 0 && p->pending.ready() &&
+               p->memory->alive()) {
       complete_prefetch_locked(*p);
+    }
+  }
+  std::sort(writing.begin(), writing.end(),
+            [](const Entry* a, const Entry* b) { return a->write_seq < b->write_seq; });
+  for (Entry* e : writing) {
+    if (stats_.resident_bytes <= target) return true;
+    complete_offload_locked(*e, /*wait=*/true);
   }
   if (stats_.resident_bytes <= target) return true;
   auto spared = [&](LogicalId id) { return std::find(spare.begin(), spare.end(), id) != spare.end(); };

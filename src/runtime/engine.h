@@ -132,6 +132,12 @@ struct EngineStats {
   uint64_t urgent_recomputes = 0;  // of which before a use the plan did not expect
   double recompute_us = 0;         // host time spent running recipes (on CUDA: launching them)
   double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
+  // stall_us by what was waited for (Note [Where the CPU waits]): reads (a prefetch not yet
+  // arrived, or not yet on a copy stream), writes due at their planned deadline (or before the
+  // tensor is read back), and writes completed or started to make room within the budget.
+  double stall_read_us = 0;
+  double stall_write_us = 0;
+  double stall_room_us = 0;
 };
 
 // A failed transfer (Note [Faults in the engine]).
@@ -337,6 +343,8 @@ class Engine {
   // cannot be made. `urgent`: a use the plan did not expect.
   bool recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> spare = {});
   bool drop_locked(Entry& e, std::string* why);
+  enum class Wait { kRead, kWrite };
+  void add_stall_locked(Wait what, double since_us);  // counts now - since_us as stall
   storage::IoResult take_pending_locked(Entry& e);
   bool release_in_stream_order_locked(Entry& e);
   void complete_offload_locked(Entry& e, bool wait);
@@ -358,6 +366,8 @@ class Engine {
   std::vector<std::unique_ptr<Entry>> entries_;  // indexed by LogicalId
   std::shared_ptr<const Schedule> schedule_;  // never null (an empty one when cleared)
   uint64_t clock_ = 0;  // use counter for LRU
+  uint64_t write_clock_ = 0;  // offloads started, numbered (Entry::write_seq)
+  bool making_room_ = false;  // inside make_room_locked: its waits are stall_room_us
   EngineStats stats_;
   BudgetPolicy budget_;  // budget_bytes from the options, untracked_bytes from set_reserve
   std::string shortfall_;

@@ -545,6 +545,7 @@ struct Session::Impl final : offload::StepBinding {
   // operator CUPTI's time, else its events' (negative: none, the host clock's time stands).
   std::vector<double> op_device_us;
   double event_us_sum = 0;  // the last recording's operators timed with events (CUDA)
+  std::atomic<double> hook_us{0};  // host time inside the operator callbacks (stats()["hook_us"])
 
   // Begins timing operators with CUPTI at a recording's first operator on CUDA; when it cannot,
   // `timing` says why and events time them.
@@ -947,6 +948,13 @@ namespace {
 
 std::atomic<Session::Impl*> g_session{nullptr};
 
+// Adds the host time of one callback to Session::Impl::hook_us (stats()["hook_us"]).
+struct HookTime {
+  Session::Impl* s;
+  double t0;
+  ~HookTime() { s->hook_us.fetch_add(now_us() - t0, std::memory_order_relaxed); }
+};
+
 std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
   Session::Impl* s = g_session.load(std::memory_order_acquire);
   if (!s) return nullptr;
@@ -970,6 +978,7 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
     }
     return nullptr;
   }
+  HookTime timed{s, now_us()};
   try {
     if (s->ctl->fast() && s->ctl->in_step() &&
         (tl_step_thread || tl_backward > 0) && s->fast_path(fn)) {
@@ -1003,6 +1012,7 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (tl_depth > 0) tl_depth--;
   Session::Impl* s = g_session.load(std::memory_order_acquire);
   if (!s) return;
+  HookTime timed{s, now_us()};
   try {
     if (ctx == nullptr) {
       if (tl_depth > 0 && tl_top != nullptr) s->on_nested_end(fn, tl_top);
@@ -1245,6 +1255,7 @@ SessionStats Session::stats() const {
   r.kernel_timing = s.kernel_timing();
   r.profiled_event_us = s.event_us_sum;
   r.tracked_tensors = s.storages.size();
+  r.hook_us = s.hook_us.load(std::memory_order_relaxed);
   r.tiers = s.tier_stats;
   return r;
 }

@@ -639,6 +639,34 @@ TEST_F(EngineFaultTest, ReadsMakeRoomWithinTheBudgetBeforeTakingMemory) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(has_pattern(*ts[i], i)) << i;
 }
 
+// Note [Where the CPU waits]: room within the budget waits for the writes in flight in the order
+// they started, and for no more of them than the room needs; the wait counts as stall_room_us.
+TEST_F(EngineFaultTest, RoomWaitsOnlyForTheOldestWritesItNeeds) {
+  auto e = make_faulty(30000);
+  std::vector<std::shared_ptr<FakeTensor>> ts;
+  for (int i = 0; i < 3; ++i) {
+    ts.push_back(make_tensor(10000, i));
+    e->bind(i, std::make_unique<FakeMemory>(ts.back()));
+  }
+  storage::FaultRule slow;
+  slow.kind = storage::FaultKind::kSlow;
+  slow.delay_us = 20000;
+  slow.count = 3;
+  faulty_->inject(slow);
+  for (LogicalId id : {2, 0, 1}) ASSERT_TRUE(e->offload(id, 0));
+  EXPECT_TRUE(e->enforce_budget(10000));  // 30000 resident, room for 10000 more: one write must end
+  EXPECT_EQ(e->location(2), Location::kOffloaded);
+  EXPECT_EQ(e->location(0), Location::kOffloading);
+  EXPECT_EQ(e->location(1), Location::kOffloading);
+  const EngineStats st = e->stats();
+  EXPECT_GT(st.stall_room_us, 0);
+  EXPECT_EQ(st.stall_read_us + st.stall_write_us + st.stall_room_us, st.stall_us);
+  EXPECT_EQ(st.evictions, 0u);
+  e->fetch_all();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(has_pattern(*ts[i], i)) << i;
+  EXPECT_GT(e->stats().stall_read_us + e->stats().stall_write_us, 0);
+}
+
 TEST_F(EngineFaultTest, FullTiersAreNamedWhenTheBudgetCannotBeMet) {
   auto e = make_faulty(10000, 16 * 1024);
   std::vector<std::shared_ptr<FakeTensor>> ts;
