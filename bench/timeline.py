@@ -143,8 +143,9 @@ def analyze(trace, top=12):
             waited += gap - late
             if late > 0:
                 starved_by_op[op] += late
-            if gap - late > 0:
-                waited_by[copy_ended_near(g["s"]) or "other"] += gap - late
+            if gap - late > 0:  # after a late launch, unless a copy ended just before: its latency
+                near = copy_ended_near(g["s"])
+                waited_by[near or ("launch" if late > 0 else "other")] += gap - late
                 waited_by_op[op] += gap - late
             bucket = ("<10us" if gap < 10 else "<100us" if gap < 100 else "<1ms" if gap < 1000
                       else ">=1ms")
@@ -202,7 +203,8 @@ def analyze(trace, top=12):
         "notes": ("starved: the next kernel on the compute stream was launched after the previous "
                   "one ended (the CPU was behind); waiting: it was launched in time and the GPU "
                   "waited for a dependency (idle_waiting_after: a read or write copy ended within "
-                  f"{NEAR_COPY_US:g} us before it started)"),
+                  f"{NEAR_COPY_US:g} us before it started; launch: the time from a late launch to "
+                  "the kernel's start)"),
     }
 
 
