@@ -80,6 +80,7 @@ Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
 
 Engine::~Engine() {
   std::lock_guard lock(mutex_);
+  for (Deferred& d : deferred_) d.read.wait();
   for (auto& e : entries_) {
     if (e && e->pending.valid()) e->pending.wait();
   }
@@ -472,7 +473,16 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
   if (e.permanent) return false;  // every offload path ends here: a pinned tensor never leaves
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
-  if (e.has_extent) release_read_extent_locked(e);  // space of the previous read
+  if (e.has_extent) {  // the space of the previous read: free once that read has ended
+    if (e.pending.ready()) {
+      release_read_extent_locked(e);
+    } else {  // Note [Where the CPU waits]: not waited for here (the CPU may be far ahead of it)
+      deferred_.push_back({e.pending, e.tier, e.extent});
+      e.pending = {};
+      e.has_extent = false;
+    }
+  }
+  release_deferred_locked(tier, /*wait=*/false);
   std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
   if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
   if (!ext) return false;
@@ -522,10 +532,29 @@ void Engine::release_read_extent_locked(Entry& e) {
   e.has_extent = false;
 }
 
+// Frees the read extents left behind by tensors offloaded again before their read was known to
+// have ended: those whose read has ended, or (wait) all of them, waiting. True when any was freed.
+bool Engine::release_deferred_locked(uint32_t tier, bool wait) {
+  bool freed = false;
+  for (size_t i = 0; i < deferred_.size();) {
+    Deferred& d = deferred_[i];
+    if (d.tier == tier && (wait || d.read.ready())) {
+      d.read.wait();
+      extents_[d.tier]->free(d.extent);
+      deferred_[i] = std::move(deferred_.back());
+      deferred_.pop_back();
+      freed = true;
+    } else {
+      ++i;
+    }
+  }
+  return freed;
+}
+
 // Tier space is released lazily: a prefetched tensor keeps its extent until the read is known to
 // be complete, a dead tensor until it is swept. When `tier` is full, release all of that now.
 bool Engine::reclaim_extents_locked(uint32_t tier) {
-  bool freed = false;
+  bool freed = release_deferred_locked(tier, /*wait=*/true);
   for (auto& p : entries_) {
     if (!p || p->loc == Location::kUnbound || !p->has_extent || p->tier != tier) continue;
     Entry& e = *p;
@@ -604,6 +633,7 @@ void Engine::forget_dead() {
 
 void Engine::poll() {
   std::lock_guard lock(mutex_);
+  for (uint32_t t = 0; t < tiers_.size(); ++t) release_deferred_locked(t, /*wait=*/false);
   for (auto& p : entries_) {
     if (!p || p->loc == Location::kUnbound) continue;
     Entry& e = *p;

@@ -336,6 +336,7 @@ class Engine {
                        std::span<const LogicalId> spare = {});
   bool make_room_locked(uint64_t bytes, std::span<const LogicalId> spare);
   bool reclaim_extents_locked(uint32_t tier);
+  bool release_deferred_locked(uint32_t tier, bool wait);
   void release_read_extent_locked(Entry& e);
   // Any state -> resident and attached; false (a Fault recorded) when the bytes cannot come back.
   bool make_usable_locked(Entry& e, std::span<const LogicalId> spare = {});
@@ -364,6 +365,13 @@ class Engine {
   std::vector<std::unique_ptr<storage::ExtentAllocator>> extents_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Entry>> entries_;  // indexed by LogicalId
+  // Tier space of reads not known to have ended, whose tensor was offloaded again meanwhile.
+  struct Deferred {
+    storage::Completion read;
+    uint32_t tier = 0;
+    storage::Extent extent;
+  };
+  std::vector<Deferred> deferred_;
   std::shared_ptr<const Schedule> schedule_;  // never null (an empty one when cleared)
   uint64_t clock_ = 0;  // use counter for LRU
   uint64_t write_clock_ = 0;  // offloads started, numbered (Entry::write_seq)

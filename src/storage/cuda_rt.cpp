@@ -84,8 +84,28 @@ void* host_alloc(uint64_t size_bytes) {
 void free_host(void* ptr) noexcept {
   if (ptr != nullptr) (void)cudaFreeHost(ptr);
 }
+namespace {
+// Makes `device` current for a creation call and restores the caller's device after: tiers create
+// streams and events from the caller's thread (a PyTorch thread whose current device is its own).
+struct OnDevice {
+  int previous = -1;
+  explicit OnDevice(int device) {
+    if (cudaGetDevice(&previous) != cudaSuccess) {
+      (void)cudaGetLastError();
+      previous = -1;
+    }
+    if (previous != device) set_device(device);
+  }
+  ~OnDevice() {
+    int now = -1;
+    if (previous >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous)
+      (void)cudaSetDevice(previous);
+  }
+};
+}  // namespace
+
 void* stream_create(int device) {
-  set_device(device);
+  OnDevice on(device);
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   return s;
@@ -97,7 +117,7 @@ void stream_sync(void* stream) {
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
 void* event_create(int device) {
-  set_device(device);
+  OnDevice on(device);
   cudaEvent_t e = nullptr;
   check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   return e;

@@ -166,5 +166,71 @@ std::string tier_name(const ::testing::TestParamInfo<int>& info) {
 }
 INSTANTIATE_TEST_SUITE_P(Tiers, Gpu, ::testing::Range(0, 5), tier_name);
 
+// Note [Copies queued on the GPU]: the host tier enqueues a device copy at submit, so the CPU waiting
+// for a copy's event (stream_wait) never waits for the copies queued before it to end; the copies
+// still run in order and keep their bytes.
+class HostLanes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda_unavailable_reason();
+    HostTierOptions h;
+    h.capacity_bytes = 320 << 20;
+    tier_ = make_host_tier(h);
+  }
+  std::unique_ptr<Tier> tier_;
+};
+
+TEST_F(HostLanes, StreamWaitDoesNotWaitForEarlierCopiesToEnd) {
+  const uint64_t big = 256 << 20, small = 1 << 20;
+  Buffer a = Buffer::allocate(big, MemoryKind::kDevice, 0);
+  Buffer b = Buffer::allocate(small, MemoryKind::kDevice, 0);
+  auto data = pattern(small, 3);
+  copy_buffer(b.view(), BufferView::host(data.data(), small));
+  void* s = cuda::stream_create(0);
+  auto first = tier_->submit({Direction::kWrite, a.view(), 0});  // ~5 ms on a 55 GB/s link
+  auto second = tier_->submit({Direction::kWrite, b.view(), big});
+  second.stream_wait(s);
+  EXPECT_FALSE(first.ready()) << "stream_wait waited for the copy queued before its own to end";
+  cuda::stream_sync(s);
+  cuda::stream_destroy(s);
+  ASSERT_TRUE(first.wait().ok) << first.wait().error;
+  ASSERT_TRUE(second.wait().ok) << second.wait().error;
+  std::vector<unsigned char> back(small);
+  Buffer dev = Buffer::allocate(small, MemoryKind::kDevice, 0);
+  tier_->read(dev.view(), big);
+  copy_buffer(BufferView::host(back.data(), small), dev.view());
+  EXPECT_TRUE(back == data);
+}
+
+TEST_F(HostLanes, ManyQueuedCopiesEachWay) {
+  const int n = 48;
+  const uint64_t size = (1 << 20) + 4096 * 3;
+  std::vector<Buffer> src, dst;
+  std::vector<Completion> writes, reads;
+  void* s = cuda::stream_create(0);
+  for (int i = 0; i < n; ++i) {
+    src.push_back(Buffer::allocate(size, MemoryKind::kDevice, 0));
+    auto data = pattern(size, 100 + i);
+    copy_buffer(src.back().view(), BufferView::host(data.data(), size));
+    writes.push_back(tier_->submit({Direction::kWrite, src.back().view(), i * size}));
+  }
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(writes[i].wait().ok) << writes[i].wait().error;
+    dst.push_back(Buffer::allocate(size, MemoryKind::kDevice, 0));
+    IoRequest r{Direction::kRead, dst.back().view(), i * size};
+    r.priority = i % 5 == 0 ? Priority::kUrgent : Priority::kNormal;  // both lanes
+    reads.push_back(tier_->submit(r));
+  }
+  for (auto& c : reads) c.stream_wait(s);
+  cuda::stream_sync(s);
+  cuda::stream_destroy(s);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(reads[i].wait().ok) << reads[i].wait().error;
+    std::vector<unsigned char> back(size);
+    copy_buffer(BufferView::host(back.data(), size), dst[i].view());
+    EXPECT_TRUE(back == pattern(size, 100 + i)) << i;
+  }
+}
+
 }  // namespace
 }  // namespace teraio::storage
