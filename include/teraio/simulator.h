@@ -21,6 +21,13 @@ struct SimOptions {
   // transfer had completed); the timeline and urgent_fetches are the last iteration's.
   int iterations = 2;
   bool record_timeline = false;  // fill SimResult::kernel_start_us / transfers
+  // How each direction of a link orders its transfers (docs/simulator.md, "Link order").
+  // kDeadline: among the issued ones, the one due first (its kernel earliest), whole transfers, no
+  // preemption: what the host tier's copy lanes do (Note [Copies queued on the GPU]). kIssue: in
+  // issue order, a transfer a kernel waits for preempting the one in service (Note [Urgent
+  // preemption]); an idealised link, kept for comparison.
+  enum class LinkOrder { kDeadline, kIssue };
+  LinkOrder link_order = LinkOrder::kDeadline;
 };
 
 struct TierTraffic {

@@ -32,6 +32,7 @@ struct Transfer {
   double begin_us = -1;    // first moment of service
   double end_us = 0;
   int64_t issue_kernel = 0;  // global kernel index (iteration * N + k)
+  int64_t need_kernel = 0;   // the kernel that waits for it (global index; > last: none)
   uint32_t link = 0;         // 2 * tier + (offload ? 0 : 1)
   bool offload = true;
   bool done = false;
@@ -50,6 +51,8 @@ struct Direction {
   size_t issued = 0;            // seq[0, issued) have been issued
   size_t cursor = 0;            // first seq entry that may not have started
   std::vector<uint32_t> front;  // served before seq, in order: urgent ones, then a suspended one
+  std::vector<uint32_t> cand;   // kDeadline: issued, not yet started (seq[0, issued) fed in)
+  size_t fed = 0;
   uint32_t current = kNone;     // transfer in service
   double rem_bytes = 0;         // its bytes left at `Tier::now_`
   double seg_begin = 0;         // when its current service segment began
@@ -71,7 +74,7 @@ class TierLinks {
  public:
   Direction dir[2];  // [0] write (offloads), [1] read (prefetches)
 
-  TierLinks(const TierSpec& t) {
+  TierLinks(const TierSpec& t, SimOptions::LinkOrder order) : by_deadline_(order == SimOptions::LinkOrder::kDeadline) {
     dir[0].alone = t.write_gbps * 1e3;
     dir[1].alone = t.read_gbps * 1e3;
     for (Direction& d : dir)
@@ -126,6 +129,11 @@ class TierLinks {
   // what slows them down). Returns when the last urgent transfer completes.
   double serve_urgent(std::vector<Transfer>& xs, int d, std::span<const uint32_t> urgent) {
     Direction& D = dir[d];
+    if (by_deadline_) {  // no preemption: the kernel waits until the link has served them
+      for (uint32_t id : urgent)
+        if (!xs[id].done) advance(xs, kInf, id);
+      return now_;
+    }
     std::vector<uint32_t> ahead;
     uint32_t last = D.current;  // the urgent transfer served last
     for (uint32_t id : urgent) {
@@ -145,6 +153,22 @@ class TierLinks {
   // The next issued, not yet started transfer of seq for direction d (front is empty), or kNone.
   uint32_t next_issued(const std::vector<Transfer>& xs, int d) {
     Direction& D = dir[d];
+    if (by_deadline_) {
+      // The one due first among those issued by now_ (ties: issue order); else the next to be issued.
+      for (; D.fed < D.issued; ++D.fed) D.cand.push_back(D.seq[D.fed]);
+      uint32_t best = kNone;
+      bool best_now = false;
+      for (uint32_t id : D.cand) {
+        const bool now = xs[id].issue_us <= now_;
+        if (best == kNone || (now && !best_now) ||
+            (now && best_now && xs[id].need_kernel < xs[best].need_kernel) ||
+            (!now && !best_now && xs[id].issue_us < xs[best].issue_us)) {
+          best = id;
+          best_now = now;
+        }
+      }
+      return best;
+    }
     if (!D.front.empty()) return kNone;  // started at once by start_idle
     while (D.cursor < D.issued && xs[D.seq[D.cursor]].done) ++D.cursor;
     return D.cursor < D.issued ? D.seq[D.cursor] : kNone;
@@ -164,7 +188,11 @@ class TierLinks {
       if (D.current != kNone) continue;
       const uint32_t id = next_issued(xs, d);
       if (id != kNone && xs[id].issue_us <= now_) {
-        ++D.cursor;
+        if (by_deadline_) {
+          D.cand.erase(std::find(D.cand.begin(), D.cand.end(), id));
+        } else {
+          ++D.cursor;
+        }
         start(xs, d, id);
       }
     }
@@ -209,6 +237,7 @@ class TierLinks {
     return id;
   }
 
+  bool by_deadline_ = true;  // SimOptions::LinkOrder::kDeadline
   double now_ = 0;  // the time both directions have been served up to
 };
 
@@ -315,6 +344,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     x.offload = offload;
     x.link = p.tier * 2 + (offload ? 0 : 1);
     x.issue_kernel = issue_g;
+    x.need_kernel = need_g;
     const auto id = static_cast<uint32_t>(xs.size());
     xs.push_back(x);
     issue_keyed.emplace_back(issue_g, id);
@@ -339,7 +369,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   issue_keyed = {};
   need_keyed = {};
 
-  std::vector<TierLinks> links(tiers.begin(), tiers.end());
+  std::vector<TierLinks> links;
+  for (const TierSpec& ts : tiers) links.emplace_back(ts, opts.link_order);
   auto direction = [&](uint32_t link) -> Direction& { return links[link / 2].dir[link % 2]; };
   for (size_t g = 0; g <= static_cast<size_t>(last_g); ++g) {
     for (uint32_t id : issue.at(g)) direction(xs[id].link).seq.push_back(id);

@@ -95,6 +95,7 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
   test::fit_budget(tr, plan);
   SimOptions o;
   o.record_timeline = true;
+  o.link_order = SimOptions::LinkOrder::kIssue;
   const SimResult r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.stall_us, 10);
   EXPECT_DOUBLE_EQ(r.iteration_us, 210);
@@ -113,6 +114,39 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
   EXPECT_DOUBLE_EQ(b->end_us, 190);
   EXPECT_LT(c->end_us, b->begin_us);  // C overtook B although B was issued first
   EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 130);
+}
+
+// The same plan with the host tier's lanes (LinkOrder::kDeadline): nothing is preempted; when A
+// ends (t=150) the link takes C (due at kernel 12) before B (due at 19, issued first): C 150..160,
+// B 160..190. Kernel 12 waits from 120 to 160.
+TEST(SimGolden, DueFirstIsServedFirstWithoutPreemption) {
+  std::vector<double> times(20, 10.0);
+  std::vector<std::vector<TensorId>> uses(20);
+  uses[0] = {0, 1, 2};
+  uses[12] = {2};
+  uses[19] = {0, 1};
+  const Trace tr = make_trace(times, {{50000, false}, {30000, false}, {10000, false}}, uses);
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 8),    offload(1, 0, 8),    offload(2, 0, 9),
+                prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  const SimTransfer* a = find_transfer(r, false, 50000);
+  const SimTransfer* b = find_transfer(r, false, 30000);
+  const SimTransfer* c = find_transfer(r, false, 10000);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_DOUBLE_EQ(a->begin_us, 100);
+  EXPECT_DOUBLE_EQ(a->end_us, 150);
+  EXPECT_DOUBLE_EQ(c->begin_us, 150);
+  EXPECT_DOUBLE_EQ(c->end_us, 160);
+  EXPECT_DOUBLE_EQ(b->begin_us, 160);
+  EXPECT_DOUBLE_EQ(b->end_us, 190);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 160);
+  EXPECT_DOUBLE_EQ(r.stall_us, 40);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 240);
 }
 
 TEST(SimGolden, KernelWaitsForOffloadToFreeMemory) {
@@ -403,18 +437,21 @@ bool check_random_plan(const Trace& tr, const Plan& plan, const SimOptions& o, s
   EXPECT_LE(r.overlap_us, r.ideal_us * 2 * static_cast<double>(plan.tiers.size()) + 1e-6);
   EXPECT_GE(r.overlap_us, 0);
 
-  // More bandwidth (any tier, any direction) never makes the same plan slower.
-  SimOptions up = o;
-  up.actual_tiers = scaled(plan.tiers, rng, true);
-  const SimResult faster = simulate(tr, plan, up);
-  EXPECT_LE(faster.iteration_us, r.iteration_us * (1 + 1e-12) + 1e-9)
-      << "trial " << trial << ": " << faster.iteration_us << " > " << r.iteration_us;
-
   // With (practically) unlimited bandwidth every move hides: iteration == ideal.
   SimOptions inf = o;
   inf.actual_tiers = plan.tiers;
   for (TierSpec& t : inf.actual_tiers) t.read_gbps = t.write_gbps = 1e12;
   EXPECT_NEAR(simulate(tr, plan, inf).stall_us, 0, 1e-3);
+
+  // More bandwidth (any tier, any direction) never makes the same plan slower, with preemption
+  // (without it a link that is free sooner can start a transfer that then delays a more urgent one).
+  if (o.link_order == SimOptions::LinkOrder::kIssue) {
+    SimOptions up = o;
+    up.actual_tiers = scaled(plan.tiers, rng, true);
+    const SimResult faster = simulate(tr, plan, up);
+    EXPECT_LE(faster.iteration_us, r.iteration_us * (1 + 1e-12) + 1e-9)
+        << "trial " << trial << ": " << faster.iteration_us << " > " << r.iteration_us;
+  }
   return r.stall_us > 0;
 }
 
@@ -426,6 +463,7 @@ TEST(SimProperty, RandomPlans) {
     const Plan plan = test::random_plan(tr, rng);
     SimOptions o;
     o.iterations = 1 + trial % 3;
+    if (trial % 2 == 0) o.link_order = SimOptions::LinkOrder::kIssue;  // both link models
     with_stall += check_random_plan(tr, plan, o, rng, trial);
     if (::testing::Test::HasFailure()) return;
   }
@@ -445,6 +483,7 @@ TEST(SimProperty, RandomPlansWithOffloadsWithoutPrefetch) {
     for (const MovePair& p : check_plan(tr, lt, plan).pairs) one_way += p.one_way();
     SimOptions o;
     o.iterations = 1 + trial % 3;
+    if (trial % 2 == 0) o.link_order = SimOptions::LinkOrder::kIssue;  // both link models
     with_stall += check_random_plan(tr, plan, o, rng, trial);
     if (::testing::Test::HasFailure()) return;
   }
@@ -460,6 +499,7 @@ TEST(SimProperty, BandwidthCurveOfOnePlanIsMonotone) {
     double prev = std::numeric_limits<double>::infinity();
     for (double s = 0.05; s < 20; s *= 1.3) {
       SimOptions o;
+      o.link_order = SimOptions::LinkOrder::kIssue;  // see check_random_plan
       o.actual_tiers = plan.tiers;
       for (TierSpec& t : o.actual_tiers) {
         t.read_gbps *= s;
@@ -484,6 +524,7 @@ TEST(SimProperty, DuplexLiesBetweenIndependentBounds) {
     const Trace tr = test::random_trace(rng, trial % 2 == 1);
     Plan plan = test::random_plan(tr, rng);
     SimOptions fast, slow, dup;
+    fast.link_order = slow.link_order = dup.link_order = SimOptions::LinkOrder::kIssue;
     fast.iterations = slow.iterations = dup.iterations = 1 + trial % 3;
     fast.actual_tiers = slow.actual_tiers = dup.actual_tiers = plan.tiers;
     for (size_t i = 0; i < plan.tiers.size(); ++i) {
