@@ -30,6 +30,8 @@ struct SimulateArgs {
   double sweep_max = SweepOptions{}.max_scale;
   int sweep_steps = SweepOptions{}.steps;
   std::string min_tensor = "1MiB";
+  std::string link_order = "issue";
+  bool reorder = false;
 };
 
 
@@ -172,6 +174,14 @@ int run_simulate(const SimulateArgs& args) {
   SimOptions opts;
   opts.actual_tiers = tiers;
   opts.iterations = args.iterations;
+  opts.link_order = args.link_order == "deadline"     ? SimOptions::LinkOrder::kDeadline
+                    : args.link_order == "preemptive" ? SimOptions::LinkOrder::kPreemptive
+                                                      : SimOptions::LinkOrder::kIssue;
+  if (args.reorder) {
+    const Plan reordered = issue_in_deadline_order(trace, plan, opts);
+    print_result(args, trace, reordered, tiers, simulate(trace, reordered, opts));
+    return 0;
+  }
   print_result(args, trace, plan, tiers, simulate(trace, plan, opts));
   return 0;
 }
@@ -195,6 +205,15 @@ const Registration kSimulate{{
                      "iterations to simulate; times are their mean")
           ->capture_default_str()
           ->check(in_range(1, 1000));
+      sub.add_option("--link-order", args->link_order,
+                     "how each link direction orders its transfers: issue (one at a time in issue "
+                     "order, as the host tier's copy lanes), deadline (the one due first), "
+                     "preemptive (issue order, a transfer a kernel waits for preempting)")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"issue", "deadline", "preemptive"}));
+      sub.add_flag("--deadline-order", args->reorder,
+                   "first move each transfer to where it would begin on links that take the one "
+                   "due first (what the Session runs: docs/simulator.md, \"Issue order\")");
       sub.add_flag(
           "--sweep-bandwidth", args->sweep,
           "replan and simulate at every tier's bandwidth times a range of factors (Figure 3)");

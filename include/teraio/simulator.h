@@ -22,12 +22,15 @@ struct SimOptions {
   int iterations = 2;
   bool record_timeline = false;  // fill SimResult::kernel_start_us / transfers
   // How each direction of a link orders its transfers (docs/simulator.md, "Link order").
-  // kDeadline: among the issued ones, the one due first (its kernel earliest), whole transfers, no
-  // preemption: what the host tier's copy lanes do (Note [Copies queued on the GPU]). kIssue: in
-  // issue order, a transfer a kernel waits for preempting the one in service (Note [Urgent
-  // preemption]); an idealised link, kept for comparison.
-  enum class LinkOrder { kDeadline, kIssue };
-  LinkOrder link_order = LinkOrder::kDeadline;
+  // kIssue: one at a time in issue order, whole, no preemption: a kernel waiting for a transfer
+  // waits for those issued before it too. What the host tier's copy lanes do (Note [Copies queued
+  // on the GPU]): the Session's predictions and plan search use it.
+  // kDeadline: among the issued ones, the one due first (its kernel earliest), whole, no
+  // preemption: what lanes that reorder their copies would give.
+  // kPreemptive: issue order, but a transfer a kernel waits for preempts the one in service (Note
+  // [Urgent preemption]): an idealised link; more bandwidth never makes a plan slower there.
+  enum class LinkOrder { kIssue, kDeadline, kPreemptive };
+  LinkOrder link_order = LinkOrder::kIssue;
 };
 
 struct TierTraffic {
@@ -44,6 +47,7 @@ struct SimTransfer {
   double begin_us = 0;
   double end_us = 0;
   uint64_t bytes = 0;
+  size_t move = 0;  // index into Plan::moves
 };
 
 struct SimResult {
@@ -63,5 +67,13 @@ struct SimResult {
 };
 
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
+
+// Note [Issue in deadline order]: the same plan with each offload and prefetch issued where it
+// would begin on links that serve the transfer due first (LinkOrder::kDeadline), so that links
+// serving in issue order (the host tier's copy lanes, LinkOrder::kIssue) run them in about that
+// order. A move is only ever issued later than planned, never after its deadline. Returns the plan
+// unchanged when the result would not be valid or would not be faster under `opts` (its link
+// order, bandwidths and iterations).
+Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
 
 }  // namespace teraio

@@ -103,10 +103,6 @@ struct IoRequest {
   // the memory before it was handed to the request are done. When null, the caller guarantees
   // both at submit.
   CudaStream ready_stream = nullptr;
-  // When the bytes are needed, as a number that orders requests (the runtime's operator clock):
-  // the host tier's device copies of one priority move in increasing `due`, then in submission
-  // order (Note [Copies queued on the GPU]); 0: after every request that has one.
-  uint64_t due = 0;
 };
 
 // Note [Lost bytes]: two error codes say that a read can never succeed, whatever is retried:

@@ -352,7 +352,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
       plan = std::move(best.plan);
       plan_variant_ = best.variant;
     } else {
-      plan = make_plan(rec.trace, po);
+      plan = issue_in_deadline_order(rec.trace, make_plan(rec.trace, po));
       plan_variant_ = "default";
     }
   } catch (const Error& e) {

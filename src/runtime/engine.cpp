@@ -492,7 +492,6 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   req.offset_bytes = ext->offset_bytes;
   req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
   req.ready_stream = e.memory->stream();
-  req.due = due_ != 0 ? due_ : op_clock_;
   try {
     e.pending = tiers_[tier].tier->submit(req);
   } catch (...) {
@@ -588,7 +587,6 @@ bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const L
   req.offset_bytes = e.extent.offset_bytes;
   req.ready_stream = e.memory->stream();  // the new block may still be read by queued kernels
   req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
-  req.due = due_ != 0 ? due_ : op_clock_;
   try {
     e.pending = tiers_[e.tier].tier->submit(req);
   } catch (...) {
@@ -974,20 +972,9 @@ bool Engine::has_plan() const {
   return schedule_->moves > 0;
 }
 
-// Note [Due order]: a planned move's request carries when its bytes are needed (IoRequest::due) on
-// the engine's operator clock, which counts planned operators across steps: a prefetch is due at
-// its deadline, an offload at the operator after whose end its memory must be free (the next
-// step's when it wraps). The host tier moves its copies in that order (Note [Copies queued on the
-// GPU]), as the simulator's links do; anything else is due now.
-uint64_t Engine::due_at(uint32_t k, uint32_t deadline) const {
-  const uint64_t n = schedule_->operators.size();
-  return op_clock_ + (deadline >= k ? deadline - k : n - k + deadline);
-}
-
 void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
   std::lock_guard lock(mutex_);
   if (k >= schedule_->operators.size()) return;
-  ++op_clock_;
   const Schedule::Operator& op = schedule_->operators[k];
   for (LogicalId id : op.deaths) {
     Entry* e = find(id);
@@ -1004,10 +991,7 @@ void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
       continue;
     }
     const bool was_out = e->loc == Location::kOffloaded;
-    due_ = due_at(k, m.deadline);
-    const bool issued = was_out && prefetch_locked(*e, false, Room::kTry, in_use);
-    due_ = 0;
-    if (issued) {
+    if (was_out && prefetch_locked(*e, false, Room::kTry, in_use)) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;
@@ -1042,7 +1026,6 @@ void Engine::after_operator(uint32_t k) {
     if (!e || e->loc == Location::kUnbound) continue;  // died before its offload: nothing to do
     const bool movable =
         e->loc == Location::kResident && e->pins == 0 && !e->permanent && e->memory->alive();
-    due_ = due_at(k, m.deadline + 1 < schedule_->operators.size() ? m.deadline + 1 : 0);
     bool done = movable && offload_locked(*e, m.tier, false);
     // The planned tier can be full of what evictions and drift put there; the bytes then go to
     // another tier (the read comes back from wherever they are) rather than stay over budget.
@@ -1052,7 +1035,6 @@ void Engine::after_operator(uint32_t k) {
       stats_.spilled_moves++;
       event("spilled-offload", *e);
     }
-    due_ = 0;
     if (done) {
       stats_.plan_moves++;
     } else {

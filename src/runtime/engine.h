@@ -374,9 +374,6 @@ class Engine {
   std::vector<Deferred> deferred_;
   std::shared_ptr<const Schedule> schedule_;  // never null (an empty one when cleared)
   uint64_t clock_ = 0;  // use counter for LRU
-  uint64_t op_clock_ = 0;  // planned operators begun, over all steps (Note [Due order])
-  uint64_t due_ = 0;       // the due of the planned move being issued (0: now)
-  uint64_t due_at(uint32_t k, uint32_t deadline) const;
   uint64_t write_clock_ = 0;  // offloads started, numbered (Entry::write_seq)
   bool making_room_ = false;  // inside make_room_locked: its waits are stall_room_us
   EngineStats stats_;

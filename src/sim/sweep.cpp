@@ -70,6 +70,8 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
   BestPlan best;
   best.variants = variants.size();
   for (size_t i = 0; i < variants.size(); ++i) {
+    // As the Session runs it (Note [Issue in deadline order]).
+    variants[i].plan = issue_in_deadline_order(trace, variants[i].plan, so);
     const SimResult r = simulate(trace, variants[i].plan, so);
     if (i == 0) best.default_iteration_us = r.iteration_us;
     if (i == 0 || r.iteration_us < best.iteration_us) {

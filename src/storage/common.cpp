@@ -205,13 +205,6 @@ void Completion::get() const {
 void Completion::stream_wait(CudaStream stream) const {
   TERAIO_CHECK(state_ != nullptr, "Completion: not attached to a request");
   std::unique_lock lock(state_->mu);
-  if (!state_->done && !state_->event_published && state_->flag != nullptr) {
-    const uint32_t* flag = state_->flag;
-    const uint32_t value = state_->flag_value;
-    lock.unlock();
-    cuda::stream_wait_value(stream, flag, value);  // the copy is not on its stream yet
-    return;
-  }
   state_->cv.wait(lock, [&] { return state_->done || state_->event_published; });
   if (state_->done) {
     if (!state_->result.ok) throw teraio::Error(state_->result.error);

@@ -150,52 +150,6 @@ void memcpy_sync(void* dst, const void* src, uint64_t size_bytes) {
   check(cudaMemcpy(dst, src, size_bytes, cudaMemcpyDefault), "cudaMemcpy");
 }
 
-namespace {
-// cuStreamWaitValue32 / cuStreamWriteValue32 (driver API, CUDA 12 signatures), reached through
-// the runtime's entry-point lookup so that nothing links libcuda directly.
-using WaitValue32 = int (*)(void* stream, unsigned long long addr, uint32_t value, unsigned flags);
-using WriteValue32 = int (*)(void* stream, unsigned long long addr, uint32_t value, unsigned flags);
-struct MemOps {
-  WaitValue32 wait = nullptr;
-  WriteValue32 write = nullptr;
-};
-const MemOps& mem_ops() {
-  static const MemOps ops = [] {
-    MemOps m;
-    if (device_count() == 0) return m;
-    void* w = nullptr;
-    void* r = nullptr;
-    cudaDriverEntryPointQueryResult qw{}, qr{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &w, 12000, cudaEnableDefault, &qw) ==
-            cudaSuccess &&
-        cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &r, 12000, cudaEnableDefault, &qr) ==
-            cudaSuccess &&
-        qw == cudaDriverEntryPointSuccess && qr == cudaDriverEntryPointSuccess && w && r) {
-      m.wait = reinterpret_cast<WaitValue32>(w);
-      m.write = reinterpret_cast<WriteValue32>(r);
-    }
-    (void)cudaGetLastError();
-    return m;
-  }();
-  return ops;
-}
-}  // namespace
-
-bool stream_mem_ops() { return mem_ops().wait != nullptr; }
-void stream_wait_value(void* stream, const uint32_t* addr, uint32_t value) {
-  const int r = mem_ops().wait(stream, reinterpret_cast<unsigned long long>(addr), value,
-                               0 /* CU_STREAM_WAIT_VALUE_GEQ */);
-  if (r != 0) throw teraio::Error("cuStreamWaitValue32 failed with CUresult " + std::to_string(r));
-}
-void stream_write_value(void* stream, uint32_t* addr, uint32_t value) {
-  const int r = mem_ops().write(stream, reinterpret_cast<unsigned long long>(addr), value,
-                                0 /* CU_STREAM_WRITE_VALUE_DEFAULT: after the stream's writes */);
-  if (r != 0) throw teraio::Error("cuStreamWriteValue32 failed with CUresult " + std::to_string(r));
-}
-void memset_sync(void* ptr, int value, uint64_t size_bytes) {
-  check(cudaMemset(ptr, value, size_bytes), "cudaMemset");
-}
-
 #else  // no CUDA toolkit at build time
 
 namespace {
@@ -223,10 +177,6 @@ void event_sync(void*) { absent("cudaEventSynchronize"); }
 void stream_wait_event(void*, void*) { absent("cudaStreamWaitEvent"); }
 void memcpy_async(void*, const void*, uint64_t, void*) { absent("cudaMemcpyAsync"); }
 void memcpy_sync(void*, const void*, uint64_t) { absent("cudaMemcpy"); }
-bool stream_mem_ops() { return false; }
-void stream_wait_value(void*, const uint32_t*, uint32_t) { absent("cuStreamWaitValue32"); }
-void stream_write_value(void*, uint32_t*, uint32_t) { absent("cuStreamWriteValue32"); }
-void memset_sync(void*, int, uint64_t) { absent("cudaMemset"); }
 
 #endif
 

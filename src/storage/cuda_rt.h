@@ -31,13 +31,6 @@ void event_sync(void* event);
 void stream_wait_event(void* stream, void* event);
 void memcpy_async(void* dst, const void* src, uint64_t size_bytes, void* stream);  // cudaMemcpyDefault
 void memcpy_sync(void* dst, const void* src, uint64_t size_bytes);
-void memset_sync(void* ptr, int value, uint64_t size_bytes);
-// Stream memory operations on 32-bit words of device memory: a stream waits until the word is
-// >= value (wrapping compare), or writes it after its earlier work. stream_mem_ops() says whether
-// the driver offers them (the calls throw when not).
-bool stream_mem_ops();
-void stream_wait_value(void* stream, const uint32_t* addr, uint32_t value);
-void stream_write_value(void* stream, uint32_t* addr, uint32_t value);
 
 // Owning handles: destroyed with their owner, movable, empty (nullptr) until created. get_or_create
 // makes the stream or event on first use, on `device`, and returns it after (the device of a later

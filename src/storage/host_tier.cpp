@@ -11,8 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <algorithm>
-#include <functional>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -35,56 +33,29 @@ struct HostJob {
 
 // Note [Copies queued on the GPU]: a worker that enqueues one device copy and waits for it before
 // taking the next keeps the CPU of a caller that needs the copy's event (Completion::stream_wait:
-// a prefetch about to be used, an offload whose memory is due) waiting until the copies queued
-// before it have *ended*. Measured on the H200 (docs/benchmarks.md, "Where a planned step waits"):
+// a prefetch about to be used, an offload whose memory is due) waiting until every copy queued
+// before it has *ended*. Measured on the H200 (docs/benchmarks.md, "Where a planned step waits"):
 // the Session's CPU waited 0.57 s of a 0.79 s llama-1b step, launched nothing meanwhile, and the
-// compute stream sat idle 124 ms starved of kernels while the link moved data 67% of the step.
-// Enqueueing every copy at submit on one stream fixed the CPU's waits but served the copies in
-// submission order, where a write due in the next iteration (issued in the optimizer step) holds
-// up one due at the next kernel: the compute stream then waited 119 ms for writes, and the
-// simulator replaying the plan with such links predicted the step within 2.5%.
-//
-// So a lane (one CUDA stream per device, direction and priority) keeps the copies not yet on its
-// stream in order of IoRequest::due (earliest first, then submission) and its thread feeds the
-// stream a few at a time (kLaneDepth copies or kLaneBytes, whichever is more), taking the next as
-// each ends: the link serves the copy due first, as the simulator's LinkOrder::kDeadline models.
-// A caller waiting for a copy not yet on the stream does not wait on the CPU: each request gets a
-// 32-bit flag in device memory that the lane's stream sets after the copy (cuStreamWriteValue32),
-// and stream_wait makes the caller's stream wait for that flag on the GPU (cuStreamWaitValue32).
-// A flag slot is reused only after its copy ended, with a larger ticket, so a wait for an old ticket
-// stays satisfied. Without stream memory operations (or out of slots) the copy is put on the stream
-// at submit, in submission order. Urgent requests take a lane of their own, so they run beside the
-// queued copies instead of after them.
-struct LaneCopy {
+// compute stream sat idle 124 ms starved of kernels while the link moved data 67% of the step. Two
+// workers per direction also split the link between two copies, so the one needed first arrived
+// late. A lane is one stream per device, direction and priority: submit() enqueues the copy on it
+// at once (the CPU never waits for earlier copies), in submission order, which is the order the
+// plan needs them in; the GPU runs them one after the other at full speed. Its thread waits for
+// each copy's event in that order and finishes the request. Urgent requests take a lane of their
+// own, so they run beside the queued copies instead of after them.
+struct Queued {
   std::shared_ptr<detail::CompletionState> state;
-  Direction direction = Direction::kWrite;
-  std::byte* host = nullptr;
-  void* device = nullptr;
-  uint64_t offset_bytes = 0, size_bytes = 0;
-  void* ready_event = nullptr;  // owned until the copy is enqueued
-  uint64_t due = 0, seq = 0;
-  uint32_t slot = 0, ticket = 0;
-  bool flagged = false;
-  bool operator>(const LaneCopy& o) const { return due != o.due ? due > o.due : seq > o.seq; }
+  Direction direction;
+  uint64_t offset_bytes, size_bytes;
 };
 struct Lane {
-  std::mutex mu;
+  std::mutex mu;  // held while enqueueing: submission order is stream order
   std::condition_variable cv;
-  int device = 0;
   void* stream = nullptr;
-  std::vector<LaneCopy> waiting;   // a min-heap by (due, seq): not yet on the stream
-  std::deque<LaneCopy> on_stream;  // enqueued, in stream order
-  uint64_t on_stream_bytes = 0;
-  uint64_t seq = 0;
-  uint32_t* flags = nullptr;  // device memory, kLaneSlots words; null: no reordering
-  std::vector<uint32_t> free_slots;
-  uint32_t ticket = 0;
+  std::deque<Queued> queued;  // in stream order
   bool closed = false;
   std::thread thread;
 };
-constexpr size_t kLaneDepth = 2;
-constexpr uint64_t kLaneBytes = 32ull << 20;
-constexpr uint32_t kLaneSlots = 16384;
 
 class HostTier final : public Tier {
  public:
@@ -185,16 +156,9 @@ class HostTier final : public Tier {
     std::unique_ptr<Lane>& l = lanes_[{device, write, urgent}];
     if (!l) {
       auto fresh = std::make_unique<Lane>();
-      fresh->device = device;
       fresh->stream = cuda::stream_create(device);
-      if (cuda::stream_mem_ops()) {
-        fresh->flags = static_cast<uint32_t*>(cuda::malloc_device(kLaneSlots * 4, device));
-        cuda::memset_sync(fresh->flags, 0, kLaneSlots * 4);
-        fresh->free_slots.resize(kLaneSlots);
-        for (uint32_t i = 0; i < kLaneSlots; ++i) fresh->free_slots[i] = kLaneSlots - 1 - i;
-      }
       Lane* raw = fresh.get();
-      fresh->thread = std::thread([this, raw] { feed(*raw); });
+      fresh->thread = std::thread([raw] { finish_in_order(*raw); });
       l = std::move(fresh);
     }
     return *l;
@@ -209,128 +173,62 @@ class HostTier final : public Tier {
         "host tier: {} of {} bytes at offset {} exceeds the host memory cap of {} ({} bytes)",
         to_string(r.direction), size, r.offset_bytes,
         format_bytes(static_cast<double>(options_.capacity_bytes)), options_.capacity_bytes);
-    Lane& l = lane(dev, r.direction == Direction::kWrite, r.priority == Priority::kUrgent);
+    const bool write = r.direction == Direction::kWrite;
+    Lane& l = lane(dev, write, r.priority == Priority::kUrgent);
     auto state = std::make_shared<detail::CompletionState>();
-    LaneCopy c;
-    c.state = state;
-    c.direction = r.direction;
-    c.host = arena_ + r.offset_bytes;
-    c.device = r.buffer.data();
-    c.offset_bytes = r.offset_bytes;
-    c.size_bytes = size;
-    c.due = r.due == 0 ? ~uint64_t{0} : r.due;
-    state->event = cuda::event_create(dev);
-    if (r.ready_stream != nullptr) {  // the stream's work at submit, whenever the copy starts
-      c.ready_event = cuda::event_create(dev);
-      cuda::event_record(c.ready_event, r.ready_stream);
+    std::byte* slot = arena_ + r.offset_bytes;
+    std::lock_guard lock(l.mu);
+    if (l.closed) throw teraio::Error("host tier: submit after shutdown");
+    try {
+      state->event = cuda::event_create(dev);
+      if (r.ready_stream != nullptr) {
+        cuda::Event ready(dev);
+        cuda::event_record(ready.get(), r.ready_stream);
+        cuda::stream_wait_event(l.stream, ready.get());  // the wait keeps what it needs
+      }
+      if (size > 0) {
+        if (write) {
+          cuda::memcpy_async(slot, r.buffer.data(), size, l.stream);
+        } else {
+          cuda::memcpy_async(r.buffer.data(), slot, size, l.stream);
+        }
+      }
+      cuda::event_record(state->event, l.stream);
+    } catch (const std::exception& e) {
+      state->finish(failure(EIO, fmt::format("host tier: {} of {} bytes at offset {}: {}",
+                                             to_string(r.direction), size, r.offset_bytes,
+                                             e.what())));
+      return Completion(state);
     }
-    std::unique_lock lock(l.mu);
-    if (l.closed) {
-      cuda::event_destroy(c.ready_event);
-      throw teraio::Error("host tier: submit after shutdown");
-    }
-    c.seq = ++l.seq;
-    if (l.flags != nullptr && !l.free_slots.empty()) {
-      c.slot = l.free_slots.back();
-      l.free_slots.pop_back();
-      c.ticket = ++l.ticket;
-      c.flagged = true;
-      state->flag = l.flags + c.slot;
-      state->flag_value = c.ticket;
-      l.waiting.push_back(std::move(c));
-      std::push_heap(l.waiting.begin(), l.waiting.end(), std::greater<>());
-      fill_locked(l);  // the stream may have room for it now
-    } else {
-      enqueue_locked(l, std::move(c));  // no flag: on the stream now, in submission order
-    }
+    state->publish_event();  // a read's data is in place / a write's source free after it
+    l.queued.push_back(Queued{state, r.direction, r.offset_bytes, size});
     l.cv.notify_one();
     return Completion(state);
   }
 
-  // Puts one copy on the lane's stream: after its ready event, the copy, the completion event and
-  // its flag. On a CUDA error the request fails (and its flag is set, so no stream waits forever).
-  void enqueue_locked(Lane& l, LaneCopy c) {
-    try {
-      if (c.ready_event != nullptr) cuda::stream_wait_event(l.stream, c.ready_event);
-      if (c.size_bytes > 0) {
-        if (c.direction == Direction::kWrite) {
-          cuda::memcpy_async(c.host, c.device, c.size_bytes, l.stream);
-        } else {
-          cuda::memcpy_async(c.device, c.host, c.size_bytes, l.stream);
-        }
-      }
-      if (c.flagged) cuda::stream_write_value(l.stream, l.flags + c.slot, c.ticket);
-      cuda::event_record(c.state->event, l.stream);  // after the flag: the slot is free after it
-    } catch (const std::exception& e) {
-      cuda::event_destroy(c.ready_event);
-      if (c.flagged) {
-        try {
-          cuda::memcpy_sync(l.flags + c.slot, &c.ticket, 4);
-        } catch (const std::exception&) {
-        }
-        l.free_slots.push_back(c.slot);
-      }
-      c.state->finish(failure(EIO, fmt::format("host tier: {} of {} bytes at offset {}: {}",
-                                               to_string(c.direction), c.size_bytes,
-                                               c.offset_bytes, e.what())));
-      return;
-    }
-    cuda::event_destroy(c.ready_event);  // the stream's wait keeps what it needs
-    c.ready_event = nullptr;
-    c.state->publish_event();
-    l.on_stream_bytes += c.size_bytes;
-    l.on_stream.push_back(std::move(c));
-  }
-
-  // Moves the copies due first onto the stream while it holds fewer than kLaneDepth copies or
-  // kLaneBytes.
-  void fill_locked(Lane& l) {
-    while (!l.waiting.empty() &&
-           (l.on_stream.size() < kLaneDepth || l.on_stream_bytes < kLaneBytes)) {
-      std::pop_heap(l.waiting.begin(), l.waiting.end(), std::greater<>());
-      LaneCopy c = std::move(l.waiting.back());
-      l.waiting.pop_back();
-      enqueue_locked(l, std::move(c));
-    }
-  }
-
-  // A lane's thread: keeps the stream fed and finishes each request as its copy ends, in stream
-  // order. At shutdown, what is waiting still goes on the stream: nothing is left pending.
-  void feed(Lane& l) {
+  // A lane's thread: finishes its requests in stream order as their copies end.
+  static void finish_in_order(Lane& l) {
     for (;;) {
-      std::unique_lock lock(l.mu);
-      l.cv.wait(lock, [&] { return l.closed || !l.on_stream.empty() || !l.waiting.empty(); });
-      fill_locked(l);
-      if (l.on_stream.empty()) {
-        if (l.closed && l.waiting.empty()) break;
-        continue;
+      std::optional<Queued> q;
+      {
+        std::unique_lock lock(l.mu);
+        l.cv.wait(lock, [&] { return l.closed || !l.queued.empty(); });
+        if (l.queued.empty()) break;
+        q = std::move(l.queued.front());
+        l.queued.pop_front();
       }
-      void* event = l.on_stream.front().state->event;
-      lock.unlock();
       IoResult r;
-      std::string error;
       try {
-        cuda::event_sync(event);
+        cuda::event_sync(q->state->event);
+        r.bytes = q->size_bytes;
       } catch (const std::exception& e) {
-        error = e.what();
-      }
-      lock.lock();
-      LaneCopy c = std::move(l.on_stream.front());
-      l.on_stream.pop_front();
-      l.on_stream_bytes -= c.size_bytes;
-      if (c.flagged) l.free_slots.push_back(c.slot);
-      fill_locked(l);  // before finishing: the link stays busy
-      lock.unlock();
-      if (error.empty()) {
-        r.bytes = c.size_bytes;
-      } else {
         r = failure(EIO, fmt::format("host tier: {} of {} bytes at offset {}: {}",
-                                     to_string(c.direction), c.size_bytes, c.offset_bytes, error));
+                                     to_string(q->direction), q->size_bytes, q->offset_bytes,
+                                     e.what()));
       }
-      c.state->finish(std::move(r));
+      q->state->finish(std::move(r));
     }
     cuda::stream_destroy(l.stream);
-    if (l.flags != nullptr) cuda::free_device(l.flags, l.device);
   }
 
   void work(PriorityQueue<HostJob>& queue) {

@@ -31,10 +31,6 @@ struct CompletionState {
   IoResult result;
   void* event = nullptr;  // owned; created lazily by the tier
   bool event_published = false;
-  // Set at submit by a tier that may put the copy on its stream later (Note [Copies queued on the
-  // GPU]): the copy's stream sets *flag to flag_value after it; stream_wait waits for that on the GPU.
-  const uint32_t* flag = nullptr;
-  uint32_t flag_value = 0;
 
   ~CompletionState();
   void publish_event();

@@ -129,8 +129,8 @@ TEST(RecomputePlanner, SyntheticLlamaAtATightBudgetRunsFasterWithRecompute) {
   const SimResult a = simulate(t, with), b = simulate(t, without);
   EXPECT_GT(a.recomputes, 0u);
   EXPECT_EQ(b.recomputes, 0u);
-  // 4.5% faster with the host tier's lanes (LinkOrder::kDeadline), over 5% with preemption
-  EXPECT_LT(a.iteration_us, 0.97 * b.iteration_us) << a.iteration_us << " vs " << b.iteration_us;
+  // about 10% faster (the default links, LinkOrder::kIssue; 4.5% with kDeadline)
+  EXPECT_LT(a.iteration_us, 0.95 * b.iteration_us) << a.iteration_us << " vs " << b.iteration_us;
   EXPECT_LE(a.peak_bytes, o.budget_bytes);
 }
 

@@ -95,7 +95,7 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
   test::fit_budget(tr, plan);
   SimOptions o;
   o.record_timeline = true;
-  o.link_order = SimOptions::LinkOrder::kIssue;
+  o.link_order = SimOptions::LinkOrder::kPreemptive;
   const SimResult r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.stall_us, 10);
   EXPECT_DOUBLE_EQ(r.iteration_us, 210);
@@ -116,7 +116,8 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
   EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 130);
 }
 
-// The same plan with the host tier's lanes (LinkOrder::kDeadline): nothing is preempted; when A
+// The same plan with links that serve the transfer due first (LinkOrder::kDeadline): nothing is
+// preempted; when A
 // ends (t=150) the link takes C (due at kernel 12) before B (due at 19, issued first): C 150..160,
 // B 160..190. Kernel 12 waits from 120 to 160.
 TEST(SimGolden, DueFirstIsServedFirstWithoutPreemption) {
@@ -133,6 +134,7 @@ TEST(SimGolden, DueFirstIsServedFirstWithoutPreemption) {
   test::fit_budget(tr, plan);
   SimOptions o;
   o.record_timeline = true;
+  o.link_order = SimOptions::LinkOrder::kDeadline;
   const SimResult r = simulate(tr, plan, o);
   const SimTransfer* a = find_transfer(r, false, 50000);
   const SimTransfer* b = find_transfer(r, false, 30000);
@@ -147,6 +149,33 @@ TEST(SimGolden, DueFirstIsServedFirstWithoutPreemption) {
   EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 160);
   EXPECT_DOUBLE_EQ(r.stall_us, 40);
   EXPECT_DOUBLE_EQ(r.iteration_us, 240);
+}
+
+// The same plan with the host tier's lanes (LinkOrder::kIssue, the default): A 100..150, then B
+// (issued first) 150..180, then C 180..190. Kernel 12 waits from 120 to 190.
+TEST(SimGolden, FifoLinkServesInIssueOrder) {
+  std::vector<double> times(20, 10.0);
+  std::vector<std::vector<TensorId>> uses(20);
+  uses[0] = {0, 1, 2};
+  uses[12] = {2};
+  uses[19] = {0, 1};
+  const Trace tr = make_trace(times, {{50000, false}, {30000, false}, {10000, false}}, uses);
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 8),    offload(1, 0, 8),    offload(2, 0, 9),
+                prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  const SimTransfer* b = find_transfer(r, false, 30000);
+  const SimTransfer* c = find_transfer(r, false, 10000);
+  ASSERT_TRUE(b && c);
+  EXPECT_DOUBLE_EQ(b->begin_us, 150);
+  EXPECT_DOUBLE_EQ(c->begin_us, 180);
+  EXPECT_DOUBLE_EQ(c->end_us, 190);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 190);
+  EXPECT_DOUBLE_EQ(r.stall_us, 70);
 }
 
 TEST(SimGolden, KernelWaitsForOffloadToFreeMemory) {
@@ -445,7 +474,7 @@ bool check_random_plan(const Trace& tr, const Plan& plan, const SimOptions& o, s
 
   // More bandwidth (any tier, any direction) never makes the same plan slower, with preemption
   // (without it a link that is free sooner can start a transfer that then delays a more urgent one).
-  if (o.link_order == SimOptions::LinkOrder::kIssue) {
+  if (o.link_order == SimOptions::LinkOrder::kPreemptive) {
     SimOptions up = o;
     up.actual_tiers = scaled(plan.tiers, rng, true);
     const SimResult faster = simulate(tr, plan, up);
@@ -463,7 +492,7 @@ TEST(SimProperty, RandomPlans) {
     const Plan plan = test::random_plan(tr, rng);
     SimOptions o;
     o.iterations = 1 + trial % 3;
-    if (trial % 2 == 0) o.link_order = SimOptions::LinkOrder::kIssue;  // both link models
+    o.link_order = static_cast<SimOptions::LinkOrder>(trial / 3 % 3);  // every link model
     with_stall += check_random_plan(tr, plan, o, rng, trial);
     if (::testing::Test::HasFailure()) return;
   }
@@ -483,7 +512,7 @@ TEST(SimProperty, RandomPlansWithOffloadsWithoutPrefetch) {
     for (const MovePair& p : check_plan(tr, lt, plan).pairs) one_way += p.one_way();
     SimOptions o;
     o.iterations = 1 + trial % 3;
-    if (trial % 2 == 0) o.link_order = SimOptions::LinkOrder::kIssue;  // both link models
+    o.link_order = static_cast<SimOptions::LinkOrder>(trial / 3 % 3);  // every link model
     with_stall += check_random_plan(tr, plan, o, rng, trial);
     if (::testing::Test::HasFailure()) return;
   }
@@ -499,7 +528,7 @@ TEST(SimProperty, BandwidthCurveOfOnePlanIsMonotone) {
     double prev = std::numeric_limits<double>::infinity();
     for (double s = 0.05; s < 20; s *= 1.3) {
       SimOptions o;
-      o.link_order = SimOptions::LinkOrder::kIssue;  // see check_random_plan
+      o.link_order = SimOptions::LinkOrder::kPreemptive;  // see check_random_plan
       o.actual_tiers = plan.tiers;
       for (TierSpec& t : o.actual_tiers) {
         t.read_gbps *= s;
@@ -524,7 +553,7 @@ TEST(SimProperty, DuplexLiesBetweenIndependentBounds) {
     const Trace tr = test::random_trace(rng, trial % 2 == 1);
     Plan plan = test::random_plan(tr, rng);
     SimOptions fast, slow, dup;
-    fast.link_order = slow.link_order = dup.link_order = SimOptions::LinkOrder::kIssue;
+    fast.link_order = slow.link_order = dup.link_order = SimOptions::LinkOrder::kPreemptive;
     fast.iterations = slow.iterations = dup.iterations = 1 + trial % 3;
     fast.actual_tiers = slow.actual_tiers = dup.actual_tiers = plan.tiers;
     for (size_t i = 0; i < plan.tiers.size(); ++i) {
