@@ -51,6 +51,8 @@ int run_plan(const PlanArgs& args) {
         best.variants, best.variant, format_us(best.iteration_us),
         format_us(best.default_iteration_us));
     plan = std::move(best.plan);
+  } else {
+    plan = issue_in_deadline_order(trace, plan);  // as the Session runs it (docs/simulator.md)
   }
 
   const Lifetimes lifetimes(trace);
