@@ -76,11 +76,11 @@ TEST(SimGolden, MoreBandwidthRemovesTheStall) {
   EXPECT_EQ(r.urgent_fetches, 0u);
 }
 
-TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
-  // 20 kernels of 10 us. Tensors A (50 us), B (30 us), C (10 us), all used at kernel 0; A and B
-  // again at 19, C at 12. Prefetches of A and B start at kernel 10 (t=100): A runs 100..150, B
-  // queues. C's prefetch starts at kernel 11 and is needed at kernel 12 (t=120): it preempts A
-  // (30 us left) and runs 120..130; A resumes 130..160, then B 160..190, before kernel 19 (t=200).
+// 20 kernels of 10 us. Tensors A (50 us), B (30 us), C (10 us), all used at kernel 0; A and B
+// again at 19, C at 12. Prefetches of A and B start at kernel 10 (t=100), C's at kernel 11; C is
+// needed at kernel 12 (t=120). Write link: A 10..60, B 60..90, C 90..100, each done before its
+// deadline kernel ends. Replayed with the timeline on links of `order`.
+SimResult three_prefetches(SimOptions::LinkOrder order) {
   std::vector<double> times(20, 10.0);
   std::vector<std::vector<TensorId>> uses(20);
   uses[0] = {0, 1, 2};
@@ -89,14 +89,27 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
   const Trace tr = make_trace(times, {{50000, false}, {30000, false}, {10000, false}}, uses);
   Plan plan;
   plan.tiers = {tier("ssd", kGbps, kGbps)};
-  // Write link: A 10..60, B 60..90, C 90..100, each done before its deadline kernel ends.
   plan.moves = {offload(0, 0, 8),    offload(1, 0, 8),    offload(2, 0, 9),
                 prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
   test::fit_budget(tr, plan);
   SimOptions o;
   o.record_timeline = true;
-  o.link_order = SimOptions::LinkOrder::kPreemptive;
-  const SimResult r = simulate(tr, plan, o);
+  o.link_order = order;
+  return simulate(tr, plan, o);
+}
+
+// The prefetch of `bytes` in the timeline of `r` ran from `begin` to `end` (us).
+void expect_prefetch_span(const SimResult& r, uint64_t bytes, double begin, double end) {
+  const SimTransfer* x = find_transfer(r, false, bytes);
+  ASSERT_TRUE(x != nullptr) << bytes;
+  EXPECT_DOUBLE_EQ(x->begin_us, begin) << bytes;
+  EXPECT_DOUBLE_EQ(x->end_us, end) << bytes;
+}
+
+TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
+  // Preemptive links: A runs 100..150, B queues. C, needed at kernel 12 (t=120), preempts A (30 us
+  // left) and runs 120..130; A resumes 130..160, then B 160..190, before kernel 19 (t=200).
+  const SimResult r = three_prefetches(SimOptions::LinkOrder::kPreemptive);
   EXPECT_DOUBLE_EQ(r.stall_us, 10);
   EXPECT_DOUBLE_EQ(r.iteration_us, 210);
   EXPECT_EQ(r.urgent_fetches, 1u);
@@ -117,35 +130,13 @@ TEST(SimGolden, UrgentPrefetchOvertakesQueuedOne) {
 }
 
 // The same plan with links that serve the transfer due first (LinkOrder::kDeadline): nothing is
-// preempted; when A
-// ends (t=150) the link takes C (due at kernel 12) before B (due at 19, issued first): C 150..160,
+// preempted; when A ends (t=150) the link takes C (due at kernel 12) before B (due at 19, issued first): C 150..160,
 // B 160..190. Kernel 12 waits from 120 to 160.
 TEST(SimGolden, DueFirstIsServedFirstWithoutPreemption) {
-  std::vector<double> times(20, 10.0);
-  std::vector<std::vector<TensorId>> uses(20);
-  uses[0] = {0, 1, 2};
-  uses[12] = {2};
-  uses[19] = {0, 1};
-  const Trace tr = make_trace(times, {{50000, false}, {30000, false}, {10000, false}}, uses);
-  Plan plan;
-  plan.tiers = {tier("ssd", kGbps, kGbps)};
-  plan.moves = {offload(0, 0, 8),    offload(1, 0, 8),    offload(2, 0, 9),
-                prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
-  test::fit_budget(tr, plan);
-  SimOptions o;
-  o.record_timeline = true;
-  o.link_order = SimOptions::LinkOrder::kDeadline;
-  const SimResult r = simulate(tr, plan, o);
-  const SimTransfer* a = find_transfer(r, false, 50000);
-  const SimTransfer* b = find_transfer(r, false, 30000);
-  const SimTransfer* c = find_transfer(r, false, 10000);
-  ASSERT_TRUE(a && b && c);
-  EXPECT_DOUBLE_EQ(a->begin_us, 100);
-  EXPECT_DOUBLE_EQ(a->end_us, 150);
-  EXPECT_DOUBLE_EQ(c->begin_us, 150);
-  EXPECT_DOUBLE_EQ(c->end_us, 160);
-  EXPECT_DOUBLE_EQ(b->begin_us, 160);
-  EXPECT_DOUBLE_EQ(b->end_us, 190);
+  const SimResult r = three_prefetches(SimOptions::LinkOrder::kDeadline);
+  expect_prefetch_span(r, 50000, 100, 150);
+  expect_prefetch_span(r, 10000, 150, 160);
+  expect_prefetch_span(r, 30000, 160, 190);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 160);
   EXPECT_DOUBLE_EQ(r.stall_us, 40);
   EXPECT_DOUBLE_EQ(r.iteration_us, 240);
@@ -154,26 +145,10 @@ TEST(SimGolden, DueFirstIsServedFirstWithoutPreemption) {
 // The same plan with the host tier's lanes (LinkOrder::kIssue, the default): A 100..150, then B
 // (issued first) 150..180, then C 180..190. Kernel 12 waits from 120 to 190.
 TEST(SimGolden, FifoLinkServesInIssueOrder) {
-  std::vector<double> times(20, 10.0);
-  std::vector<std::vector<TensorId>> uses(20);
-  uses[0] = {0, 1, 2};
-  uses[12] = {2};
-  uses[19] = {0, 1};
-  const Trace tr = make_trace(times, {{50000, false}, {30000, false}, {10000, false}}, uses);
-  Plan plan;
-  plan.tiers = {tier("ssd", kGbps, kGbps)};
-  plan.moves = {offload(0, 0, 8),    offload(1, 0, 8),    offload(2, 0, 9),
-                prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
-  test::fit_budget(tr, plan);
-  SimOptions o;
-  o.record_timeline = true;
-  const SimResult r = simulate(tr, plan, o);
-  const SimTransfer* b = find_transfer(r, false, 30000);
-  const SimTransfer* c = find_transfer(r, false, 10000);
-  ASSERT_TRUE(b && c);
-  EXPECT_DOUBLE_EQ(b->begin_us, 150);
-  EXPECT_DOUBLE_EQ(c->begin_us, 180);
-  EXPECT_DOUBLE_EQ(c->end_us, 190);
+  const SimResult r = three_prefetches(SimOptions::LinkOrder::kIssue);
+  expect_prefetch_span(r, 50000, 100, 150);
+  expect_prefetch_span(r, 30000, 150, 180);
+  expect_prefetch_span(r, 10000, 180, 190);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 190);
   EXPECT_DOUBLE_EQ(r.stall_us, 70);
 }
