@@ -80,7 +80,7 @@ TEST(SimGolden, MoreBandwidthRemovesTheStall) {
 // again at 19, C at 12. Prefetches of A and B start at kernel 10 (t=100), C's at kernel 11; C is
 // needed at kernel 12 (t=120). Write link: A 10..60, B 60..90, C 90..100, each done before its
 // deadline kernel ends. Replayed with the timeline on links of `order`.
-SimResult three_prefetches(SimOptions::LinkOrder order) {
+std::pair<Trace, Plan> three_prefetches_case() {
   std::vector<double> times(20, 10.0);
   std::vector<std::vector<TensorId>> uses(20);
   uses[0] = {0, 1, 2};
@@ -92,6 +92,10 @@ SimResult three_prefetches(SimOptions::LinkOrder order) {
   plan.moves = {offload(0, 0, 8),    offload(1, 0, 8),    offload(2, 0, 9),
                 prefetch(0, 10, 19), prefetch(1, 10, 19), prefetch(2, 11, 12)};
   test::fit_budget(tr, plan);
+  return {tr, plan};
+}
+SimResult three_prefetches(SimOptions::LinkOrder order) {
+  const auto [tr, plan] = three_prefetches_case();
   SimOptions o;
   o.record_timeline = true;
   o.link_order = order;
@@ -151,6 +155,23 @@ TEST(SimGolden, FifoLinkServesInIssueOrder) {
   expect_prefetch_span(r, 10000, 180, 190);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 190);
   EXPECT_DOUBLE_EQ(r.stall_us, 70);
+}
+
+// Note [Issue in deadline order]: on a due-first link B's prefetch (due at kernel 19) begins at
+// t=160, when kernel 12 starts (it waited for C from 120): issued at kernel 12, it comes after C's
+// (issued at 11) in issue order, and links that serve in issue order then run the plan as the
+// due-first link does (kernel 12 waits 40 us, not 70).
+TEST(SimGolden, IssuedInDeadlineOrderRunsAsTheDueFirstLink) {
+  const auto [tr, plan] = three_prefetches_case();
+  const Plan moved = issue_in_deadline_order(tr, plan);
+  ASSERT_EQ(moved.moves.size(), plan.moves.size());
+  EXPECT_EQ(moved.moves[4].start, 12u);  // B's prefetch
+  EXPECT_EQ(moved.moves[3].start, 10u);  // A's: begins where planned
+  EXPECT_EQ(moved.moves[5].start, 11u);  // C's: begins at t=150, kernel 11 the last begun
+  const Lifetimes lt(tr);
+  EXPECT_TRUE(check_plan(tr, lt, moved).valid);
+  EXPECT_DOUBLE_EQ(simulate(tr, moved).stall_us, 40);
+  EXPECT_DOUBLE_EQ(simulate(tr, plan).stall_us, 70);
 }
 
 TEST(SimGolden, KernelWaitsForOffloadToFreeMemory) {
