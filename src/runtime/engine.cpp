@@ -1024,6 +1024,10 @@ void Engine::after_operator(uint32_t k) {
   for (const Move& m : op.offload_at) {
     Entry* e = find(m.tensor);
     if (!e || e->loc == Location::kUnbound) continue;  // died before its offload: nothing to do
+    if (!e->memory->alive() && e->pins == 0) {  // died, not yet swept: its memory is free already
+      forget_locked(*e);
+      continue;
+    }
     const bool movable =
         e->loc == Location::kResident && e->pins == 0 && !e->permanent && e->memory->alive();
     bool done = movable && offload_locked(*e, m.tier, false);
@@ -1050,6 +1054,10 @@ void Engine::after_operator(uint32_t k) {
   for (LogicalId id : op.drop_after) {
     Entry* e = find(id);
     if (!e || e->loc == Location::kUnbound) continue;  // died before it: nothing to free
+    if (!e->memory->alive() && e->pins == 0) {
+      forget_locked(*e);
+      continue;
+    }
     std::string why;
     if (drop_locked(*e, &why)) {
       stats_.plan_moves++;

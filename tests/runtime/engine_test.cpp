@@ -269,6 +269,27 @@ TEST_F(EngineTest, PlannedReadOfATensorThatDiedOutThereIsDropped) {
   EXPECT_EQ(e->stats().skipped_moves, 0u);
 }
 
+// A planned offload of a tensor that died before it (a gradient freed by zero_grad, not yet swept):
+// nothing to move, its memory is free; neither an offload nor a skipped move.
+TEST_F(EngineTest, PlannedOffloadOfATensorThatDiedIsForgotten) {
+  auto e = make(0);
+  auto a = make_tensor(4096, 6);
+  e->bind(2, std::make_unique<FakeMemory>(a));
+  Plan plan;
+  plan.tiers = {{"host", 1 << 20, 10, 10}, {"file", 4 << 20, 1, 1}};
+  plan.moves = {{2, MoveOp::offload, 0, 1, 2}};
+  e->set_plan(plan, 3);
+  a->alive = false;
+  e->before_operator(0);
+  e->after_operator(0);
+  e->before_operator(1);
+  e->after_operator(1);
+  EXPECT_EQ(e->location(2), Location::kUnbound);
+  EXPECT_EQ(e->stats().offloads, 0u);
+  EXPECT_EQ(e->stats().skipped_moves, 0u);
+  EXPECT_EQ(e->stats().resident_bytes, 0u);
+}
+
 TEST_F(EngineTest, ForgetDeadDropsOnlyDeadUnpinnedOnes) {
   auto e = make(0);
   auto a = make_tensor(1000, 1), b = make_tensor(1000, 2);
