@@ -39,10 +39,15 @@ struct HostJob {
 // compute stream sat idle 124 ms starved of kernels while the link moved data 67% of the step. Two
 // workers per direction also split the link between two copies, so the one needed first arrived
 // late. A lane is one stream per device, direction and priority: submit() enqueues the copy on it
-// at once (the CPU never waits for earlier copies), in submission order, which is the order the
-// plan needs them in; the GPU runs them one after the other at full speed. Its thread waits for
-// each copy's event in that order and finishes the request. Urgent requests take a lane of their
-// own, so they run beside the queued copies instead of after them.
+// at once (the CPU never waits for earlier copies), in submission order; the GPU runs them one
+// after the other at full speed. Its thread waits for each copy's event in that order and finishes
+// the request. Urgent requests take a lane of their own, so they run beside the queued copies
+// instead of after them. In submission order, a copy due soon waits behind every one submitted
+// before it, also those due much later: the Session therefore submits a plan's transfers in about
+// the order they are due (Note [Issue in deadline order] in src/sim/simulator.cpp), and the
+// simulator models lanes as LinkOrder::kIssue. (Lanes that reorder their copies themselves, with
+// streams waiting on device flags for copies not yet enqueued, were tried and hung a step on the
+// H200: docs/benchmarks.md.)
 struct Queued {
   std::shared_ptr<detail::CompletionState> state;
   Direction direction;
