@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <memory>
 #include <random>
 #include <thread>
@@ -177,24 +178,43 @@ TEST_P(Conformance, ManyConcurrentRequestsFromSeveralThreads) {
 
 TEST_P(Conformance, UrgentRequestOvertakesQueuedOnes) {
   if (!backend().queued) GTEST_SKIP() << "the synchronous tier completes every request inside submit()";
+  // Only the requests still unfinished when the urgent one was submitted can be overtaken: on a
+  // busy machine a fast tier (host memory) may finish most of the queue while it is being filled,
+  // so those are left out of the count, and a trial where too few were left is repeated.
   constexpr int kQueued = 200;
+  constexpr int kEnoughPending = 40;
   constexpr uint64_t kSize = kStripe;  // one stripe each, spread over every path
   std::vector<unsigned char> data = pattern(kSize, 3);
-  std::vector<Completion> cs;
-  for (int i = 0; i < kQueued; ++i) {
-    cs.push_back(tier_->submit({Direction::kWrite, BufferView::host(data.data(), kSize), uint64_t(i) * kSize}));
-  }
   std::vector<unsigned char> urgent_data = pattern(kSize, 4);
-  Completion urgent = tier_->submit(
-      {Direction::kWrite, BufferView::host(urgent_data.data(), kSize), uint64_t(kQueued) * kSize, Priority::kUrgent});
-  uint64_t t_urgent = urgent.wait().finish_ns;
-  ASSERT_TRUE(urgent.wait().ok);
-  int before = 0;
-  for (auto& c : cs) {
-    ASSERT_TRUE(c.wait().ok) << c.wait().error;
-    if (c.wait().finish_ns < t_urgent) ++before;
+  auto steady_ns = [] {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
+  };
+  int pending = 0, before = 0;
+  for (int trial = 0; trial < 10 && pending < kEnoughPending; ++trial) {
+    std::vector<Completion> cs;
+    for (int i = 0; i < kQueued; ++i) {
+      cs.push_back(tier_->submit({Direction::kWrite, BufferView::host(data.data(), kSize), uint64_t(i) * kSize}));
+    }
+    uint64_t t_submit = steady_ns();
+    Completion urgent = tier_->submit(
+        {Direction::kWrite, BufferView::host(urgent_data.data(), kSize), uint64_t(kQueued) * kSize, Priority::kUrgent});
+    ASSERT_TRUE(urgent.wait().ok) << urgent.wait().error;
+    uint64_t t_urgent = urgent.wait().finish_ns;
+    pending = before = 0;
+    for (auto& c : cs) {
+      ASSERT_TRUE(c.wait().ok) << c.wait().error;
+      if (c.wait().finish_ns <= t_submit) continue;  // done before the urgent request existed
+      ++pending;
+      if (c.wait().finish_ns < t_urgent) ++before;
+    }
   }
-  EXPECT_LT(before, kQueued / 2) << "the urgent request finished after " << before << " of " << kQueued;
+  RecordProperty("pending", pending);
+  RecordProperty("overtaken_by", before);
+  if (pending < kEnoughPending) GTEST_SKIP() << "the tier drained its queue before the urgent request in every trial";
+  EXPECT_LT(before, pending / 2) << "the urgent request finished after " << before << " of the " << pending
+                                 << " requests still queued when it was submitted";
 }
 
 TEST_P(Conformance, RequestBeyondCapacityIsAClearError) {
