@@ -9,6 +9,7 @@
 #include <initializer_list>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "teraio/error.h"
 #include "teraio/models.h"
@@ -16,8 +17,7 @@
 namespace teraio {
 namespace {
 
-
-constexpr double kFp32Tflops = 67.0;       // H100/H200 SXM, CUDA cores
+constexpr double kFp32Tflops = 67.0;         // H100/H200 SXM, CUDA cores
 constexpr double kTensorCoreTflops = 989.0;  // H100/H200 SXM, dense bf16/fp16
 
 enum class OpClass : uint8_t { matmul, attention, memory };
@@ -32,10 +32,22 @@ struct LayerParams {
   Param *attn_norm, *wq, *wk, *wv, *wo, *mlp_norm, *w_gate, *w_up, *w_down;
 };
 
+// A projection y = x·Wᵀ as its backward sees it: the input and weight the matmul read (under amp
+// the bf16 copies autocast made of them) and whether the layer's input x was fp32 (its gradient is
+// cast back to fp32).
+struct Linear {
+  TensorId out = 0, input = 0, weight = 0;
+  bool cast_input = false;
+};
+
 // What the forward of one layer saves for its backward.
 struct LayerSaved {
-  TensorId x_in, rsqrt1, h1, n1, q_rot, k_rep, v_rep, attn, lse, attn_t, x_mid, rsqrt2, h2, n2, gate,
-      up, act, prod;
+  TensorId x_in, rsqrt1, h1, n1, q_rot, k_rep, v_rep, attn, lse, attn_t, x_mid, rsqrt2, h2, n2,
+      gate, up, act, prod;
+  // amp: the projections' saved bf16 operands; math attention: the scaled q and k and the
+  // probabilities; fused attention under amp: the bf16 copies of q and k.
+  Linear lq, lk, lv, lo, lg, lu, ld;
+  TensorId q_s = 0, k_s = 0, probs = 0, q_att = 0, k_att = 0;
 };
 
 struct NormSaved {
@@ -48,15 +60,20 @@ class Builder {
           uint32_t seq)
       : opt_(options), shape_(shape) {
     const bool fp32 = options.dtype == SynthDtype::fp32;
-    // PyTorch picks memory-efficient attention for fp32 and flash attention for 16-bit types.
-    sdpa_name_ = fp32 ? "aten::_scaled_dot_product_efficient_attention"
-                      : "aten::_scaled_dot_product_flash_attention";
-    sdpa_backward_name_ = fp32 ? "aten::_scaled_dot_product_efficient_attention_backward"
-                               : "aten::_scaled_dot_product_flash_attention_backward";
-    elt_ = options.dtype == SynthDtype::fp32 ? 4 : 2;
-    double tflops = options.gpu_tflops > 0
-                        ? options.gpu_tflops
-                        : (options.dtype == SynthDtype::fp32 ? kFp32Tflops : kTensorCoreTflops);
+    amp_ = options.dtype == SynthDtype::amp;
+    attention_ = resolve_attention(options.attention, options.dtype);
+    sdpa_name_ =
+        attention_ == SynthAttention::efficient ? "aten::_scaled_dot_product_efficient_attention"
+        : attention_ == SynthAttention::flash   ? "aten::_scaled_dot_product_flash_attention"
+                                                : "aten::_scaled_dot_product_cudnn_attention";
+    sdpa_backward_name_ = sdpa_name_ + "_backward";
+    // Element bytes: compute (matmul and attention outputs, the MLP), residual stream and norms,
+    // parameters with their gradients and AdamW states.
+    elt_ = fp32 ? 4 : 2;
+    res_elt_ = fp32 || amp_ ? 4 : 2;
+    param_elt_ = res_elt_;
+    double tflops =
+        options.gpu_tflops > 0 ? options.gpu_tflops : (fp32 ? kFp32Tflops : kTensorCoreTflops);
     peak_flops_ = tflops * 1e12;
     hbm_bytes_per_s_ = options.hbm_gbps * 1e9 * options.hbm_efficiency;
     mb_ = micro_batch_size;
@@ -69,11 +86,20 @@ class Builder {
   Trace build() {
     make_params();
     const uint64_t kernels_per_layer = 120;
-    trace_.reserve_kernels(kernels_per_layer * shape_.layers * micro_batches() + 16 * params_.size(),
-                           kernels_per_layer * shape_.layers * micro_batches() * 4);
+    trace_.reserve_kernels(
+        kernels_per_layer * shape_.layers * micro_batches() + 16 * params_.size(),
+        kernels_per_layer * shape_.layers * micro_batches() * 4);
     zero_grad();
     for (uint32_t m = 0; m < micro_batches(); ++m) micro_batch(m);
     optimizer_step();
+    if (!opt_.persistent_gradients) {
+      // zero_grad(set_to_none=True) after optimizer.step() frees the gradients, so each one is
+      // held to the end of the iteration, past its last use in the optimizer.
+      const KernelIndex end = static_cast<KernelIndex>(trace_.num_kernels() - 1);
+      for (const Param& p : params_) {
+        trace_.tensors[p.grad].alive_until = end;
+      }
+    }
     if (opt_.recomputable) mark_producers();
     return std::move(trace_);
   }
@@ -81,10 +107,13 @@ class Builder {
  private:
   uint32_t micro_batches() const { return opt_.micro_batches; }
 
-  // Every non-persistent tensor's producer is its first kernel. An activation is recomputable when
-  // that kernel is memory-bound (elementwise, normalisation steps, rotary, activation functions,
-  // copies: cheap per byte; matmuls and attention are not), not in place (no trailing '_'), and no
-  // in-place kernel touches the tensor afterwards. Nothing here draws random numbers or aliases.
+  // Every non-persistent tensor's producer is its first kernel. As a Session's recorder marks them
+  // (Note [Recomputable tensors]), an activation is recomputable when rerunning that kernel gives
+  // it back: the kernel is not in place (no trailing '_'), no in-place kernel touches the tensor
+  // afterwards, and the tensor is what the operator returns, not a value made inside it (autocast's
+  // copies, the math attention's probabilities). Nothing here draws random numbers or aliases.
+  // Whether recomputing is worth its time, and whether the producer's inputs are still there, is
+  // the planner's to decide.
   void mark_producers() {
     const size_t nt = trace_.num_tensors();
     constexpr KernelIndex kNone = UINT32_MAX;
@@ -104,7 +133,7 @@ class Builder {
       TensorInfo& info = trace_.tensors[t];
       if (info.persistent || first[t] == kNone) continue;
       info.producer = first[t];
-      info.recomputable = info.kind == TensorKind::activation && cheap_[first[t]] &&
+      info.recomputable = info.kind == TensorKind::activation && !internal_[t] &&
                           !trace_.kernel_name(first[t]).ends_with('_') && !mutated[t];
     }
   }
@@ -116,6 +145,7 @@ class Builder {
     info.kind = kind;
     info.persistent = persistent;
     info.name = std::move(name);
+    internal_.push_back(composite_.active ? 1 : 0);
     return trace_.add_tensor(std::move(info));
   }
   TensorId act(const std::string& name, uint64_t bytes) {
@@ -139,8 +169,27 @@ class Builder {
       bytes = 0;
       for (TensorId t : ids) bytes += static_cast<double>(trace_.tensors[t].bytes);
     }
-    trace_.add_kernel(name, kernel_time_us(cls, flops, bytes), ids);
-    cheap_.push_back(cls == OpClass::memory ? 1 : 0);
+    const double us = kernel_time_us(cls, flops, bytes);
+    if (composite_.active) {  // one step of an operator being built: its time and tensors add up
+      composite_.us += us;
+      for (TensorId t : ids) {
+        if (std::find(composite_.ids.begin(), composite_.ids.end(), t) == composite_.ids.end())
+          composite_.ids.push_back(t);
+      }
+      return;
+    }
+    trace_.add_kernel(name, us, ids);
+  }
+
+  // One ATen operator that runs several kernels (aten::linear under autocast: the casts, then the
+  // matmul): the ops between begin and end become one kernel of their summed time that touches
+  // all their tensors. The tensors made in between are values made inside the operator (not
+  // recomputable by rerunning it) except `outputs`, what it returns.
+  void begin_operator(std::string name) { composite_ = Composite{std::move(name), 0, {}, true}; }
+  void end_operator(std::initializer_list<TensorId> outputs) {
+    composite_.active = false;
+    for (TensorId t : outputs) internal_[t] = 0;
+    trace_.add_kernel(composite_.name, composite_.us, composite_.ids);
   }
   void op(std::string_view name, OpClass cls, double flops, std::initializer_list<TensorId> ids,
           double bytes = -1) {
@@ -159,8 +208,8 @@ class Builder {
   // A kernel that produces the gradient of `p` from `inputs`. The first producer of the iteration
   // writes .grad directly when gradients are not persistent (AccumulateGrad steals the tensor);
   // otherwise the result goes to a temporary that `add_` accumulates into .grad.
-  void grad_op(std::string_view name, OpClass cls, double flops, std::initializer_list<TensorId> inputs,
-               Param& p) {
+  void grad_op(std::string_view name, OpClass cls, double flops,
+               std::initializer_list<TensorId> inputs, Param& p) {
     std::vector<TensorId> ids(inputs);
     if (!opt_.persistent_gradients && !p.grad_written) {
       ids.push_back(p.grad);
@@ -176,8 +225,8 @@ class Builder {
 
   // Backward of a projection y = x·Wᵀ with x of `in` and y of `out` features: the input gradient
   // dx = dy·W goes to a new temporary `name` of `bytes`, then dW = dyᵀ·x.
-  TensorId linear_backward(const std::string& name, uint64_t bytes, TensorId grad_out, TensorId input,
-                           double in, double out, Param& w) {
+  TensorId linear_backward(const std::string& name, uint64_t bytes, TensorId grad_out,
+                           TensorId input, double in, double out, Param& w) {
     const double t = static_cast<double>(tokens_);
     TensorId grad_in = tmp(name, bytes);
     mm(t, out, in, {grad_out, w.param, grad_in});
@@ -185,10 +234,54 @@ class Builder {
     return grad_in;
   }
 
+  // The same for a projection made by linear(): under amp both matmuls run in bf16 on the saved
+  // copies, the weight gradient is cast to fp32 (AccumulateGrad of the fp32 parameter) and, when
+  // the input was fp32, so is the input gradient. `grad_out` is in the compute type.
+  TensorId linear_backward(const std::string& name, TensorId grad_out, const Linear& l, double in,
+                           double out, Param& w) {
+    const uint64_t bytes = tokens_ * static_cast<uint64_t>(in) * elt_;
+    if (!amp_) return linear_backward(name, bytes, grad_out, l.input, in, out, w);
+    const double t = static_cast<double>(tokens_);
+    TensorId grad_in = tmp(name, bytes);
+    mm(t, out, in, {grad_out, l.weight, grad_in});
+    TensorId gw = tmp(trace_.tensors[w.param].name + ".grad_bf16", w.bytes / 2);
+    mm(out, t, in, {grad_out, l.input, gw});
+    grad_op("aten::_to_copy", OpClass::memory, 0, {gw}, w);
+    if (!l.cast_input) return grad_in;
+    TensorId g32 = tmp(name + "_fp32", bytes * 2);
+    ew("aten::_to_copy", {grad_in, g32});
+    return g32;
+  }
+
+  // y = x·Wᵀ into `out` (an activation when `saved`). Under amp one aten::linear: autocast casts the
+  // weight and an fp32 input to bf16 and autograd keeps those copies for the backward; rerunning
+  // the operator needs x and the fp32 weight.
+  Linear linear(const std::string& name, TensorId x, double in, double out, Param& w, bool saved) {
+    const double t = static_cast<double>(tokens_);
+    Linear l;
+    l.input = x;
+    l.weight = w.param;
+    if (amp_) {
+      begin_operator("aten::linear");
+      l.weight = act(name + ".weight_bf16", w.bytes / 2);
+      ew("aten::_to_copy", {w.param, l.weight});
+      l.cast_input = trace_.tensors[x].bytes == tokens_ * static_cast<uint64_t>(in) * 4;
+      if (l.cast_input) {
+        l.input = act(name + ".input_bf16", tokens_ * static_cast<uint64_t>(in) * 2);
+        ew("aten::_to_copy", {x, l.input});
+      }
+    }
+    const uint64_t bytes = tokens_ * static_cast<uint64_t>(out) * elt_;
+    l.out = saved ? act(name, bytes) : tmp(name, bytes);
+    mm(t, in, out, {l.input, l.weight, l.out});
+    if (amp_) end_operator({l.out});
+    return l;
+  }
+
   // ---- model ------------------------------------------------------------------------------------
   void param(const std::string& name, uint64_t elements) {
     Param p;
-    p.bytes = elements * elt_;
+    p.bytes = elements * param_elt_;
     p.param = tensor(name, p.bytes, TensorKind::parameter, true);
     p.grad = tensor(name + ".grad", p.bytes, TensorKind::gradient, opt_.persistent_gradients);
     p.exp_avg = tensor(name + ".exp_avg", p.bytes, TensorKind::optimizer_state, true);
@@ -237,7 +330,7 @@ class Builder {
 
   // RMSNorm as HF Llama runs it: x * rsqrt(mean(x^2) + eps) * w.
   NormSaved norm_forward(const std::string& name, TensorId x, Param& w) {
-    const uint64_t bd = tokens_ * shape_.d_model * elt_, bs = tokens_ * 4;
+    const uint64_t bd = tokens_ * shape_.d_model * res_elt_, bs = tokens_ * 4;
     TensorId pw = tmp(name + ".pow", bd);
     ew("aten::pow", {x, pw});
     TensorId mean = tmp(name + ".mean", bs);
@@ -249,15 +342,17 @@ class Builder {
     ew("aten::rsqrt", {var, s.rsqrt});
     s.h = act(name + ".normed", bd);
     ew("aten::mul", {x, s.rsqrt, s.h});
-    s.n = act(name + ".out", bd);
+    // Under amp the projections keep their own bf16 copies of the output, not the output.
+    s.n = amp_ ? tmp(name + ".out", bd) : act(name + ".out", bd);
     ew("aten::mul", {w.param, s.h, s.n});
     return s;
   }
 
   // Backward of norm_forward given the gradient of its output; returns the gradient of x (without
   // the residual path).
-  TensorId norm_backward(const std::string& name, TensorId g, TensorId x, const NormSaved& s, Param& w) {
-    const uint64_t bd = tokens_ * shape_.d_model * elt_, bs = tokens_ * 4;
+  TensorId norm_backward(const std::string& name, TensorId g, TensorId x, const NormSaved& s,
+                         Param& w) {
+    const uint64_t bd = tokens_ * shape_.d_model * res_elt_, bs = tokens_ * 4;
     TensorId gh = tmp(name + ".grad_normed", bd);
     ew("aten::mul", {g, w.param, gh});
     TensorId gw = tmp(name + ".grad_w_prod", bd);
@@ -286,13 +381,16 @@ class Builder {
     return gxn;
   }
 
-  // Rotary embedding: x*cos + rotate_half(x)*sin. Returns the rotated tensor (kind `out_kind`).
+  // Rotary embedding: x*cos + rotate_half(x)*sin. Returns the rotated tensor (an activation when
+  // `saved`). `bytes` is the result's size; under amp x is bf16 and the tables fp32, so the
+  // products and the result are fp32 (type promotion) while the rotate-half copies stay bf16.
   TensorId rope_forward(const std::string& name, TensorId x, uint64_t bytes, bool saved) {
+    const uint64_t in_bytes = trace_.tensors[x].bytes;
     TensorId a = tmp(name + ".cos_term", bytes);
     ew("aten::mul", {x, cos_, a});
-    TensorId ng = tmp(name + ".neg_half", bytes / 2);
+    TensorId ng = tmp(name + ".neg_half", in_bytes / 2);
     ew("aten::neg", {x, ng});
-    TensorId rot = tmp(name + ".rotated", bytes);
+    TensorId rot = tmp(name + ".rotated", in_bytes);
     ew("aten::cat", {ng, x, rot});
     TensorId b = tmp(name + ".sin_term", bytes);
     ew("aten::mul", {rot, sin_, b});
@@ -301,7 +399,9 @@ class Builder {
     return out;
   }
 
-  TensorId rope_backward(const std::string& name, TensorId g, uint64_t bytes) {
+  // The gradient of the rotary input from `g` (the result's gradient, of `bytes`); under amp cast
+  // to bf16 (`out_bytes`) at the end, the input's type.
+  TensorId rope_backward(const std::string& name, TensorId g, uint64_t bytes, uint64_t out_bytes) {
     TensorId a = tmp(name + ".grad_cos_term", bytes);
     ew("aten::mul", {g, cos_, a});
     TensorId b = tmp(name + ".grad_sin_term", bytes);
@@ -316,7 +416,10 @@ class Builder {
     ew("aten::add", {s1, s2, r});
     TensorId out = tmp(name + ".grad_pre_rope", bytes);
     ew("aten::add", {a, r, out});
-    return out;
+    if (out_bytes == bytes) return out;
+    TensorId cast = tmp(name + ".grad_pre_rope_bf16", out_bytes);
+    ew("aten::_to_copy", {out, cast});
+    return cast;
   }
 
   double attention_flops_forward() const {
@@ -324,51 +427,116 @@ class Builder {
     return 2.0 * mb_ * shape_.heads * static_cast<double>(seq_) * seq_ * head_dim_;
   }
 
+  // Under amp, a gradient of the fp32 residual stream cast to bf16 where it enters a projection
+  // that produced bf16 (autograd's backward of the type promotion in the residual add).
+  TensorId to_compute(const std::string& name, TensorId g) {
+    if (!amp_) return g;
+    TensorId c = tmp(name, trace_.tensors[g].bytes / 2);
+    ew("aten::_to_copy", {g, c});
+    return c;
+  }
+
+  // The math path of scaled_dot_product_attention, one operator: K and V repeated to every head, q
+  // and k scaled, the full (not causal-halved) scores through a causal bias and softmax, the
+  // probabilities saved; then the output made token-major.
+  void math_attention_forward(const std::string& L, LayerSaved& s, TensorId k_rot) {
+    const uint64_t bd = tokens_ * shape_.d_model * elt_, bkv = tokens_ * kv_dim_ * elt_;
+    const uint64_t scores_bytes = uint64_t{mb_} * shape_.heads * seq_ * seq_ * elt_;
+    begin_operator("aten::scaled_dot_product_attention");
+    TensorId q_in = s.q_rot, k_in = k_rot;
+    if (amp_) {
+      q_in = tmp(L + "attn.q_bf16", bd);
+      ew("aten::_to_copy", {s.q_rot, q_in});
+      k_in = tmp(L + "attn.k_bf16", bkv);
+      ew("aten::_to_copy", {k_rot, k_in});
+    }
+    TensorId k_rep = tmp(L + "attn.k_repeated", bd);
+    ew("aten::repeat_interleave", {k_in, k_rep});
+    s.v_rep = act(L + "attn.v_repeated", bd);
+    ew("aten::repeat_interleave", {s.lv.out, s.v_rep});
+    s.q_s = act(L + "attn.q_scaled", bd);
+    ew("aten::mul", {q_in, s.q_s});
+    s.k_s = act(L + "attn.k_scaled", bd);
+    ew("aten::mul", {k_rep, s.k_s});
+    TensorId scores = tmp(L + "attn.scores", scores_bytes);
+    op("aten::bmm", OpClass::matmul, attention_flops_forward(), {s.q_s, s.k_s, scores});
+    TensorId bias = tmp(L + "attn.causal_bias", uint64_t{seq_} * seq_ * elt_);
+    ew("aten::masked_fill", {bias});
+    ew("aten::add_", {scores, bias});
+    s.probs = act(L + "attn.probs", scores_bytes);
+    ew("aten::_softmax", {scores, s.probs});
+    s.attn = tmp(L + "attn.sdpa_out", bd);
+    op("aten::bmm", OpClass::matmul, attention_flops_forward(), {s.probs, s.v_rep, s.attn});
+    end_operator({s.attn});
+    s.attn_t = act(L + "attn.sdpa_out_t", bd);
+    ew("aten::clone", {s.attn, s.attn_t});
+  }
+
   TensorId layer_forward(uint32_t l, TensorId x, LayerParams& p, LayerSaved& s) {
-    const double t = static_cast<double>(tokens_), d = shape_.d_model, f = shape_.ffn;
+    const double d = shape_.d_model, f = shape_.ffn;
     const double kvd = static_cast<double>(kv_dim_);
     const uint64_t bd = tokens_ * shape_.d_model * elt_, bkv = tokens_ * kv_dim_ * elt_,
                    bf = tokens_ * shape_.ffn * elt_;
+    // The residual stream and the rotary results (fp32 under amp: fp32 tables times bf16 q, k).
+    const uint64_t br = tokens_ * shape_.d_model * res_elt_, bkv_r = tokens_ * kv_dim_ * res_elt_;
+    const bool fused = attention_ == SynthAttention::fused,
+               math = attention_ == SynthAttention::math;
     const std::string L = fmt::format("layers.{}.", l);
     s.x_in = x;
     NormSaved n1 = norm_forward(L + "attn_norm", x, *p.attn_norm);
     s.rsqrt1 = n1.rsqrt, s.h1 = n1.h, s.n1 = n1.n;
-    TensorId q = tmp(L + "attn.q", bd);
-    mm(t, d, d, {s.n1, p.wq->param, q});
-    TensorId k = tmp(L + "attn.k", bkv);
-    mm(t, d, kvd, {s.n1, p.wk->param, k});
-    TensorId v = tmp(L + "attn.v", bkv);
-    mm(t, d, kvd, {s.n1, p.wv->param, v});
-    s.q_rot = rope_forward(L + "attn.q", q, bd, true);
-    TensorId k_rot = rope_forward(L + "attn.k", k, bkv, false);
-    s.k_rep = act(L + "attn.k_repeated", bd);
-    ew("aten::clone", {k_rot, s.k_rep});
-    s.v_rep = act(L + "attn.v_repeated", bd);
-    ew("aten::clone", {v, s.v_rep});
-    s.attn = act(L + "attn.sdpa_out", bd);
-    s.lse = act(L + "attn.logsumexp", tokens_ * shape_.heads * 4);
-    op(sdpa_name_, OpClass::attention, attention_flops_forward(),
-       {s.q_rot, s.k_rep, s.v_rep, s.attn, s.lse});
-    s.attn_t = act(L + "attn.sdpa_out_t", bd);
-    ew("aten::clone", {s.attn, s.attn_t});
-    TensorId o = tmp(L + "attn.o", bd);
-    mm(t, d, d, {s.attn_t, p.wo->param, o});
-    s.x_mid = act(L + "residual_mid", bd);
-    ew("aten::add", {x, o, s.x_mid});
+    s.lq = linear(L + "attn.q", s.n1, d, d, *p.wq, false);
+    s.lk = linear(L + "attn.k", s.n1, d, kvd, *p.wk, false);
+    s.lv = linear(L + "attn.v", s.n1, d, kvd, *p.wv, fused);  // fused attention saves v as it is
+    // The attention kernel saves its q and k, unless autocast's bf16 copies (fused) or the scaled
+    // copies (math) are what it keeps.
+    s.q_rot = rope_forward(L + "attn.q", s.lq.out, br, !math && !(fused && amp_));
+    TensorId k_rot = rope_forward(L + "attn.k", s.lk.out, bkv_r, fused && !amp_);
+    if (fused) {
+      s.q_att = s.q_rot, s.k_att = k_rot;
+      if (amp_) {  // autocast's casts inside scaled_dot_product_attention
+        begin_operator(sdpa_name_);
+        s.q_att = act(L + "attn.q_bf16", bd);
+        ew("aten::_to_copy", {s.q_rot, s.q_att});
+        s.k_att = act(L + "attn.k_bf16", bkv);
+        ew("aten::_to_copy", {k_rot, s.k_att});
+      }
+      s.attn = act(L + "attn.sdpa_out", bd);
+      s.lse = act(L + "attn.logsumexp", tokens_ * shape_.heads * 4);
+      op(sdpa_name_, OpClass::attention, attention_flops_forward(),
+         {s.q_att, s.k_att, s.lv.out, s.attn, s.lse});
+      if (amp_) end_operator({s.attn, s.lse});
+      s.attn_t = s.attn;  // already token-major
+    } else if (math) {
+      math_attention_forward(L, s, k_rot);
+    } else {
+      s.k_rep = act(L + "attn.k_repeated", bd);
+      ew("aten::clone", {k_rot, s.k_rep});
+      s.v_rep = act(L + "attn.v_repeated", bd);
+      ew("aten::clone", {s.lv.out, s.v_rep});
+      s.attn = act(L + "attn.sdpa_out", bd);
+      s.lse = act(L + "attn.logsumexp", tokens_ * shape_.heads * 4);
+      op(sdpa_name_, OpClass::attention, attention_flops_forward(),
+         {s.q_rot, s.k_rep, s.v_rep, s.attn, s.lse});
+      s.attn_t = act(L + "attn.sdpa_out_t", bd);
+      ew("aten::clone", {s.attn, s.attn_t});
+    }
+    s.lo = linear(L + "attn.o", s.attn_t, d, d, *p.wo, false);
+    s.x_mid = act(L + "residual_mid", br);
+    ew("aten::add", {x, s.lo.out, s.x_mid});
     NormSaved n2 = norm_forward(L + "mlp_norm", s.x_mid, *p.mlp_norm);
     s.rsqrt2 = n2.rsqrt, s.h2 = n2.h, s.n2 = n2.n;
-    s.gate = act(L + "mlp.gate", bf);
-    mm(t, d, f, {s.n2, p.w_gate->param, s.gate});
-    s.up = act(L + "mlp.up", bf);
-    mm(t, d, f, {s.n2, p.w_up->param, s.up});
+    s.lg = linear(L + "mlp.gate", s.n2, d, f, *p.w_gate, true);
+    s.gate = s.lg.out;
+    s.lu = linear(L + "mlp.up", s.n2, d, f, *p.w_up, true);
+    s.up = s.lu.out;
     s.act = act(L + "mlp.silu", bf);
     ew("aten::silu", {s.gate, s.act});
     s.prod = act(L + "mlp.prod", bf);
     ew("aten::mul", {s.act, s.up, s.prod});
-    TensorId down = tmp(L + "mlp.down", bd);
-    mm(t, f, d, {s.prod, p.w_down->param, down});
-    TensorId out = act(L + "residual_out", bd);
-    ew("aten::add", {s.x_mid, down, out});
+    s.ld = linear(L + "mlp.down", s.prod, f, d, *p.w_down, false);
+    TensorId out = act(L + "residual_out", br);
+    ew("aten::add", {s.x_mid, s.ld.out, out});
     return out;
   }
 
@@ -378,46 +546,87 @@ class Builder {
     const double kvd = static_cast<double>(kv_dim_);
     const uint64_t bd = tokens_ * shape_.d_model * elt_, bkv = tokens_ * kv_dim_ * elt_,
                    bf = tokens_ * shape_.ffn * elt_;
+    const uint64_t br = tokens_ * shape_.d_model * res_elt_, bkv_r = tokens_ * kv_dim_ * res_elt_;
     const std::string L = fmt::format("layers.{}.", l);
     // MLP
-    TensorId g_prod = linear_backward(L + "mlp.grad_prod", bf, g, s.prod, f, d, *p.w_down);
+    TensorId g_prod = linear_backward(
+        L + "mlp.grad_prod", to_compute(L + "grad_residual_out_bf16", g), s.ld, f, d, *p.w_down);
     TensorId g_act = tmp(L + "mlp.grad_silu", bf);
     ew("aten::mul", {g_prod, s.up, g_act});
     TensorId g_up = tmp(L + "mlp.grad_up", bf);
     ew("aten::mul", {g_prod, s.act, g_up});
     TensorId g_gate = tmp(L + "mlp.grad_gate", bf);
     ew("aten::silu_backward", {g_act, s.gate, g_gate});
-    TensorId g_n2a = linear_backward(L + "mlp.grad_norm_out_up", bd, g_up, s.n2, d, f, *p.w_up);
-    TensorId g_n2b = linear_backward(L + "mlp.grad_norm_out_gate", bd, g_gate, s.n2, d, f, *p.w_gate);
-    TensorId g_n2 = tmp(L + "mlp_norm.grad_out", bd);
+    TensorId g_n2a = linear_backward(L + "mlp.grad_norm_out_up", g_up, s.lu, d, f, *p.w_up);
+    TensorId g_n2b = linear_backward(L + "mlp.grad_norm_out_gate", g_gate, s.lg, d, f, *p.w_gate);
+    TensorId g_n2 = tmp(L + "mlp_norm.grad_out", br);
     ew("aten::add", {g_n2a, g_n2b, g_n2});
     TensorId g_mid_n =
         norm_backward(L + "mlp_norm", g_n2, s.x_mid, {s.rsqrt2, s.h2, s.n2}, *p.mlp_norm);
-    TensorId g_mid = tmp(L + "grad_residual_mid", bd);
+    TensorId g_mid = tmp(L + "grad_residual_mid", br);
     ew("aten::add", {g, g_mid_n, g_mid});
     // Attention
-    TensorId g_attn = linear_backward(L + "attn.grad_sdpa_out", bd, g_mid, s.attn_t, d, d, *p.wo);
-    TensorId g_q = tmp(L + "attn.grad_q_rope", bd);
-    TensorId g_krep = tmp(L + "attn.grad_k_repeated", bd);
-    TensorId g_vrep = tmp(L + "attn.grad_v_repeated", bd);
-    op(sdpa_backward_name_, OpClass::attention, 2.5 * attention_flops_forward(),
-       {g_attn, s.q_rot, s.k_rep, s.v_rep, s.attn, s.lse, g_q, g_krep, g_vrep});
-    TensorId g_k = tmp(L + "attn.grad_k_rope", bkv);
-    ew("aten::sum", {g_krep, g_k});
-    TensorId g_v = tmp(L + "attn.grad_v", bkv);
-    ew("aten::sum", {g_vrep, g_v});
-    TensorId g_qp = rope_backward(L + "attn.q", g_q, bd);
-    TensorId g_kp = rope_backward(L + "attn.k", g_k, bkv);
-    TensorId g_n1v = linear_backward(L + "attn.grad_norm_out_v", bd, g_v, s.n1, d, kvd, *p.wv);
-    TensorId g_n1k = linear_backward(L + "attn.grad_norm_out_k", bd, g_kp, s.n1, d, kvd, *p.wk);
-    TensorId g_n1q = linear_backward(L + "attn.grad_norm_out_q", bd, g_qp, s.n1, d, d, *p.wq);
-    TensorId g_n1a = tmp(L + "attn_norm.grad_out_vk", bd);
+    TensorId g_attn =
+        linear_backward(L + "attn.grad_sdpa_out", to_compute(L + "grad_residual_mid_bf16", g_mid),
+                        s.lo, d, d, *p.wo);
+    TensorId g_q, g_k, g_v;
+    if (attention_ == SynthAttention::fused) {
+      g_q = tmp(L + "attn.grad_q_rope", bd);
+      g_k = tmp(L + "attn.grad_k_rope", bkv);
+      g_v = tmp(L + "attn.grad_v", bkv);
+      op(sdpa_backward_name_, OpClass::attention, 2.5 * attention_flops_forward(),
+         {g_attn, s.q_att, s.k_att, s.lv.out, s.attn, s.lse, g_q, g_k, g_v});
+    } else if (attention_ == SynthAttention::math) {
+      const uint64_t scores_bytes = uint64_t{mb_} * shape_.heads * seq_ * seq_ * elt_;
+      TensorId g_probs = tmp(L + "attn.grad_probs", scores_bytes);
+      op("aten::bmm", OpClass::matmul, attention_flops_forward(), {g_attn, s.v_rep, g_probs});
+      TensorId g_vrep = tmp(L + "attn.grad_v_repeated", bd);
+      op("aten::bmm", OpClass::matmul, attention_flops_forward(), {s.probs, g_attn, g_vrep});
+      TensorId g_scores = tmp(L + "attn.grad_scores", scores_bytes);
+      ew("aten::_softmax_backward_data", {g_probs, s.probs, g_scores});
+      TensorId g_qs = tmp(L + "attn.grad_q_scaled", bd);
+      op("aten::bmm", OpClass::matmul, attention_flops_forward(), {g_scores, s.k_s, g_qs});
+      TensorId g_ks = tmp(L + "attn.grad_k_scaled", bd);
+      op("aten::bmm", OpClass::matmul, attention_flops_forward(), {g_scores, s.q_s, g_ks});
+      g_q = tmp(L + "attn.grad_q_rope", bd);
+      ew("aten::mul", {g_qs, g_q});
+      TensorId g_krep = tmp(L + "attn.grad_k_repeated", bd);
+      ew("aten::mul", {g_ks, g_krep});
+      g_k = tmp(L + "attn.grad_k_rope", bkv);
+      ew("aten::sum", {g_krep, g_k});
+      g_v = tmp(L + "attn.grad_v", bkv);
+      ew("aten::sum", {g_vrep, g_v});
+    } else {
+      g_q = tmp(L + "attn.grad_q_rope", bd);
+      TensorId g_krep = tmp(L + "attn.grad_k_repeated", bd);
+      TensorId g_vrep = tmp(L + "attn.grad_v_repeated", bd);
+      op(sdpa_backward_name_, OpClass::attention, 2.5 * attention_flops_forward(),
+         {g_attn, s.q_rot, s.k_rep, s.v_rep, s.attn, s.lse, g_q, g_krep, g_vrep});
+      g_k = tmp(L + "attn.grad_k_rope", bkv);
+      ew("aten::sum", {g_krep, g_k});
+      g_v = tmp(L + "attn.grad_v", bkv);
+      ew("aten::sum", {g_vrep, g_v});
+    }
+    if (amp_) {  // back through autocast's casts of the rotary results to their fp32
+      TensorId q32 = tmp(L + "attn.grad_q_rope_fp32", br);
+      ew("aten::_to_copy", {g_q, q32});
+      g_q = q32;
+      TensorId k32 = tmp(L + "attn.grad_k_rope_fp32", bkv_r);
+      ew("aten::_to_copy", {g_k, k32});
+      g_k = k32;
+    }
+    TensorId g_qp = rope_backward(L + "attn.q", g_q, br, bd);
+    TensorId g_kp = rope_backward(L + "attn.k", g_k, bkv_r, bkv);
+    TensorId g_n1v = linear_backward(L + "attn.grad_norm_out_v", g_v, s.lv, d, kvd, *p.wv);
+    TensorId g_n1k = linear_backward(L + "attn.grad_norm_out_k", g_kp, s.lk, d, kvd, *p.wk);
+    TensorId g_n1q = linear_backward(L + "attn.grad_norm_out_q", g_qp, s.lq, d, d, *p.wq);
+    TensorId g_n1a = tmp(L + "attn_norm.grad_out_vk", br);
     ew("aten::add", {g_n1v, g_n1k, g_n1a});
-    TensorId g_n1 = tmp(L + "attn_norm.grad_out", bd);
+    TensorId g_n1 = tmp(L + "attn_norm.grad_out", br);
     ew("aten::add", {g_n1a, g_n1q, g_n1});
     TensorId g_in_n =
         norm_backward(L + "attn_norm", g_n1, s.x_in, {s.rsqrt1, s.h1, s.n1}, *p.attn_norm);
-    TensorId g_in = tmp(L + "grad_residual_in", bd);
+    TensorId g_in = tmp(L + "grad_residual_in", br);
     ew("aten::add", {g_mid, g_in_n, g_in});
     return g_in;
   }
@@ -425,8 +634,9 @@ class Builder {
   void micro_batch(uint32_t m) {
     prefix_ = fmt::format("mb{}.", m);
     const double t = static_cast<double>(tokens_), d = shape_.d_model, v = shape_.vocab;
-    const uint64_t bd = tokens_ * shape_.d_model * elt_;
-    const uint64_t logits_bytes = tokens_ * shape_.vocab * elt_, logits32 = tokens_ * shape_.vocab * 4;
+    const uint64_t bd = tokens_ * shape_.d_model * res_elt_;  // the residual stream
+    const uint64_t logits_bytes = tokens_ * shape_.vocab * elt_,
+                   logits32 = tokens_ * shape_.vocab * 4;
     TensorId ids = tensor(prefix_ + "input_ids", tokens_ * 8, TensorKind::other);
     TensorId labels = tensor(prefix_ + "labels", tokens_ * 8, TensorKind::other);
 
@@ -442,19 +652,19 @@ class Builder {
     ew("aten::cat", {freqs, emb});
     TensorId c0 = tmp("rope.cos_raw", tokens_ * head_dim_ * 4);
     ew("aten::cos", {emb, c0});
-    cos_ = act("rope.cos", tokens_ * head_dim_ * elt_);
+    cos_ = act("rope.cos", tokens_ * head_dim_ * res_elt_);
     ew("aten::mul", {c0, cos_});
     TensorId s0 = tmp("rope.sin_raw", tokens_ * head_dim_ * 4);
     ew("aten::sin", {emb, s0});
-    sin_ = act("rope.sin", tokens_ * head_dim_ * elt_);
+    sin_ = act("rope.sin", tokens_ * head_dim_ * res_elt_);
     ew("aten::mul", {s0, sin_});
 
     std::vector<LayerSaved> saved(shape_.layers);
     for (uint32_t l = 0; l < shape_.layers; ++l) x = layer_forward(l, x, layers_[l], saved[l]);
 
     NormSaved nf = norm_forward("norm", x, *final_norm_);
-    TensorId logits = tmp("lm_head.logits", logits_bytes);
-    mm(t, d, v, {nf.n, lm_head_->param, logits});
+    const Linear head = linear("lm_head.logits", nf.n, d, v, *lm_head_, false);
+    TensorId logits = head.out;
     if (elt_ != 4) {  // HF upcasts logits to fp32 for the loss
       TensorId l32 = tmp("lm_head.logits_fp32", logits32);
       ew("aten::_to_copy", {logits, l32});
@@ -483,9 +693,7 @@ class Builder {
       ew("aten::_to_copy", {g_logits, ge});
       g_logits = ge;
     }
-    TensorId g_nf = tmp("norm.grad_out", bd);
-    mm(t, v, d, {g_logits, lm_head_->param, g_nf});
-    grad_op("aten::mm", OpClass::matmul, 2 * t * d * v, {g_logits, nf.n}, *lm_head_);
+    TensorId g_nf = linear_backward("norm.grad_out", g_logits, head, d, v, *lm_head_);
     TensorId g_xn = norm_backward("norm", g_nf, x, nf, *final_norm_);
     TensorId g = g_xn;
     for (uint32_t l = shape_.layers; l-- > 0;) g = layer_backward(l, g, layers_[l], saved[l]);
@@ -501,7 +709,8 @@ class Builder {
         grads.push_back(p.grad);
         m1.push_back(p.exp_avg);
         m2.push_back(p.exp_avg_sq);
-        sqrt.push_back(tensor(trace_.tensors[p.param].name + ".denom", p.bytes, TensorKind::temporary));
+        sqrt.push_back(
+            tensor(trace_.tensors[p.param].name + ".denom", p.bytes, TensorKind::temporary));
       }
       auto cat = [](std::initializer_list<const std::vector<TensorId>*> lists) {
         std::vector<TensorId> all;
@@ -544,7 +753,17 @@ class Builder {
   const SynthOptions& opt_;
   const ModelShape& shape_;
   Trace trace_;
-  uint64_t elt_ = 4;
+  uint64_t elt_ = 4;        // compute: matmul and attention outputs, the MLP
+  uint64_t res_elt_ = 4;    // residual stream, norms, rotary tables
+  uint64_t param_elt_ = 4;  // parameters, gradients, AdamW states
+  bool amp_ = false;
+  struct Composite {
+    std::string name;
+    double us = 0;
+    std::vector<TensorId> ids;
+    bool active = false;
+  } composite_;  // the operator begin_operator() is building
+  SynthAttention attention_ = SynthAttention::efficient;
   double peak_flops_ = 0, hbm_bytes_per_s_ = 0;
   uint32_t mb_ = 1, seq_ = 0, head_dim_ = 0;
   uint64_t tokens_ = 0, kv_dim_ = 0;
@@ -553,18 +772,25 @@ class Builder {
   Param *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
   TensorId inv_freq_ = 0, cos_ = 0, sin_ = 0;
   std::string prefix_;
-  std::vector<uint8_t> cheap_;  // per kernel: memory-bound (a cheap producer to recompute)
+  std::vector<uint8_t> internal_;  // per tensor: made inside an operator, not what it returns
 };
 
-std::string quoted(std::string_view s) { return fmt::format("\"{}\"", s); }
+std::string quoted(std::string_view s) {
+  return fmt::format("\"{}\"", s);
+}
 
 }  // namespace
 
 std::string_view to_string(SynthDtype dtype) {
   switch (dtype) {
-    case SynthDtype::fp32: return "fp32";
-    case SynthDtype::bf16: return "bf16";
-    case SynthDtype::fp16: return "fp16";
+    case SynthDtype::fp32:
+      return "fp32";
+    case SynthDtype::bf16:
+      return "bf16";
+    case SynthDtype::fp16:
+      return "fp16";
+    case SynthDtype::amp:
+      return "amp";
   }
   return "fp32";
 }
@@ -573,7 +799,40 @@ SynthDtype parse_synth_dtype(std::string_view text) {
   if (text == "fp32") return SynthDtype::fp32;
   if (text == "bf16") return SynthDtype::bf16;
   if (text == "fp16") return SynthDtype::fp16;
-  throw Error(fmt::format("--dtype: '{}' is not one of fp32, bf16, fp16", text));
+  if (text == "amp") return SynthDtype::amp;
+  throw Error(fmt::format("--dtype: '{}' is not one of fp32, bf16, fp16, amp", text));
+}
+
+std::string_view to_string(SynthAttention attention) {
+  switch (attention) {
+    case SynthAttention::automatic:
+      return "auto";
+    case SynthAttention::efficient:
+      return "efficient";
+    case SynthAttention::flash:
+      return "flash";
+    case SynthAttention::fused:
+      return "fused";
+    case SynthAttention::math:
+      return "math";
+  }
+  return "auto";
+}
+
+SynthAttention resolve_attention(SynthAttention attention, SynthDtype dtype) {
+  if (attention != SynthAttention::automatic) return attention;
+  return dtype == SynthDtype::fp32  ? SynthAttention::efficient
+         : dtype == SynthDtype::amp ? SynthAttention::fused
+                                    : SynthAttention::flash;
+}
+
+SynthAttention parse_synth_attention(std::string_view text) {
+  for (SynthAttention a : {SynthAttention::automatic, SynthAttention::efficient,
+                           SynthAttention::flash, SynthAttention::fused, SynthAttention::math}) {
+    if (text == to_string(a)) return a;
+  }
+  throw Error(
+      fmt::format("--attention: '{}' is not one of auto, efficient, flash, fused, math", text));
 }
 
 std::vector<std::string> synth_models() {
@@ -582,10 +841,48 @@ std::vector<std::string> synth_models() {
   return names;
 }
 
+namespace {
+
+// Synth's own names first; else any Llama-architecture entry of the table by its canonical name.
+const ModelEntry& find_synth_model(std::string_view name) {
+  try {
+    return find_model("synth", name);
+  } catch (const Error&) {
+    std::vector<std::string> others;
+    for (const ModelEntry& m : model_table()) {
+      bool synth_name = false;
+      for (const auto& [n, c] : model_names("synth")) synth_name |= c == m.name;
+      if (m.name == name) {
+        TERAIO_CHECK(m.arch == "llama",
+                     "--model \"{}\": a {} model; synth traces Llama-architecture decoders only",
+                     name, m.arch);
+        return m;
+      }
+      if (m.arch == "llama" && !synth_name) others.push_back(m.name);
+    }
+    std::string known;
+    for (const auto& [n, c] : model_names("synth"))
+      known += fmt::format("{}{} ({})", known.empty() ? "" : ", ", n, c);
+    throw Error(fmt::format("--model \"{}\": unknown model (known: {}; and the model table's {})",
+                            name, known, fmt::join(others, ", ")));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> synth_table_models() {
+  std::vector<std::string> names;
+  for (const ModelEntry& m : model_table()) {
+    bool synth_name = false;
+    for (const auto& [n, c] : model_names("synth")) synth_name |= c == m.name;
+    if (m.arch == "llama" && !synth_name) names.push_back(m.name);
+  }
+  return names;
+}
+
 ModelShape model_shape(std::string_view name) {
-  const ModelEntry& m = find_model("synth", name);
+  const ModelEntry& m = find_synth_model(name);
   const ModelIteration* it = synth_iteration(m.name);
-  TERAIO_INTERNAL_ASSERT(it != nullptr, "data/models.json: synth_iterations lacks {}", m.name);
   ModelShape s;
   s.name = std::string(name);
   s.canonical = m.name;
@@ -596,9 +893,10 @@ ModelShape model_shape(std::string_view name) {
   s.ffn = m.ffn;
   s.vocab = m.vocab;
   s.tied_embeddings = m.tied_embeddings;
-  s.default_batch = it->batch;
-  s.default_seq = it->seq;
-  s.default_micro_batches = it->micro_batches;
+  // An entry the table gives no synth iteration: one sequence of its longest length.
+  s.default_batch = it ? it->batch : 1;
+  s.default_seq = it ? it->seq : m.max_seq;
+  s.default_micro_batches = it ? it->micro_batches : 1;
   return s;
 }
 
@@ -609,7 +907,11 @@ uint64_t parameter_count(const ModelShape& s) {
 }
 
 Trace synthesize(const SynthOptions& options) {
-  const ModelShape shape = model_shape(options.model);
+  ModelShape shape = model_shape(options.model);
+  if (options.layers > 0) {
+    TERAIO_CHECK(options.layers <= 4096, "--layers {} is more than 4096", options.layers);
+    shape.layers = options.layers;
+  }
   SynthOptions o = options;
   const uint32_t default_mb_size = shape.default_batch / shape.default_micro_batches;
   if (o.batch == 0) {
@@ -617,10 +919,10 @@ Trace synthesize(const SynthOptions& options) {
   }
   if (o.seq == 0) o.seq = shape.default_seq;
   if (o.micro_batches == 0) o.micro_batches = std::min(shape.default_micro_batches, o.batch);
-  TERAIO_CHECK(o.batch % o.micro_batches == 0,
-               "--batch {} is not a multiple of --micro-batches {}", o.batch, o.micro_batches);
-  TERAIO_CHECK(o.gpu_tflops >= 0 && std::isfinite(o.gpu_tflops), "--gpu-tflops must be positive, got {}",
-               o.gpu_tflops);
+  TERAIO_CHECK(o.batch % o.micro_batches == 0, "--batch {} is not a multiple of --micro-batches {}",
+               o.batch, o.micro_batches);
+  TERAIO_CHECK(o.gpu_tflops >= 0 && std::isfinite(o.gpu_tflops),
+               "--gpu-tflops must be positive, got {}", o.gpu_tflops);
   TERAIO_CHECK(o.hbm_gbps > 0 && std::isfinite(o.hbm_gbps), "--hbm-gbps must be positive, got {}",
                o.hbm_gbps);
   for (double e : {o.matmul_efficiency, o.attention_efficiency, o.hbm_efficiency}) {
@@ -637,12 +939,16 @@ Trace synthesize(const SynthOptions& options) {
   trace.set_meta("batch", fmt::format("{}", o.batch));
   trace.set_meta("seq", fmt::format("{}", o.seq));
   trace.set_meta("micro_batches", fmt::format("{}", o.micro_batches));
+  trace.set_meta("layers", fmt::format("{}", shape.layers));
   trace.set_meta("dtype", quoted(to_string(o.dtype)));
+  trace.set_meta("attention", quoted(to_string(resolve_attention(o.attention, o.dtype))));
   trace.set_meta("optimizer", quoted("adamw"));
   trace.set_meta("foreach", o.foreach ? "true" : "false");
   trace.set_meta("persistent_gradients", o.persistent_gradients ? "true" : "false");
-  double tflops = o.gpu_tflops > 0 ? o.gpu_tflops
-                                   : (o.dtype == SynthDtype::fp32 ? kFp32Tflops : kTensorCoreTflops);
+  double tflops = o.gpu_tflops > 0
+                      ? o.gpu_tflops
+                      : (o.dtype == SynthDtype::fp32 ? kFp32Tflops : kTensorCoreTflops);
+  // (amp uses the tensor cores' peak: its matmuls and attention run in bf16)
   trace.set_meta("gpu_tflops", fmt::format("{}", tflops));
   trace.set_meta("hbm_gbps", fmt::format("{}", o.hbm_gbps));
   trace.set_meta("generator", quoted("teraio synth"));

@@ -30,8 +30,13 @@ for line in out.splitlines():
         failures.append(f"teraio synth --list: unreadable line {line!r}")
         continue
     synth[m.group(1)] = (m.group(2), *map(int, m.groups()[2:]))
-check("teraio synth --list names", list(synth), list(table["names"]["synth"]))
-for name, shape in table["names"]["synth"].items():
+# synth's own names, then every other Llama-architecture entry under its table name
+synth_names = dict(table["names"]["synth"])
+for m in table["models"]:
+    if m["arch"] == "llama" and m["name"] not in synth_names.values():
+        synth_names[m["name"]] = m["name"]
+check("teraio synth --list names", list(synth), list(synth_names))
+for name, shape in synth_names.items():
     e = entries[shape]
     check(f"synth {name}", synth.get(name),
           (shape, e["layers"], e["d_model"], e["heads"], e["kv_heads"], e["ffn"], e["vocab"]))

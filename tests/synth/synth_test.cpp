@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -150,6 +151,131 @@ KernelIndex nth_kernel(const Trace& trace, std::string_view name, int n) {
   }
   ADD_FAILURE() << "no kernel " << name;
   return 0;
+}
+
+// Under amp every persistent tensor stays fp32, each projection's weight gets a bf16 copy made in
+// the forward and read by the backward, and the attention reads the grouped K and V as they are.
+TEST(Synth, AmpKeepsFp32StateAndSavesBf16Copies) {
+  SynthOptions o = tiny();
+  o.dtype = SynthDtype::amp;
+  o.persistent_gradients = false;
+  Trace trace = synthesize(o);
+  const uint64_t params = parameter_count(model_shape("tiny"));
+  std::map<TensorKind, uint64_t> bytes;
+  for (const TensorInfo& t : trace.tensors) bytes[t.kind] += t.bytes;
+  EXPECT_EQ(bytes[TensorKind::parameter], 4 * params);
+  EXPECT_EQ(bytes[TensorKind::gradient], 4 * params);
+  EXPECT_EQ(bytes[TensorKind::optimizer_state], 8 * params);
+  const auto names = by_name(trace);
+  Lifetimes life(trace);
+  const KernelIndex bwd = nth_kernel(trace, "aten::ones_like", 0);
+  int copies = 0;
+  for (const auto& [name, id] : names) {
+    if (!name.starts_with("mb0.") || !name.ends_with(".weight_bf16")) continue;  // micro-batch 0
+    ++copies;
+    const TensorInfo& info = trace.tensors[id];
+    EXPECT_EQ(info.kind, TensorKind::activation) << name;
+    EXPECT_FALSE(info.recomputable) << name << ": made inside aten::linear";
+    EXPECT_LT(life.first_use(id), bwd) << name;
+    EXPECT_GT(life.last_use(id), bwd) << name;
+  }
+  EXPECT_EQ(copies, 7 * 2 + 1);  // 7 projections per layer, the LM head
+  bool fused = false;
+  for (KernelIndex k = 0; k < trace.num_kernels(); ++k) {
+    fused |= trace.kernel_name(k) == "aten::_scaled_dot_product_cudnn_attention";
+  }
+  EXPECT_TRUE(fused);
+  EXPECT_EQ(names.count("mb0.layers.0.attn.k_repeated"), 0u);
+  // The residual stream is fp32, the MLP's activations bf16.
+  const uint64_t tokens = 32;  // one sequence of 32 per micro-batch
+  EXPECT_EQ(trace.tensors[names.at("mb0.layers.0.residual_mid")].bytes, tokens * 64 * 4);
+  EXPECT_EQ(trace.tensors[names.at("mb0.layers.0.mlp.gate")].bytes, tokens * 128 * 2);
+  EXPECT_EQ(trace.meta_value("dtype"), "\"amp\"");
+  EXPECT_EQ(trace.meta_value("attention"), "\"fused\"");
+}
+
+TEST(Synth, MathAttentionStoresTheProbabilities) {
+  SynthOptions o = tiny();
+  o.attention = SynthAttention::math;
+  Trace trace = synthesize(o);
+  const auto names = by_name(trace);
+  const TensorInfo& probs = trace.tensors[names.at("mb1.layers.1.attn.probs")];
+  EXPECT_EQ(probs.kind, TensorKind::activation);
+  EXPECT_EQ(probs.bytes, 1ull * 4 * 32 * 32 * 4);  // one sequence x 4 heads x 32^2 fp32
+  EXPECT_EQ(trace.meta_value("attention"), "\"math\"");
+  int bmm = 0;
+  for (KernelIndex k = 0; k < trace.num_kernels(); ++k) bmm += trace.kernel_name(k) == "aten::bmm";
+  EXPECT_EQ(bmm, 2 * (1 + 4 * 2));  // per micro-batch: the rotary table, 4 per layer backward (the
+                                   // forward's two are inside scaled_dot_product_attention)
+}
+
+// llama-1b-v32k (the bench's llama-1b), batch 4 x 1024, set_to_none, as bench/llm_bench.py trained
+// it on the H200 (2026-12-04, PyTorch 2.11, HF transformers): the peak of the profiled trace's
+// memory curve (teraio analyze) and its CUPTI kernel time. fp32 ran the math attention (grouped K/V
+// in fp32), autocast cuDNN's. bench/results/h200-2026-12-04-execution/call4-issue-order/trace.json.xz
+// and call2-lanes/trace-recompute-1of2-llama-1b-amp.json.xz; docs/synth.md "Checked against".
+TEST(Synth, PeakMatchesTheProfiledH200Runs) {
+  struct Case {
+    SynthDtype dtype;
+    SynthAttention attention;
+    uint64_t peak, activations;
+    double kernel_us;
+  };
+  for (const Case& c : {Case{SynthDtype::fp32, SynthAttention::math, 37473820672ull, 23174103040ull, 631120.4},
+                        Case{SynthDtype::amp, SynthAttention::automatic, 25449799680ull, 11150082048ull, 94103.4}}) {
+    SynthOptions o;
+    o.model = "llama-1b-v32k";
+    o.batch = 4;
+    o.seq = 1024;
+    o.micro_batches = 1;
+    o.persistent_gradients = false;
+    o.dtype = c.dtype;
+    o.attention = c.attention;
+    Trace trace = synthesize(o);
+    Lifetimes life(trace);
+    const std::vector<uint64_t> curve = memory_curve(trace, life);
+    const uint64_t peak = *std::max_element(curve.begin(), curve.end());
+    uint64_t activations = 0;
+    for (const TensorInfo& t : trace.tensors) activations += t.kind == TensorKind::activation ? t.bytes : 0;
+    const std::string what(to_string(c.dtype));
+    EXPECT_NEAR(static_cast<double>(peak), static_cast<double>(c.peak), 0.001 * c.peak) << what;
+    EXPECT_NEAR(static_cast<double>(activations), static_cast<double>(c.activations), 0.01 * c.activations)
+        << what;
+    EXPECT_NEAR(trace.total_time_us(), c.kernel_us, 0.1 * c.kernel_us) << what;
+  }
+}
+
+TEST(Synth, AnyLlamaShapeOfTheTableAndFewerOrMoreLayers) {
+  const ModelShape bench1b = model_shape("llama-1b-v32k");
+  EXPECT_EQ(bench1b.vocab, 32000u);
+  EXPECT_FALSE(bench1b.tied_embeddings);
+  EXPECT_EQ(bench1b.default_batch, 1u);  // no synth iteration in the table: one longest sequence
+  EXPECT_EQ(bench1b.default_seq, 4096u);
+  try {
+    model_shape("mixtral-2b");
+    FAIL() << "mixtral accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Llama-architecture"), std::string::npos) << e.what();
+  }
+  try {
+    model_shape("gpt5");
+    FAIL() << "unknown model accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("llama-1b-v32k"), std::string::npos) << e.what();
+  }
+  SynthOptions o = tiny();
+  o.layers = 5;
+  Trace five = synthesize(o);
+  ModelShape s = model_shape("tiny");
+  s.layers = 5;
+  EXPECT_EQ(five.num_kernels(), expected_kernels(s, s.default_micro_batches));
+  EXPECT_EQ(five.meta_value("layers"), "5");
+  uint64_t param_bytes = 0;
+  for (const TensorInfo& t : five.tensors) param_bytes += t.kind == TensorKind::parameter ? t.bytes : 0;
+  EXPECT_EQ(param_bytes, 4 * parameter_count(s));
+  EXPECT_EQ(parse_synth_dtype("amp"), SynthDtype::amp);
+  EXPECT_EQ(parse_synth_attention("math"), SynthAttention::math);
+  EXPECT_THROW(parse_synth_attention("sparse"), Error);
 }
 
 TEST(Synth, ActivationsLiveFromForwardToBackwardOfTheirMicroBatch) {
