@@ -22,6 +22,15 @@
 #            the profile's operator times (CUPTI, events) against the Ideal step, predicted vs measured
 #   recompute issue 15: teraio with and without recompute at 1/2 and 1/4 of the footprint, fp32 and
 #            bf16 autocast (RC_MODEL, RC_DTYPES, RC_FRACS, RC_MODES select)
+#   real     issue 16's workloads, Llama-3-8B shape (docs/benchmarks.md "Issue 16's workloads"): Ideal
+#            at batch 1 x 2048 (autocast; fused and loop AdamW), teraio as the README writes it (host
+#            tier 96 GiB, no bandwidth given) in autocast at 4 x 2048 (110 GiB; 130 GiB with a 50 GiB
+#            disk tier), fp32 at 1 x 4096 (host + disk), FSDP2 + CPUOffloadPolicy with and without
+#            activation checkpointing, ZeRO-Offload with and without it, ZeRO-Infinity, and the
+#            largest model predicted to fit (REAL_LAYERS, default 62 layers: host tier only). Each run
+#            takes minutes: pick a few per call with the name filter (ideal, teraio, fsdp2, ds-,
+#            largest; e.g. `bash bench/h200_run.sh real teraio-host-8b`); the peers need .whl/
+#            carried (bash bench/peer_wheels.sh, where there is network)
 #   hf       issue 17 on CUDA: bench/hf_gpu.py (HF Mixtral 20 steps bitwise, fp32 and autocast, at half
 #            [HF_MODEL=mixtral-2b: that shape of data/models.json]
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
@@ -36,7 +45,7 @@
 # a call cut short still returns what finished) and $OUT/log_<phase>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify, moe, timing, recompute, hf or ddp}
+PHASE=${1:?phase: checks, 1b, 3b, peers1b, disk, peers3b, faults, verify, moe, timing, recompute, real, hf or ddp}
 FILTER=${2:-}
 OUT=${OUT:-$PWD/h200-out}
 R=$OUT/res_$PHASE
@@ -247,6 +256,36 @@ recompute)
       done
     done
   done
+  ;;
+real)
+  # issue 16: the model that does not fit, trained as a user would (random init, HF, no bandwidth
+  # given, the README's 96 GiB host tier); traces and plans kept for the predictions of
+  # docs/benchmarks.md "Issue 16's workloads, predicted before running"
+  m=llama-8b
+  a8=(--model $m --dtype amp --batch 4 --seq 2048)
+  bench ideal-8b-amp-b1-fused 300 --system ideal --model $m --dtype amp --batch 1 --seq 2048 --adamw fused
+  bench ideal-8b-amp-b1-loop 300 --system ideal --model $m --dtype amp --batch 1 --seq 2048 --adamw loop
+  bench ideal-8b-amp-b2-fused 300 --system ideal --model $m --dtype amp --batch 2 --seq 2048 --adamw fused
+  bench teraio-host-8b-amp 540 --system teraio "${a8[@]}" --budget 110GiB --tiers host --host-gib 96 \
+    --host-gbps 0 --trace-out "$R/trace-teraio-host-8b-amp.json" --plan-out "$R/plan-teraio-host-8b-amp.json"
+  bench teraio-hostdisk-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host+disk --host-gib 96 \
+    --disk-gib 50 --host-gbps 0 --disk-gbps 0 --disk-dir "$DISK" \
+    --trace-out "$R/trace-teraio-hostdisk-8b-amp.json" --plan-out "$R/plan-teraio-hostdisk-8b-amp.json"
+  bench teraio-hostdisk-8b-fp32-s4096 580 --system teraio --model $m --dtype fp32 --batch 1 --seq 4096 \
+    --budget 130GiB --tiers host+disk --host-gib 96 --disk-gib 50 --host-gbps 0 --disk-gbps 0 --disk-dir "$DISK" \
+    --trace-out "$R/trace-teraio-hostdisk-8b-fp32-s4096.json" --plan-out "$R/plan-teraio-hostdisk-8b-fp32-s4096.json"
+  bench teraio-largest-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS:-62}" --dtype amp \
+    --batch 1 --seq 2048 --budget 130GiB --tiers host --host-gib 96 --host-gbps 0 --warmup 2 --steps 2
+  peers=0  # the peers' install only when one of their runs passes the filter
+  for n in fsdp2-8b-amp fsdp2-ac-8b-amp ds-offload-8b-amp ds-offload-ac-8b-amp ds-infinity-8b-amp; do
+    [[ -z $FILTER || $n == *$FILTER* ]] && peers=1
+  done
+  ((peers)) && ensure_peers
+  bench fsdp2-8b-amp 480 --system fsdp2-offload "${a8[@]}"
+  bench fsdp2-ac-8b-amp 480 --system fsdp2-offload "${a8[@]}" --grad-ckpt
+  bench ds-offload-8b-amp 540 --system ds-offload "${a8[@]}" --disk-dir "$DISK"
+  bench ds-offload-ac-8b-amp 540 --system ds-offload "${a8[@]}" --disk-dir "$DISK" --grad-ckpt
+  bench ds-infinity-8b-amp 580 --system ds-infinity "${a8[@]}" --disk-dir "$DISK"
   ;;
 hf)
   # issue 17 on CUDA: HF Mixtral 20 steps bitwise (fp32, autocast) at half its footprint, the HF

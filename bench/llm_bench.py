@@ -146,6 +146,9 @@ def parse_args(argv=None):
                         "params, grads and AdamW states in bf16 (no fp32 master copy); DeepSpeed runs its bf16 mode "
                         "(bf16 params/grads, fp32 master weights and Adam states). The JSON's 'precision' says what "
                         "each system did")
+    p.add_argument("--layers", type=int, default=None,
+                   help="decoder layers instead of the model's (its width kept): the largest model of a width that "
+                        "trains on this machine (bench/largest_model.sh predicts it)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step")
     p.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
     p.add_argument("--warmup", type=int, default=3,
@@ -221,6 +224,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.batch < 1 or a.seq < 2 or a.steps < 1 or a.warmup < 0:
         p.error("need --batch >= 1, --seq >= 2, --steps >= 1, --warmup >= 0")
+    if a.layers is not None and not 1 <= a.layers <= 4096:
+        p.error(f"--layers must be in [1, 4096], got {a.layers}")
     if a.seq > MODELS[a.model]["max_position_embeddings"]:
         p.error(f"--seq {a.seq} exceeds max_position_embeddings of {a.model}")
     if a.out is None:
@@ -350,10 +355,18 @@ def single_rank_env():
 # ---------------------------------------------------------------------------------------------------
 # model and data
 
+def model_shape(args):
+    """The model's transformers config fields, with --layers applied."""
+    shape = dict(MODELS[args.model])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    return shape
+
+
 def build_model(args, torch_dtype):
     import torch
     import transformers
-    shape = dict(MODELS[args.model])
+    shape = model_shape(args)
     arch = shape.pop("arch", "llama")
     config_cls, model_cls = ((transformers.MixtralConfig, transformers.MixtralForCausalLM) if arch == "mixtral"
                              else (transformers.LlamaConfig, transformers.LlamaForCausalLM))
@@ -754,7 +767,7 @@ def run(args) -> dict:
         model, cfg = build_model(args, torch_dtype)
         nparams = sum(p.numel() for p in model.parameters())
         res["config"]["parameters"] = nparams
-        res["config"]["model_shape"] = dict(MODELS[args.model])
+        res["config"]["model_shape"] = model_shape(args)
         res["config"]["model_table_name"] = MODEL_SHAPES[args.model]
         res["config"]["tokens_per_step"] = args.batch * args.seq
         res["estimates"] = estimates(args, nparams)
