@@ -76,9 +76,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
     fmt::print(
         "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
         "\"peak_bytes\": {}, "
-        "\"tiers\": [{}], \"urgent_fetches\": {}{}}}\n",
+        "\"tiers\": [{}], \"urgent_fetches\": {}, \"floor_us\": {}, \"floor_bound\": {}{}}}\n",
         json_number(r.iteration_us), json_number(r.ideal_us), json_number(r.stall_us),
         json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches,
+        json_number(r.floor_us), json_quote(r.floor_bound),
         r.recomputes ? fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", r.recomputes,
                                    json_number(r.recompute_us))
                      : std::string());
@@ -99,6 +100,8 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
   fmt::print("overlap              {}  (transfer time hidden behind kernels, all links)\n",
              format_us(r.overlap_us));
   fmt::print("speed                {:.2f}% of ideal\n", pct(r.ideal_us, r.iteration_us));
+  fmt::print("floor                {} ({}); the iteration is {:.2f}x of it\n", format_us(r.floor_us),
+             r.floor_bound, r.floor_us > 0 ? r.iteration_us / r.floor_us : 0.0);
   fmt::print("peak                 {} of budget {} ({:.1f}%)\n",
              format_bytes(static_cast<double>(r.peak_bytes)),
              format_bytes(static_cast<double>(plan.budget_bytes)),

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "teraio/plan.h"
@@ -61,6 +62,12 @@ struct SimResult {
   uint64_t peak_bytes = 0;  // most bytes resident at once
   std::vector<TierTraffic> tiers;
   size_t urgent_fetches = 0;  // transfers a kernel of the last iteration had to wait for
+  // The floor of docs/simulator.md ("The floor"): no schedule of these moves can take less than
+  // max(compute: ideal + recompute, each tier's offloaded bytes / write bandwidth, each tier's
+  // prefetched bytes / read bandwidth). floor_bound names the term that sets it: "compute" or
+  // "<tier> write" / "<tier> read".
+  double floor_us = 0;
+  std::string floor_bound = "compute";
   // With record_timeline: start time of each kernel of the last iteration, and its transfers.
   std::vector<double> kernel_start_us;
   std::vector<SimTransfer> transfers;

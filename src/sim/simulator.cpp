@@ -496,6 +496,20 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     }
   }
   result.overlap_us = std::max(0.0, overlap / static_cast<double>(iters));
+  // The floor: per-direction link time at each direction's full bandwidth, or the compute.
+  result.floor_us = result.ideal_us + result.recompute_us;
+  result.floor_bound = "compute";
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    const TierTraffic& traffic = result.tiers[i];
+    const double write_us = traffic.offload_bytes
+                                ? static_cast<double>(traffic.offload_bytes) / (tiers[i].write_gbps * 1e3)
+                                : 0;
+    const double read_us = traffic.prefetch_bytes
+                               ? static_cast<double>(traffic.prefetch_bytes) / (tiers[i].read_gbps * 1e3)
+                               : 0;
+    if (write_us > result.floor_us) result.floor_us = write_us, result.floor_bound = tiers[i].name + " write";
+    if (read_us > result.floor_us) result.floor_us = read_us, result.floor_bound = tiers[i].name + " read";
+  }
   return result;
 }
 

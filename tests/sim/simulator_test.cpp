@@ -76,6 +76,28 @@ TEST(SimGolden, MoreBandwidthRemovesTheStall) {
   EXPECT_EQ(r.urgent_fetches, 0u);
 }
 
+// The floor: max(compute, each direction's bytes at its full bandwidth). Here the compute (50 us)
+// sets it; with the link at a fifth of kGbps each transfer takes 100 us and the write sets it.
+TEST(SimGolden, FloorIsTheLargestOfComputeAndEachDirection) {
+  const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
+  Plan plan;
+  plan.tiers = {tier("ssd", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4)};
+  test::fit_budget(tr, plan);
+  const SimResult r = simulate(tr, plan);
+  EXPECT_DOUBLE_EQ(r.floor_us, 50);
+  EXPECT_EQ(r.floor_bound, "compute");
+  EXPECT_GE(r.iteration_us, r.floor_us);
+  SimOptions o;
+  o.actual_tiers = {tier("ssd", kGbps, kGbps / 5)};  // writes 5x slower than reads
+  const SimResult slow = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(slow.floor_us, 100);
+  EXPECT_EQ(slow.floor_bound, "ssd write");
+  EXPECT_GE(slow.iteration_us, slow.floor_us);
+  const SimResult empty = simulate(tr, Plan{.budget_bytes = plan.budget_bytes, .tiers = plan.tiers});
+  EXPECT_DOUBLE_EQ(empty.floor_us, empty.ideal_us);
+}
+
 // 20 kernels of 10 us. Tensors A (50 us), B (30 us), C (10 us), all used at kernel 0; A and B
 // again at 19, C at 12. Prefetches of A and B start at kernel 10 (t=100), C's at kernel 11; C is
 // needed at kernel 12 (t=120). Write link: A 10..60, B 60..90, C 90..100, each done before its
