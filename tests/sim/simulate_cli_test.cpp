@@ -49,8 +49,11 @@ TEST_F(SimulateCli, JsonHasExactlyTheDocumentedKeys) {
   std::set<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.insert(k);
   EXPECT_EQ(keys, (std::set<std::string>{"iteration_us", "ideal_us", "stall_us", "overlap_us",
-                                         "peak_bytes", "tiers", "urgent_fetches"}));
+                                         "peak_bytes", "tiers", "urgent_fetches", "floor_us",
+                                         "floor_bound"}));
   EXPECT_DOUBLE_EQ(j["iteration_us"].get<double>(), 70);
+  EXPECT_DOUBLE_EQ(j["floor_us"].get<double>(), 50);  // the compute: 5 kernels of 10 us
+  EXPECT_EQ(j["floor_bound"], "compute");
   EXPECT_DOUBLE_EQ(j["stall_us"].get<double>(), 20);
   EXPECT_EQ(j["peak_bytes"].get<uint64_t>(), 20000u);
   ASSERT_EQ(j["tiers"].size(), 1u);
