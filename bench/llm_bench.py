@@ -355,6 +355,28 @@ def single_rank_env():
 # ---------------------------------------------------------------------------------------------------
 # model and data
 
+def step_floor(info, steps, step_s):
+    """SPEC's floor for a teraio step: max(compute, bytes offloaded per step / write bandwidth, bytes
+    prefetched per step / read bandwidth), from the measured steps' counters, the profile's kernel
+    time (plus the recomputes) and the bandwidths the tiers were planned with. With several tiers
+    the counters do not split the bytes by tier: each direction is then charged at the fastest
+    tier's bandwidth (a floor still, not a tight one)."""
+    st, delta = info.get("stats") or {}, info.get("measured_delta")
+    tiers = st.get("tiers") or []
+    if not delta or not tiers or not st.get("profiled_kernel_us"):
+        return {"note": "not computed: no measured counters, tiers or profiled kernel time"}
+    compute_s = (st["profiled_kernel_us"] + delta.get("recompute_us", 0) / steps) / 1e6
+    write_gbps = max(t["write_gbps"] for t in tiers)
+    read_gbps = max(t["read_gbps"] for t in tiers)
+    terms = {"compute": compute_s,
+             "offload": delta["bytes_offloaded"] / steps / (write_gbps * 1e9),
+             "prefetch": delta["bytes_prefetched"] / steps / (read_gbps * 1e9)}
+    bound = max(terms, key=terms.get)
+    return {"compute_s": compute_s, "offload_s": terms["offload"], "prefetch_s": terms["prefetch"],
+            "floor_s": terms[bound], "bound": bound, "step_over_floor": step_s / terms[bound],
+            "tiers": len(tiers)}
+
+
 def model_shape(args):
     """The model's transformers config fields, with --layers applied."""
     shape = dict(MODELS[args.model])
@@ -855,6 +877,8 @@ def run(args) -> dict:
             io["run_dir_bytes_at_end"] = dir_bytes(run_dir)  # allocated blocks: teraio fallocates its FileTier
         res["io"] = io
         res["system_info"] = system.info()
+        if args.system == "teraio":
+            res["floor"] = step_floor(res["system_info"], args.steps, res["step_s_median"])
         if args.timeline and cuda:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             import timeline
