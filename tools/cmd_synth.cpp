@@ -1,5 +1,6 @@
 // `teraio synth`: writes the synthetic trace of one Llama training iteration (docs/synth.md), so
 // the planner and simulator can be exercised at the paper's scale without a GPU.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -7,6 +8,7 @@
 
 #include "command.h"
 #include "option_checks.h"
+#include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/synth.h"
 #include "teraio/units.h"
@@ -49,11 +51,14 @@ int run_synth(const SynthArgs& args) {
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   size_t recomputable = 0;
   for (const TensorInfo& t : trace.tensors) recomputable += t.recomputable;
+  // The memory the iteration needs without offloading: what a GPU budget is compared with.
+  const std::vector<uint64_t> curve = memory_curve(trace, Lifetimes(trace));
+  const uint64_t peak = curve.empty() ? 0 : *std::max_element(curve.begin(), curve.end());
   fmt::print(
-      "{}: {} kernels, {} tensors ({} recomputable), iteration {} (model {}, batch {}, seq {}, "
-      "micro-batches {}, {}, {} attention) in {:.2f} s\n",
+      "{}: {} kernels, {} tensors ({} recomputable), peak {} without offloading, iteration {} "
+      "(model {}, batch {}, seq {}, micro-batches {}, {}, {} attention) in {:.2f} s\n",
       args.output, trace.num_kernels(), trace.num_tensors(), recomputable,
-      format_us(trace.total_time_us()), options.model, trace.meta_value("batch"),
+      format_bytes(static_cast<double>(peak)), format_us(trace.total_time_us()), options.model, trace.meta_value("batch"),
       trace.meta_value("seq"), trace.meta_value("micro_batches"), args.dtype,
       to_string(resolve_attention(options.attention, options.dtype)), seconds);
   return 0;
