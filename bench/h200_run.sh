@@ -64,9 +64,21 @@ bench() {
   shift 2
   [[ -n $FILTER && $name != *$FILTER* ]] && return 0
   step "bench $name: $*"
+  rm -f "$R/$name.json"
   timeout --signal=INT --kill-after=20 "$limit" $PY bench/llm_bench.py --steps "$STEPS" --out "$R/$name.json" \
     ${TIMELINE:+--timeline "$R/timeline-$name.json.xz"} "$@"
-  echo "rc=$? for $name"
+  local rc=$?
+  echo "rc=$rc for $name"
+  if [[ ! -s $R/$name.json ]]; then  # killed before it could write (out of host memory, the limit)
+    $PY - "$R/$name.json" "$rc" "$limit" "$name" "$@" <<'EOF'
+import json, sys
+out, rc, limit, name, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+why = {124: f"stopped at the {limit} s limit", 137: "killed (SIGKILL: the kernel's OOM killer, or the limit)"}
+json.dump({"ok": False, "name": name, "argv": argv, "exit_status": rc,
+           "error": f"llm_bench exited with status {rc} without writing its result: {why.get(rc, 'see the log')}"},
+          open(out, "w"), indent=1)
+EOF
+  fi
   finish
 }
 # footprint MODEL: the Ideal run's peak allocated bytes for MODEL (from this or an earlier phase)
