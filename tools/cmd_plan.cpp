@@ -100,10 +100,12 @@ int run_plan(const PlanArgs& args) {
         "{{\"plan\": {}, \"moves\": {}, \"budget_bytes\": {}, \"planned_peak_bytes\": {}, "
         "\"iteration_us\": {}, "
         "\"ideal_us\": {}, \"stall_us\": {}, \"floor_us\": {}, \"floor_bound\": {}, "
+        "\"bytes_by_kind\": {}, "
         "\"read_seconds\": {:.6f}, \"total_seconds\": {:.6f}, \"planner\": {}}}\n",
         json_quote(args.out_path), plan.moves.size(), plan.budget_bytes, check.peak_bytes,
         json_number(sim.iteration_us), json_number(sim.ideal_us), json_number(sim.stall_us),
-        json_number(sim.floor_us), json_quote(sim.floor_bound), read_s, total_s, stats_json);
+        json_number(sim.floor_us), json_quote(sim.floor_bound), bytes_by_kind_json(sim), read_s,
+        total_s, stats_json);
     return 0;
   }
   fmt::print("plan                 {} ({} kernels, {} tensors)\n", args.out_path,
@@ -133,6 +135,7 @@ int run_plan(const PlanArgs& args) {
              format_us(sim.iteration_us), format_us(sim.ideal_us), format_us(sim.stall_us),
              sim.ideal_us > 0 ? 100.0 * sim.stall_us / sim.ideal_us : 0.0,
              sim.recomputes ? fmt::format(", recompute {}", format_us(sim.recompute_us)) : std::string());
+  fmt::print("moved per iteration  {}\n", bytes_by_kind_text(sim));
   fmt::print("floor                {} ({}); the prediction is {:.2f}x of it\n", format_us(sim.floor_us),
              sim.floor_bound, sim.floor_us > 0 ? sim.iteration_us / sim.floor_us : 0.0);
   fmt::print("{}", search_line);

@@ -76,10 +76,11 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
     fmt::print(
         "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
         "\"peak_bytes\": {}, "
-        "\"tiers\": [{}], \"urgent_fetches\": {}, \"floor_us\": {}, \"floor_bound\": {}{}}}\n",
+        "\"tiers\": [{}], \"urgent_fetches\": {}, \"floor_us\": {}, \"floor_bound\": {}, "
+        "\"bytes_by_kind\": {}{}}}\n",
         json_number(r.iteration_us), json_number(r.ideal_us), json_number(r.stall_us),
         json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches,
-        json_number(r.floor_us), json_quote(r.floor_bound),
+        json_number(r.floor_us), json_quote(r.floor_bound), bytes_by_kind_json(r),
         r.recomputes ? fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", r.recomputes,
                                    json_number(r.recompute_us))
                      : std::string());
@@ -107,6 +108,7 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
              format_bytes(static_cast<double>(plan.budget_bytes)),
              pct(static_cast<double>(r.peak_bytes), static_cast<double>(plan.budget_bytes)));
   fmt::print("urgent transfers     {} in the last iteration\n", r.urgent_fetches);
+  fmt::print("moved per iteration  {}\n", bytes_by_kind_text(r));
   fmt::print("\n{:<12} {:<6} {:>9} {:>12} {:>12} {:>10}\n", "tier", "link", "GB/s", "bytes/iter",
              "busy/iter", "busy %");
   for (size_t i = 0; i < tiers.size(); ++i) {

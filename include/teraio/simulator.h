@@ -5,6 +5,7 @@
 // before the kernel it is due for. docs/simulator.md has the model.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -68,12 +69,22 @@ struct SimResult {
   // "<tier> write" / "<tier> read".
   double floor_us = 0;
   std::string floor_bound = "compute";
+  // Bytes per iteration over all tiers by the moved tensors' kind (index: TensorKind): which bytes
+  // cross the links (optimizer states, parameters, activations, ...).
+  std::array<uint64_t, kNumTensorKinds> offload_bytes_by_kind{};
+  std::array<uint64_t, kNumTensorKinds> prefetch_bytes_by_kind{};
   // With record_timeline: start time of each kernel of the last iteration, and its transfers.
   std::vector<double> kernel_start_us;
   std::vector<SimTransfer> transfers;
 };
 
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
+
+// "parameter 6.55 GiB out / 6.55 GiB in, optimizer_state ..." for the kinds that moved, most bytes
+// first; "nothing" when nothing moved. And the same as a JSON object {"parameter": {"offload_bytes":
+// N, "prefetch_bytes": N}, ...}.
+std::string bytes_by_kind_text(const SimResult& r);
+std::string bytes_by_kind_json(const SimResult& r);
 
 // Note [Issue in deadline order]: the same plan with each offload and prefetch issued where it
 // would begin on links that serve the transfer due first (LinkOrder::kDeadline), so that links

@@ -17,6 +17,7 @@
 #include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/plan_check.h"
+#include "teraio/units.h"
 
 namespace teraio {
 namespace {
@@ -461,6 +462,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     TierTraffic& tt = result.tiers[x.link / 2];
     (x.offload ? tt.offload_bytes : tt.prefetch_bytes) += x.bytes;
     (x.offload ? tt.write_busy_us : tt.read_busy_us) += x.service_us;
+    const auto kind = static_cast<size_t>(trace.tensors[plan.moves[x.move].tensor].kind);
+    (x.offload ? result.offload_bytes_by_kind : result.prefetch_bytes_by_kind)[kind] += x.bytes;
     if (opts.record_timeline) {
       result.transfers.push_back(
           {x.link / 2, x.offload, x.urgent, x.begin_us - t0, x.end_us - t0, x.bytes, x.move});
@@ -567,6 +570,35 @@ Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOpti
   if (simulate(trace, out, as_run).iteration_us > simulate(trace, plan, as_run).iteration_us)
     return plan;
   return out;
+}
+
+std::string bytes_by_kind_text(const SimResult& r) {
+  std::vector<size_t> kinds;
+  for (size_t k = 0; k < kNumTensorKinds; ++k)
+    if (r.offload_bytes_by_kind[k] || r.prefetch_bytes_by_kind[k]) kinds.push_back(k);
+  std::stable_sort(kinds.begin(), kinds.end(), [&](size_t a, size_t b) {
+    return r.offload_bytes_by_kind[a] + r.prefetch_bytes_by_kind[a] >
+           r.offload_bytes_by_kind[b] + r.prefetch_bytes_by_kind[b];
+  });
+  std::string out;
+  for (size_t k : kinds) {
+    out += fmt::format("{}{} {} out / {} in", out.empty() ? "" : ", ",
+                       to_string(static_cast<TensorKind>(k)),
+                       format_bytes(static_cast<double>(r.offload_bytes_by_kind[k])),
+                       format_bytes(static_cast<double>(r.prefetch_bytes_by_kind[k])));
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+std::string bytes_by_kind_json(const SimResult& r) {
+  std::string out;
+  for (size_t k = 0; k < kNumTensorKinds; ++k) {
+    if (!r.offload_bytes_by_kind[k] && !r.prefetch_bytes_by_kind[k]) continue;
+    out += fmt::format("{}\"{}\": {{\"offload_bytes\": {}, \"prefetch_bytes\": {}}}", out.empty() ? "" : ", ",
+                       to_string(static_cast<TensorKind>(k)), r.offload_bytes_by_kind[k],
+                       r.prefetch_bytes_by_kind[k]);
+  }
+  return "{" + out + "}";
 }
 
 }  // namespace teraio

@@ -50,7 +50,7 @@ TEST_F(SimulateCli, JsonHasExactlyTheDocumentedKeys) {
   for (const auto& [k, v] : j.items()) keys.insert(k);
   EXPECT_EQ(keys, (std::set<std::string>{"iteration_us", "ideal_us", "stall_us", "overlap_us",
                                          "peak_bytes", "tiers", "urgent_fetches", "floor_us",
-                                         "floor_bound"}));
+                                         "floor_bound", "bytes_by_kind"}));
   EXPECT_DOUBLE_EQ(j["iteration_us"].get<double>(), 70);
   EXPECT_DOUBLE_EQ(j["floor_us"].get<double>(), 50);  // the compute: 5 kernels of 10 us
   EXPECT_EQ(j["floor_bound"], "compute");

@@ -78,7 +78,7 @@ TEST(SimGolden, MoreBandwidthRemovesTheStall) {
 
 // The floor: max(compute, each direction's bytes at its full bandwidth). Here the compute (50 us)
 // sets it; with the link at a fifth of kGbps each transfer takes 100 us and the write sets it.
-TEST(SimGolden, FloorIsTheLargestOfComputeAndEachDirection) {
+TEST(SimGolden, FloorIsTheLargestOfComputeAndEachDirectionAndBytesByKind) {
   const Trace tr = make_trace({10, 10, 10, 10, 10}, {{20000, false}}, {{0}, {}, {}, {}, {0}});
   Plan plan;
   plan.tiers = {tier("ssd", kGbps, kGbps)};
@@ -96,6 +96,14 @@ TEST(SimGolden, FloorIsTheLargestOfComputeAndEachDirection) {
   EXPECT_GE(slow.iteration_us, slow.floor_us);
   const SimResult empty = simulate(tr, Plan{.budget_bytes = plan.budget_bytes, .tiers = plan.tiers});
   EXPECT_DOUBLE_EQ(empty.floor_us, empty.ideal_us);
+  // Which bytes crossed: the one activation, each way; nothing in the empty plan.
+  const auto act = static_cast<size_t>(TensorKind::activation);
+  EXPECT_EQ(r.offload_bytes_by_kind[act], 20000u);
+  EXPECT_EQ(r.prefetch_bytes_by_kind[act], 20000u);
+  EXPECT_EQ(bytes_by_kind_text(r), "activation 19.5 KiB out / 19.5 KiB in");
+  EXPECT_EQ(bytes_by_kind_json(r), R"({"activation": {"offload_bytes": 20000, "prefetch_bytes": 20000}})");
+  EXPECT_EQ(bytes_by_kind_text(empty), "nothing");
+  EXPECT_EQ(bytes_by_kind_json(empty), "{}");
 }
 
 // 20 kernels of 10 us. Tensors A (50 us), B (30 us), C (10 us), all used at kernel 0; A and B
