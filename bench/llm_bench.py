@@ -377,6 +377,33 @@ def step_floor(info, steps, step_s):
             "tiers": len(tiers)}
 
 
+def plan_bytes_by_kind(trace_path, plan_path):
+    """Which bytes the Session's plan moves per iteration, by tensor kind: {kind: {"offload_bytes",
+    "prefetch_bytes", "recompute_bytes"}} from the trace and plan it wrote (the plan of the last
+    planned shape). A persistent tensor no kernel uses (an idle expert) is offloaded once and then
+    moves nothing, so it is left out, as `teraio simulate` does. {"note": ...} when the files are
+    not there."""
+    try:
+        with open(trace_path) as f:
+            trace = json.load(f)
+        with open(plan_path) as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as e:
+        return {"note": f"not computed: {e}"}
+    used = set()
+    for k in trace["kernels"]:
+        used.update(k["tensors"])
+    tensors = {t["id"]: t for t in trace["tensors"]}
+    out = {}
+    for m in plan["moves"]:
+        t = tensors[m["tensor"]]
+        if t["persistent"] and t["id"] not in used:
+            continue
+        d = out.setdefault(t["kind"], {"offload_bytes": 0, "prefetch_bytes": 0, "recompute_bytes": 0})
+        d[m["op"] + "_bytes"] += t["bytes"]
+    return out
+
+
 def model_shape(args):
     """The model's transformers config fields, with --layers applied."""
     shape = dict(MODELS[args.model])
@@ -879,6 +906,7 @@ def run(args) -> dict:
         res["system_info"] = system.info()
         if args.system == "teraio":
             res["floor"] = step_floor(res["system_info"], args.steps, res["step_s_median"])
+            res["plan_bytes_by_kind"] = plan_bytes_by_kind(args.trace_out, args.plan_out)
         if args.timeline and cuda:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             import timeline
