@@ -569,7 +569,7 @@ class Builder {
     TensorId g_attn =
         linear_backward(L + "attn.grad_sdpa_out", to_compute(L + "grad_residual_mid_bf16", g_mid),
                         s.lo, d, d, *p.wo);
-    TensorId g_q, g_k, g_v;
+    TensorId g_q = 0, g_k = 0, g_v = 0, g_krep = 0, g_vrep = 0;
     if (attention_ == SynthAttention::fused) {
       g_q = tmp(L + "attn.grad_q_rope", bd);
       g_k = tmp(L + "attn.grad_k_rope", bkv);
@@ -580,7 +580,7 @@ class Builder {
       const uint64_t scores_bytes = uint64_t{mb_} * shape_.heads * seq_ * seq_ * elt_;
       TensorId g_probs = tmp(L + "attn.grad_probs", scores_bytes);
       op("aten::bmm", OpClass::matmul, attention_flops_forward(), {g_attn, s.v_rep, g_probs});
-      TensorId g_vrep = tmp(L + "attn.grad_v_repeated", bd);
+      g_vrep = tmp(L + "attn.grad_v_repeated", bd);
       op("aten::bmm", OpClass::matmul, attention_flops_forward(), {s.probs, g_attn, g_vrep});
       TensorId g_scores = tmp(L + "attn.grad_scores", scores_bytes);
       ew("aten::_softmax_backward_data", {g_probs, s.probs, g_scores});
@@ -590,18 +590,16 @@ class Builder {
       op("aten::bmm", OpClass::matmul, attention_flops_forward(), {g_scores, s.q_s, g_ks});
       g_q = tmp(L + "attn.grad_q_rope", bd);
       ew("aten::mul", {g_qs, g_q});
-      TensorId g_krep = tmp(L + "attn.grad_k_repeated", bd);
+      g_krep = tmp(L + "attn.grad_k_repeated", bd);
       ew("aten::mul", {g_ks, g_krep});
-      g_k = tmp(L + "attn.grad_k_rope", bkv);
-      ew("aten::sum", {g_krep, g_k});
-      g_v = tmp(L + "attn.grad_v", bkv);
-      ew("aten::sum", {g_vrep, g_v});
     } else {
       g_q = tmp(L + "attn.grad_q_rope", bd);
-      TensorId g_krep = tmp(L + "attn.grad_k_repeated", bd);
-      TensorId g_vrep = tmp(L + "attn.grad_v_repeated", bd);
+      g_krep = tmp(L + "attn.grad_k_repeated", bd);
+      g_vrep = tmp(L + "attn.grad_v_repeated", bd);
       op(sdpa_backward_name_, OpClass::attention, 2.5 * attention_flops_forward(),
          {g_attn, s.q_rot, s.k_rep, s.v_rep, s.attn, s.lse, g_q, g_krep, g_vrep});
+    }
+    if (attention_ != SynthAttention::fused) {  // K and V were repeated to every head: sum back
       g_k = tmp(L + "attn.grad_k_rope", bkv);
       ew("aten::sum", {g_krep, g_k});
       g_v = tmp(L + "attn.grad_v", bkv);
@@ -848,23 +846,18 @@ const ModelEntry& find_synth_model(std::string_view name) {
   try {
     return find_model("synth", name);
   } catch (const Error&) {
-    std::vector<std::string> others;
     for (const ModelEntry& m : model_table()) {
-      bool synth_name = false;
-      for (const auto& [n, c] : model_names("synth")) synth_name |= c == m.name;
-      if (m.name == name) {
-        TERAIO_CHECK(m.arch == "llama",
-                     "--model \"{}\": a {} model; synth traces Llama-architecture decoders only",
-                     name, m.arch);
-        return m;
-      }
-      if (m.arch == "llama" && !synth_name) others.push_back(m.name);
+      if (m.name != name) continue;
+      TERAIO_CHECK(m.arch == "llama",
+                   "--model \"{}\": a {} model; synth traces Llama-architecture decoders only", name,
+                   m.arch);
+      return m;
     }
     std::string known;
     for (const auto& [n, c] : model_names("synth"))
       known += fmt::format("{}{} ({})", known.empty() ? "" : ", ", n, c);
     throw Error(fmt::format("--model \"{}\": unknown model (known: {}; and the model table's {})",
-                            name, known, fmt::join(others, ", ")));
+                            name, known, fmt::join(synth_table_models(), ", ")));
   }
 }
 
