@@ -81,6 +81,14 @@ EOF
   fi
   finish
 }
+# peer_bench NAME TIMEOUT ARGS...: bench for a peer system, installing the peers (once) only when
+# the run passes the name filter
+peers_ready=0
+peer_bench() {
+  [[ -n $FILTER && $1 != *$FILTER* ]] && return 0
+  ((peers_ready)) || { ensure_peers && peers_ready=1; }
+  bench "$@"
+}
 # footprint MODEL: the Ideal run's peak allocated bytes for MODEL (from this or an earlier phase)
 footprint() {
   local var="FOOTPRINT_${1//-/_}"  # e.g. FOOTPRINT_llama_1b=37541007360 from an earlier call
@@ -288,16 +296,11 @@ real)
     --trace-out "$R/trace-teraio-hostdisk-8b-fp32-s4096.json" --plan-out "$R/plan-teraio-hostdisk-8b-fp32-s4096.json"
   bench teraio-largest-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS:-62}" --dtype amp \
     --batch 1 --seq 2048 --budget 130GiB --tiers host --host-gib 96 --host-gbps 0 --warmup 2 --steps 2
-  peers=0  # the peers' install only when one of their runs passes the filter
-  for n in fsdp2-8b-amp fsdp2-ac-8b-amp ds-offload-8b-amp ds-offload-ac-8b-amp ds-infinity-8b-amp; do
-    [[ -z $FILTER || $n == *$FILTER* ]] && peers=1
-  done
-  ((peers)) && ensure_peers
-  bench fsdp2-8b-amp 480 --system fsdp2-offload "${a8[@]}"
-  bench fsdp2-ac-8b-amp 480 --system fsdp2-offload "${a8[@]}" --grad-ckpt
-  bench ds-offload-8b-amp 540 --system ds-offload "${a8[@]}" --disk-dir "$DISK"
-  bench ds-offload-ac-8b-amp 540 --system ds-offload "${a8[@]}" --disk-dir "$DISK" --grad-ckpt
-  bench ds-infinity-8b-amp 580 --system ds-infinity "${a8[@]}" --disk-dir "$DISK"
+  peer_bench fsdp2-8b-amp 480 --system fsdp2-offload "${a8[@]}"
+  peer_bench fsdp2-ac-8b-amp 480 --system fsdp2-offload "${a8[@]}" --grad-ckpt
+  peer_bench ds-offload-8b-amp 540 --system ds-offload "${a8[@]}" --disk-dir "$DISK"
+  peer_bench ds-offload-ac-8b-amp 540 --system ds-offload "${a8[@]}" --disk-dir "$DISK" --grad-ckpt
+  peer_bench ds-infinity-8b-amp 580 --system ds-infinity "${a8[@]}" --disk-dir "$DISK"
   ;;
 hf)
   # issue 17 on CUDA: HF Mixtral 20 steps bitwise (fp32, autocast) at half its footprint, the HF
