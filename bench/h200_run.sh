@@ -27,7 +27,7 @@
 #            tier 96 GiB, no bandwidth given) in autocast at 4 x 2048 (110 GiB; 130 GiB with a 50 GiB
 #            disk tier), fp32 at 1 x 4096 (host + disk), FSDP2 + CPUOffloadPolicy with and without
 #            activation checkpointing, ZeRO-Offload with and without it, ZeRO-Infinity, and the
-#            largest model predicted to fit (REAL_LAYERS, default 62 layers: host tier only). Each run
+#            largest model predicted to fit (REAL_LAYERS, default 61 layers: host tier only). Each run
 #            takes minutes: pick a few per call with the name filter (ideal, teraio, fsdp2, ds-,
 #            largest; e.g. `bash bench/h200_run.sh real teraio-host-8b`); the peers need .whl/
 #            carried (bash bench/peer_wheels.sh, where there is network)
@@ -294,7 +294,7 @@ real)
   bench teraio-hostdisk-8b-fp32-s4096 580 --system teraio --model $m --dtype fp32 --batch 1 --seq 4096 \
     --budget 130GiB --tiers host+disk --host-gib 96 --disk-gib 50 --host-gbps 0 --disk-gbps 0 --disk-dir "$DISK" \
     --trace-out "$R/trace-teraio-hostdisk-8b-fp32-s4096.json" --plan-out "$R/plan-teraio-hostdisk-8b-fp32-s4096.json"
-  bench teraio-largest-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS:-62}" --dtype amp \
+  bench teraio-largest-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS:-61}" --dtype amp \
     --batch 1 --seq 2048 --budget 130GiB --tiers host --host-gib 96 --host-gbps 0 --warmup 2 --steps 2
   peer_bench fsdp2-8b-amp 480 --system fsdp2-offload "${a8[@]}"
   peer_bench fsdp2-ac-8b-amp 480 --system fsdp2-offload "${a8[@]}" --grad-ckpt

@@ -5,12 +5,15 @@
 # finds the largest N the planner can fit (it stops with "tier capacity exhausted" beyond). Prints
 # one line per N tried and the answer, with the simulated step, tokens/s and model TFLOPS
 # (6 x parameters x tokens / step). No GPU needed; about a second per N for 8B-wide models.
+# BUDGET is what the Session is given (`teraio.Session(budget=...)`): the plan is made for what a
+# CUDA Session plans for, that budget less its 1/32 margin (`teraio plan --session-budget`).
 #
 # Usage: bench/largest_model.sh [options]   (defaults: the H200 machine of docs/benchmarks.md)
 #   MODEL=llama3.1-8b DTYPE=amp BATCH=4 SEQ=2048 BUDGET=130GiB ATTENTION=auto \
-#   TIERS="host:96GiB:54.5:54.5:49 disk=file:/tmp:50GiB:1.7:1.7" MIN=1 MAX=256 TERAIO=build/bin/teraio
-# TIERS are `teraio plan --tier` specs (docs/formats.md, "Tier specs"), space-separated: the GPU
-# machine's measured host link (54.5 GB/s each way, 49 both ways) and disk (1.7 GB/s) by default.
+#   TIERS="host:96GiB:54.5:54.5:49 disk=file:/tmp:50GiB:1.65:3:1.04" MIN=1 MAX=256 TERAIO=build/bin/teraio
+# TIERS are `teraio plan --tier` specs (docs/formats.md, "Tier specs"), space-separated: by default
+# what the Session's own probe measured on the GPU machine (2026-12-04, docs/benchmarks.md): the
+# host link 54.5 GB/s each way and 49 both ways, the disk 1.65 GB/s read, 3.0 write, 1.04 both ways.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-llama3.1-8b}
@@ -19,7 +22,7 @@ BATCH=${BATCH:-4}
 SEQ=${SEQ:-2048}
 BUDGET=${BUDGET:-130GiB}
 ATTENTION=${ATTENTION:-auto}
-TIERS=${TIERS:-"host:96GiB:54.5:54.5:49 disk=file:/tmp:50GiB:1.7:1.7"}
+TIERS=${TIERS:-"host:96GiB:54.5:54.5:49 disk=file:/tmp:50GiB:1.65:3:1.04"}
 MIN=${MIN:-1}
 MAX=${MAX:-256}
 T=${TERAIO:-build/bin/teraio}
@@ -34,7 +37,7 @@ try() {
   local n=$1 trace=$work/trace.json plan=$work/plan.json out
   "$T" synth --model "$MODEL" --layers "$n" --batch "$BATCH" --seq "$SEQ" --micro-batches 1 \
     --grad-set-to-none --dtype "$DTYPE" --attention "$ATTENTION" -o "$trace" >/dev/null
-  if ! out=$("$T" plan "$trace" --budget "$BUDGET" "${tier_args[@]}" --search -o "$plan" 2>&1); then
+  if ! out=$("$T" plan "$trace" --budget "$BUDGET" --session-budget "${tier_args[@]}" --search -o "$plan" 2>&1); then
     echo "layers $n: does not fit ($(printf '%s\n' "$out" | grep -m1 'error' | sed 's/^teraio: error: //'))" >&2
     return 1
   fi

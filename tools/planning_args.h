@@ -28,8 +28,15 @@ struct PlanningArgs {
   std::vector<std::string> tiers;
   std::string out_path;
   bool json = false;
+  bool session_budget = false;
 
-  uint64_t budget_bytes() const { return parse_size(budget, "--budget"); }
+  // --session-budget: the planner's budget of a CUDA Session given --budget (Note [Budget
+  // policy] in src/runtime/budget.h: budget - untracked - budget / 32; the untracked bytes are
+  // only known on the GPU, so they are not subtracted here).
+  uint64_t budget_bytes() const {
+    const uint64_t b = parse_size(budget, "--budget");
+    return session_budget ? b - b / 32 : b;
+  }
   std::vector<TierSpec> tier_specs() const { return parse_tier_specs(tiers); }
 };
 
@@ -41,6 +48,10 @@ inline void add_planning_options(CLI::App& sub, PlanningArgs& a) {
       ->required();
   sub.add_option("-o,--output", a.out_path, "plan file to write (teraio.plan JSON)")->required();
   sub.add_flag("--json", a.json, "print the summary as one JSON object");
+  sub.add_flag("--session-budget", a.session_budget,
+               "--budget is what a CUDA Session is given: plan for what that Session plans for, "
+               "the budget less its margin of 1/32 (the untracked bytes it measures are not known "
+               "here)");
 }
 
 }  // namespace teraio::cli

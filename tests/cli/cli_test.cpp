@@ -212,6 +212,23 @@ TEST_F(Cli, PlanRecomputesUnlessToldNotTo) {
   EXPECT_GT(sim["recompute_us"].get<double>(), 0);
 }
 
+// --session-budget plans for what a CUDA Session given that budget plans for: the budget less
+// 1/32 (Note [Budget policy]). (`exact` shares the option through PlanningArgs.)
+TEST_F(Cli, SessionBudgetPlansForTheSessionsShare) {
+  const std::string t = path("sb.json");
+  ASSERT_EQ(run_teraio("synth --model tiny -o " + t).status, 0);
+  const uint64_t budget = 1600000;  // under the peak (2.1 MiB)
+  const std::string args = " --budget " + std::to_string(budget) + " --tier host:1GiB:10:10 --json -o ";
+  for (const char* cmd : {"plan ", "plan --search "}) {
+    CmdResult r = run_teraio(cmd + t + args + path("a.json"));
+    ASSERT_EQ(r.status, 0) << cmd << r.out;
+    EXPECT_EQ(nlohmann::json::parse(slurp(path("a.json")))["budget_bytes"], budget) << cmd;
+    r = run_teraio(cmd + t + args + path("b.json") + " --session-budget");
+    ASSERT_EQ(r.status, 0) << cmd << r.out;
+    EXPECT_EQ(nlohmann::json::parse(slurp(path("b.json")))["budget_bytes"], budget - budget / 32) << cmd;
+  }
+}
+
 // Each command's output file, written under a file size limit of 0 bytes: the write fails (EFBIG),
 // the old file stays whole and no temporary file is left.
 TEST_F(Cli, AFailedWriteLeavesTheOldOutputWholeAndNoTemporaryFile) {

@@ -14,7 +14,7 @@ n=$(printf '%s\n' "$out" | sed -n 's/^largest: layers \([0-9]*\):.*/\1/p')
 plans() {  # plans $1 layers: 0 when the planner fits it
   "$bin" synth --model tiny --layers "$1" --batch 1 --seq 32 --micro-batches 1 --grad-set-to-none \
     -o "$work/t.json" >/dev/null &&
-    "$bin" plan "$work/t.json" --budget 1MiB --tier host:4MiB:1:1 --search -o "$work/p.json" >/dev/null 2>&1
+    "$bin" plan "$work/t.json" --budget 1MiB --session-budget --tier host:4MiB:1:1 --search -o "$work/p.json" >/dev/null 2>&1
 }
 plans "$n" || { echo "FAIL: $n layers reported as the largest but does not plan"; exit 1; }
 if plans $((n + 1)); then echo "FAIL: $((n + 1)) layers plans too; $n is not the largest"; exit 1; fi
