@@ -24,8 +24,8 @@
 #            bf16 autocast (RC_MODEL, RC_DTYPES, RC_FRACS, RC_MODES select)
 #   real     issue 16's workloads, Llama-3-8B shape (docs/benchmarks.md "Issue 16's workloads"): Ideal
 #            at batch 1 x 2048 (autocast; fused and loop AdamW), teraio as the README writes it (host
-#            tier 96 GiB, no bandwidth given) in autocast at 4 x 2048 (110 GiB; 130 GiB with a 50 GiB
-#            disk tier), fp32 at 1 x 4096 (host + disk), FSDP2 + CPUOffloadPolicy with and without
+#            tier 96 GiB, no bandwidth given) in autocast at 4 x 2048 (110 GiB; 130 GiB with the host
+#            alone and with a 50 GiB disk tier), fp32 at 1 x 4096 (host + disk), FSDP2 + CPUOffloadPolicy with and without
 #            activation checkpointing, ZeRO-Offload with and without it, ZeRO-Infinity, and the
 #            largest model predicted to fit (REAL_LAYERS, default 61 layers: host tier only). Each run
 #            takes minutes: pick a few per call with the name filter (ideal, teraio, fsdp2, ds-,
@@ -288,6 +288,8 @@ real)
   bench ideal-8b-amp-b2-fused 300 --system ideal --model $m --dtype amp --batch 2 --seq 2048 --adamw fused
   bench teraio-host-8b-amp 540 --system teraio "${a8[@]}" --budget 110GiB --tiers host --host-gib 96 \
     --host-gbps 0 --trace-out "$R/trace-teraio-host-8b-amp.json" --plan-out "$R/plan-teraio-host-8b-amp.json"
+  bench teraio-host130-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host --host-gib 96 \
+    --host-gbps 0 --trace-out "$R/trace-teraio-host130-8b-amp.json" --plan-out "$R/plan-teraio-host130-8b-amp.json"
   bench teraio-hostdisk-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host+disk --host-gib 96 \
     --disk-gib 50 --host-gbps 0 --disk-gbps 0 --disk-dir "$DISK" \
     --trace-out "$R/trace-teraio-hostdisk-8b-amp.json" --plan-out "$R/plan-teraio-hostdisk-8b-amp.json"

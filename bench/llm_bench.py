@@ -80,6 +80,9 @@ def _load_models():
 
 MODELS, MODEL_SHAPES, BENCH_NAMES = _load_models()
 
+# The per-tier counters of stats()["tiers"] (docs/pytorch.md): measured_delta gives each one's
+# difference over the measured steps.
+TIER_COUNTERS = ("stall_read_us", "stall_write_us", "bytes_read", "bytes_written")
 LR = 1e-4  # torch.optim.AdamW defaults otherwise: betas (0.9, 0.999), eps 1e-8, weight_decay 0.01
 BETAS = (0.9, 0.999)
 EPS = 1e-8
@@ -541,6 +544,10 @@ class Teraio(Ideal):
         s0 = getattr(self, "stats_at_measure", None)
         if s0 is not None:  # counters are cumulative: what the measured steps alone did
             d["measured_delta"] = {k: st[k] - s0[k] for k in sys.modules["teraio"].STATS_COUNTERS}
+            # the same per tier: which tier the measured steps waited for, and what each moved
+            d["measured_delta"]["tiers"] = [
+                {"name": t["name"], **{k: t[k] - t0.get(k, 0) for k in TIER_COUNTERS if k in t}}
+                for t, t0 in zip(st["tiers"], s0["tiers"])]
         return d
 
     def close(self):

@@ -91,6 +91,13 @@ struct SessionTierStats {
   // The tier's fallback notes (TierInfo::notes: unpinned arena, O_DIRECT refused, io_uring
   // unavailable, ...) and the probe's (page-cache numbers, time limit reached, failure).
   std::vector<std::string> notes;
+  // Since the Session began (counters, like SessionStats' own): host time waited for this tier's
+  // reads and for its writes (room waits included), and the bytes its completed transfers moved.
+  // Over the tiers they add up to stall_us, bytes_prefetched and bytes_offloaded.
+  double stall_read_us = 0;
+  double stall_write_us = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
 };
 
 struct SessionStats {
@@ -237,6 +244,10 @@ constexpr void for_each_tier_stats_field(F&& f) {
   f("probe_s", &T::probe_s);
   f("probe_memory", &T::probe_memory);
   f("notes", &T::notes);
+  f("stall_read_us", &T::stall_read_us);
+  f("stall_write_us", &T::stall_write_us);
+  f("bytes_read", &T::bytes_read);
+  f("bytes_written", &T::bytes_written);
 }
 
 class Session {

@@ -936,7 +936,16 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
   using planner_detail::PlannerTuning;
   std::vector<PlanVariant> out;
   auto add = [&](std::string name, const PlannerOptions& o, const PlannerTuning& t) {
-    Plan p = planner_detail::make_plan_tuned(trace, o, t, nullptr, nullptr);
+    Plan p;
+    try {
+      p = planner_detail::make_plan_tuned(trace, o, t, nullptr, nullptr);
+    } catch (const Error&) {
+      // make_plan's own plan failing is the answer (nothing fits); another setting failing (no
+      // recompute, small tensors left to the forced pass: more to hold than the tiers can) only
+      // leaves that variant out.
+      if (out.empty()) throw;
+      return;
+    }
     p.tiers = opts.tiers;  // the true bandwidths, whatever the variant planned with
     out.push_back({std::move(name), std::move(p)});
   };

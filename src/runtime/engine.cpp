@@ -71,6 +71,7 @@ Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
       tiers_(std::move(tiers)),
       schedule_(std::make_shared<const Schedule>()) {
   budget_.budget_bytes = options_.budget_bytes;
+  stats_.tiers.resize(tiers_.size());
   for (const EngineTier& t : tiers_) {
     TERAIO_CHECK(t.tier != nullptr, "engine tier '{}' has no storage tier", t.name);
     TERAIO_CHECK(t.capacity_bytes > 0, "engine tier '{}' has no capacity", t.name);
@@ -174,7 +175,7 @@ Location Engine::location(LogicalId id) const {
 // copy is on a copy stream, not until it ends. The CPU then launches nothing, so the GPU runs out
 // of queued work if the wait outlasts the CPU's lead: room waits beyond what the plan needed are
 // what make_room_locked avoids by completing the oldest writes first, and only as many as it must.
-void Engine::add_stall_locked(Wait what, double since_us) {
+void Engine::add_stall_locked(Wait what, double since_us, uint32_t tier) {
   const double dt = now_us() - since_us;
   stats_.stall_us += dt;
   if (making_room_)
@@ -183,6 +184,8 @@ void Engine::add_stall_locked(Wait what, double since_us) {
     stats_.stall_read_us += dt;
   else
     stats_.stall_write_us += dt;
+  EngineStats::Tier& t = stats_.tiers.at(tier);
+  (what == Wait::kRead ? t.stall_read_us : t.stall_write_us) += dt;
 }
 
 // Waits for the entry's transfer (the wait counts as stall), forgets it, and returns its result.
@@ -190,7 +193,7 @@ storage::IoResult Engine::take_pending_locked(Entry& e) {
   double t0 = e.pending.ready() ? 0 : now_us();
   storage::IoResult r = e.pending.wait();  // a copy: resetting `pending` frees the state
   if (t0 != 0)
-    add_stall_locked(e.loc == Location::kPrefetching ? Wait::kRead : Wait::kWrite, t0);
+    add_stall_locked(e.loc == Location::kPrefetching ? Wait::kRead : Wait::kWrite, t0, e.tier);
   e.pending = {};
   return r;
 }
@@ -209,7 +212,7 @@ bool Engine::release_in_stream_order_locked(Entry& e) {
   } catch (const Error&) {
     // failed already (so ready: false below): the bytes are still ours, the caller gives them back
   }
-  add_stall_locked(Wait::kWrite, t0);
+  add_stall_locked(Wait::kWrite, t0, e.tier);
   return !e.pending.ready();
 }
 
@@ -237,6 +240,7 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
   e.loc = Location::kOffloaded;
   stats_.resident_bytes -= e.bytes;
   stats_.bytes_offloaded += e.bytes;
+  stats_.tiers[e.tier].bytes_written += e.bytes;
 }
 
 bool Engine::complete_prefetch_locked(Entry& e) {
@@ -268,7 +272,7 @@ bool Engine::complete_prefetch_locked(Entry& e) {
     req.priority = storage::Priority::kUrgent;
     e.pending = tiers_[e.tier].tier->submit(req);
   }
-  if (t0 != 0) add_stall_locked(Wait::kRead, t0);
+  if (t0 != 0) add_stall_locked(Wait::kRead, t0, e.tier);
   if (!ok) {
     const storage::IoResult r = e.pending.wait();
     e.pending = {};
@@ -299,6 +303,7 @@ bool Engine::complete_prefetch_locked(Entry& e) {
   e.memory->attach();
   e.loc = Location::kResident;
   stats_.bytes_prefetched += e.bytes;
+  stats_.tiers[e.tier].bytes_read += e.bytes;
   // The tier space is released once the read has really completed (poll or the next move).
   return true;
 }

@@ -138,6 +138,16 @@ struct EngineStats {
   double stall_read_us = 0;
   double stall_write_us = 0;
   double stall_room_us = 0;
+  // The same per tier (engine tier order): which tier's transfers were waited for, and the bytes
+  // each moved (completed). A room wait counts as the writing tier's write wait. The per-tier stalls
+  // add up to stall_us, the bytes to bytes_offloaded and bytes_prefetched.
+  struct Tier {
+    double stall_read_us = 0;
+    double stall_write_us = 0;
+    uint64_t bytes_written = 0;
+    uint64_t bytes_read = 0;
+  };
+  std::vector<Tier> tiers;
 };
 
 // A failed transfer (Note [Faults in the engine]).
@@ -345,7 +355,8 @@ class Engine {
   bool recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> spare = {});
   bool drop_locked(Entry& e, std::string* why);
   enum class Wait { kRead, kWrite };
-  void add_stall_locked(Wait what, double since_us);  // counts now - since_us as stall
+  // Counts now - since_us as stall, of what and of that tier.
+  void add_stall_locked(Wait what, double since_us, uint32_t tier);
   storage::IoResult take_pending_locked(Entry& e);
   bool release_in_stream_order_locked(Entry& e);
   void complete_offload_locked(Entry& e, bool wait);

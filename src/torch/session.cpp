@@ -1257,6 +1257,12 @@ SessionStats Session::stats() const {
   r.tracked_tensors = s.storages.size();
   r.hook_us = s.hook_us.load(std::memory_order_relaxed);
   r.tiers = s.tier_stats;
+  for (size_t i = 0; i < r.tiers.size() && i < e.tiers.size(); ++i) {
+    r.tiers[i].stall_read_us = e.tiers[i].stall_read_us;
+    r.tiers[i].stall_write_us = e.tiers[i].stall_write_us;
+    r.tiers[i].bytes_read = e.tiers[i].bytes_read;
+    r.tiers[i].bytes_written = e.tiers[i].bytes_written;
+  }
   return r;
 }
 

@@ -87,6 +87,30 @@ def test_options_and_stats_are_declared_once(tmp_path):
         teraio._C.Session(budget=1 << 20, tiers=[])
 
 
+def test_tier_counters_say_which_tier_moved_and_stalled(tmp_path):
+    """stats()["tiers"][i] counts each tier's stalls and bytes; over the tiers they add up to the
+    Session's totals, and a tier the plan does not use moves nothing."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
+    opt = torch.optim.AdamW(m.parameters(), foreach=False)
+    x = torch.randn(64, 512)
+    tiers = [teraio.HostTier("256MiB"), teraio.FileTier([str(tmp_path)], "256MiB")]
+    with teraio.Session(budget="6MiB", tiers=tiers) as s:
+        s.watch(m, opt)
+        for _ in range(4):
+            with s.step():
+                m(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        st = s.stats()
+    host, disk = st["tiers"]
+    assert host["bytes_written"] > 0 and host["bytes_read"] > 0
+    assert host["bytes_written"] + disk["bytes_written"] == st["bytes_offloaded"]
+    assert host["bytes_read"] + disk["bytes_read"] == st["bytes_prefetched"]
+    stalls = sum(t["stall_read_us"] + t["stall_write_us"] for t in st["tiers"])
+    assert stalls == pytest.approx(st["stall_us"], rel=1e-9)
+
+
 def test_budget_smaller_than_one_operator(tmp_path):
     a = torch.randn(256, 256, requires_grad=True)  # 256 KiB; a parameter-like leaf sets the device
     b = torch.randn(256, 256)

@@ -688,6 +688,44 @@ TEST_F(EngineFaultTest, RoomWaitsOnlyForTheOldestWritesItNeeds) {
   EXPECT_GT(e->stats().stall_read_us + e->stats().stall_write_us, 0);
 }
 
+// Per-tier counters: the waits for a slow tier are that tier's, and the per-tier stalls and bytes add
+// up to the engine's totals (stats()["tiers"] says which tier a multi-tier run waited for).
+TEST_F(EngineFaultTest, StallsAndBytesAreCountedPerTier) {
+  faulty_ = storage::make_fault_tier(std::move(file_), {});
+  Engine e(EngineOptions{0}, std::vector<EngineTier>{{"host", host_.get(), 1 << 20},
+                                                     {"file", faulty_.get(), 4 << 20}});
+  std::vector<std::shared_ptr<FakeTensor>> ts;
+  for (int i = 0; i < 3; ++i) {
+    ts.push_back(make_tensor(8192, i));
+    e.bind(i, std::make_unique<FakeMemory>(ts.back()));
+  }
+  storage::FaultRule slow;
+  slow.kind = storage::FaultKind::kSlow;
+  slow.delay_us = 20000;
+  slow.count = 4;
+  faulty_->inject(slow);
+  ASSERT_TRUE(e.offload(0, 0));
+  ASSERT_TRUE(e.offload(1, 1));
+  ASSERT_TRUE(e.offload(2, 1));
+  for (LogicalId id : {0, 1, 2}) e.finish_offload(id);  // the writes are waited for
+  for (LogicalId id : {0, 1, 2}) EXPECT_EQ(e.location(id), Location::kOffloaded) << id;
+  e.fetch_all();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(has_pattern(*ts[i], i)) << i;
+  const EngineStats st = e.stats();
+  ASSERT_EQ(st.tiers.size(), 2u);
+  EXPECT_EQ(st.tiers[0].bytes_written, 8192u);
+  EXPECT_EQ(st.tiers[0].bytes_read, 8192u);
+  EXPECT_EQ(st.tiers[1].bytes_written, 2 * 8192u);
+  EXPECT_EQ(st.tiers[1].bytes_read, 2 * 8192u);
+  EXPECT_EQ(st.tiers[0].bytes_written + st.tiers[1].bytes_written, st.bytes_offloaded);
+  EXPECT_EQ(st.tiers[0].bytes_read + st.tiers[1].bytes_read, st.bytes_prefetched);
+  // Four slow transfers of 20 ms on the file tier: at least one was waited for, there.
+  EXPECT_GT(st.tiers[1].stall_read_us + st.tiers[1].stall_write_us, 10000);
+  double sum = 0;
+  for (const EngineStats::Tier& t : st.tiers) sum += t.stall_read_us + t.stall_write_us;
+  EXPECT_NEAR(sum, st.stall_us, 1e-9 * st.stall_us);
+}
+
 TEST_F(EngineFaultTest, FullTiersAreNamedWhenTheBudgetCannotBeMet) {
   auto e = make_faulty(10000, 16 * 1024);
   std::vector<std::shared_ptr<FakeTensor>> ts;

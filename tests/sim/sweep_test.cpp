@@ -9,6 +9,7 @@
 #include "teraio/error.h"
 #include "teraio/plan_check.h"
 #include "teraio/simulator.h"
+#include "teraio/planner.h"
 #include "teraio/sweep.h"
 
 namespace teraio {
@@ -84,6 +85,63 @@ TEST(PlanBest, NeverSlowerThanTheDefaultPlanAndValid) {
     if (best.iteration_us < default_us) ++better;
   }
   EXPECT_GT(better, 0) << "some random trace should have a better variant than the default";
+}
+
+// Note [A second tier must pay for itself]: with a fast first tier and a slow second one, the kept
+// plan is within 2% of the fastest plan found; it uses the second tier only when every plan on the
+// first alone is more than 2% slower; and when the first tier cannot hold what must move, the
+// second is used (no error).
+TEST(PlanBest, ASecondTierIsUsedOnlyWhenItPays) {
+  std::mt19937_64 rng(5150);
+  int used_second = 0, kept_first = 0, decided_by_the_rule = 0;
+  auto uses_second = [](const Plan& p) {
+    return std::any_of(p.moves.begin(), p.moves.end(),
+                       [](const Move& m) { return m.op != MoveOp::recompute && m.tier != 0; });
+  };
+  for (int trial = 0; trial < 60; ++trial) {
+    const Trace tr = test::random_trace(rng, trial % 2 == 0);
+    const Lifetimes lt(tr);
+    const std::vector<uint64_t> m = memory_curve(tr, lt);
+    const std::vector<uint64_t> active = active_bytes(tr);
+    const uint64_t peak = *std::max_element(m.begin(), m.end());
+    PlannerOptions o;
+    o.budget_bytes = std::max(*std::max_element(active.begin(), active.end()), peak / 2);
+    o.min_tensor_bytes = 0;
+    // A second tier nearly as fast as the first: plans using both are often a little faster.
+    o.tiers = {test::tier("host", 2.0, 2.0), test::tier("ssd", 1.5, 1.5)};
+    if (trial % 3 == 2) o.tiers[0].capacity_bytes = peak / 50;  // too small to hold much
+    const BestPlan best = plan_best(tr, o);
+    EXPECT_TRUE(check_plan(tr, lt, best.plan).valid) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(simulate(tr, best.plan).iteration_us, best.iteration_us) << "trial " << trial;
+    double fastest = best.iteration_us, fastest_first = -1;
+    for (const PlanVariant& v : make_plan_variants(tr, o))
+      fastest = std::min(fastest, simulate(tr, issue_in_deadline_order(tr, v.plan)).iteration_us);
+    PlannerOptions first = o;
+    first.tiers.resize(1);
+    try {
+      for (PlanVariant& v : make_plan_variants(tr, first)) {
+        v.plan.tiers = o.tiers;
+        const double us = simulate(tr, issue_in_deadline_order(tr, v.plan)).iteration_us;
+        fastest = std::min(fastest, us);
+        fastest_first = fastest_first < 0 ? us : std::min(fastest_first, us);
+      }
+    } catch (const Error&) {
+      // the first tier alone cannot hold it
+    }
+    EXPECT_LE(best.iteration_us, fastest * 1.02 + 1e-6) << "trial " << trial;
+    if (!uses_second(best.plan) && best.iteration_us > fastest) ++decided_by_the_rule;
+    if (uses_second(best.plan)) {
+      ++used_second;
+      if (fastest_first >= 0) {
+        EXPECT_GT(fastest_first, best.iteration_us * 1.02) << "trial " << trial;
+      }
+    } else {
+      ++kept_first;
+    }
+  }
+  EXPECT_GT(used_second, 0) << "some trial should need the second tier";
+  EXPECT_GT(kept_first, 0) << "some trial should keep to the first tier";
+  EXPECT_GT(decided_by_the_rule, 0) << "some trial should keep to the first tier though slower";
 }
 
 TEST(Sweep, RejectsBadOptions) {
