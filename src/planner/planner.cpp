@@ -280,6 +280,15 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // are resident there (chains one level deep). Gaps are taken in producer order, so every input's
 // decision is final when its consumer is decided. The point's own tensors, reads and the tensor must
 // fit in the budget together.
+// Note [Recomputes that read parameters]
+// A recompute's point reads its producer's inputs (above); when one is a persistent tensor the
+// point's kernel does not use (autocast's aten::linear reads its fp32 weight, which the backward
+// pass does not), the weight must be resident there: kept in, or brought back early, at twice the
+// bytes of the bf16 output being recomputed. The choice above prices only the producer's time, so
+// plan_best also tries plans that leave those gaps to the moves (PlannerTuning::
+// recompute_without_persistent_reads). On the H200's autocast traces (docs/planner.md, "Recompute")
+// that variant won: Llama-3-8B at 110 GiB 1.966 -> 1.811 s, llama-1b at 1/2 379 -> 360 ms and at
+// 1/4 818 -> 773 ms, simulated; fp32 traces kept their plans.
 std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const std::vector<uint64_t>& curve,
                                              std::vector<std::vector<TensorId>>* reads) const {
   std::vector<Span> spans;
@@ -366,6 +375,10 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     if (!ok) continue;
     // Everything that must be resident at d fits: d's own tensors, the reads so far and the new ones.
     Span span{c.tensor, c.start, d, reads_at(c.producer, d)};
+    if (tuning_.recompute_without_persistent_reads &&
+        std::any_of(span.reads.begin(), span.reads.end(),
+                    [&](TensorId t) { return trace_.tensors[t].persistent; }))
+      continue;
     std::vector<TensorId> fresh;
     auto note = [&](TensorId t) {
       if (!count.count(key(t, d)) && std::find(fresh.begin(), fresh.end(), t) == fresh.end()) fresh.push_back(t);
@@ -980,6 +993,13 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       PlannerTuning t = base;
       t.recompute_factor = factor;
       add(fmt::format("recompute factor {}", factor), opts, t);
+    }
+    // Note [Recomputes that read parameters]
+    for (double slack : {0.1, 0.5, 0.75, 1.0}) {
+      PlannerTuning t = base;
+      t.lazy_slack = slack;
+      t.recompute_without_persistent_reads = true;
+      add(fmt::format("recompute without persistent reads, slack {}", slack), opts, t);
     }
   }
   PlannerOptions slow = opts;

@@ -26,6 +26,10 @@ struct PlannerTuning {
   // the time its bytes take on the fastest tier's slower link (and moving cannot relieve as much).
   // Default 1: recompute what is cheaper than one crossing of the link.
   double recompute_factor = 1.0;
+  // Recompute no gap whose point would read a persistent tensor (a parameter) that the point's
+  // kernel does not use. Default off; a plan_best variant (Note [Recomputes that read parameters],
+  // planner.cpp).
+  bool recompute_without_persistent_reads = false;
 };
 
 // Extra numbers the planner knows that PlannerStats does not carry.

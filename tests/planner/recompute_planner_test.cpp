@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "planner_tuning.h"
 #include "teraio/analysis.h"
 #include "teraio/plan_check.h"
 #include "teraio/planner.h"
@@ -91,6 +92,41 @@ TEST(RecomputePlanner, TheOptionTurnsRecomputeOff) {
   EXPECT_EQ(count(p, MoveOp::recompute, 2), 0u);
   // And it is slower here: 1 GB each way over 1 GB/s, partly hidden by the 0.8 s middle.
   EXPECT_GT(simulate(t, p).iteration_us, simulate(t, make_plan(t, options())).iteration_us);
+}
+
+// Note [Recomputes that read parameters]: B = mul(A, W) is cheap and recomputable, but its backward
+// use does not read W (a parameter): recomputing B there reads W. The tuning that leaves such gaps
+// to the moves moves B instead; the default recomputes it; plan_best has the variant.
+TEST(RecomputePlanner, RecomputesThatReadAParameterAreAVariant) {
+  Trace t;
+  const TensorId w = t.add_tensor({kGB / 2, TensorKind::parameter, true, "W"});
+  TensorInfo a{kGB, TensorKind::activation, false, "A"};
+  a.producer = 0;
+  const TensorId ai = t.add_tensor(a);
+  TensorInfo b{kGB, TensorKind::activation, false, "B"};
+  b.producer = 1;
+  b.recomputable = true;
+  const TensorId bi = t.add_tensor(b);
+  const TensorId c = t.add_tensor({kGB, TensorKind::temporary, false, "C"});
+  t.add_kernel("aten::mm", 50'000, std::vector<TensorId>{w, ai});
+  t.add_kernel("aten::mul", 500, std::vector<TensorId>{ai, w, bi});
+  for (int k = 2; k < 10; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{c});
+  t.add_kernel("bwd_b", 50'000, std::vector<TensorId>{bi});
+  t.add_kernel("bwd_a", 50'000, std::vector<TensorId>{ai, w});
+  PlannerOptions o = options();
+  o.budget_bytes = 3 * kGB;
+  const Plan plain = make_plan(t, o);
+  expect_valid(t, plain);
+  EXPECT_EQ(count(plain, MoveOp::recompute, bi), 1u);
+  planner_detail::PlannerTuning tuning;
+  tuning.recompute_without_persistent_reads = true;
+  const Plan without = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  expect_valid(t, without);
+  EXPECT_EQ(count(without, MoveOp::recompute, bi), 0u);
+  bool listed = false;
+  for (const PlanVariant& v : make_plan_variants(t, o))
+    listed |= v.name.starts_with("recompute without persistent reads");
+  EXPECT_TRUE(listed);
 }
 
 TEST(RecomputeSimulator, ARecomputeIsComputeStreamTimeBeforeItsKernel) {
