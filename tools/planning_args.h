@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "budget.h"
 #include "teraio/plan.h"
 #include "teraio/units.h"
 
@@ -30,12 +31,16 @@ struct PlanningArgs {
   bool json = false;
   bool session_budget = false;
 
-  // --session-budget: the planner's budget of a CUDA Session given --budget (Note [Budget
-  // policy] in src/runtime/budget.h: budget - untracked - budget / 32; the untracked bytes are
-  // only known on the GPU, so they are not subtracted here).
+  // --session-budget: the planner's budget of a CUDA Session given --budget, from the Session's
+  // own policy (Note [Budget policy] in src/runtime/budget.h), without the untracked bytes, which
+  // are only measured on the GPU.
   uint64_t budget_bytes() const {
     const uint64_t b = parse_size(budget, "--budget");
-    return session_budget ? b - b / 32 : b;
+    if (!session_budget) return b;
+    runtime::BudgetPolicy policy;
+    policy.budget_bytes = b;
+    policy.device_margin = true;
+    return policy.planner_budget_bytes();
   }
   std::vector<TierSpec> tier_specs() const { return parse_tier_specs(tiers); }
 };

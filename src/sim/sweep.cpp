@@ -71,10 +71,10 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
 // within 1-4% (docs/benchmarks.md, 2026-12-04), but a plan that put 3% of its bytes on the disk
 // tier, for a predicted gain of 0.7% over the host alone, ran 41% slower than predicted: a slower
 // tier's bandwidth under load (a virtio disk's write cache, an SSD's garbage collection, small
-// requests' latency) is the least certain number a plan rests on. So plan_best keeps the fastest
-// plan that moves tensors to the most preferred tier only (make_plan_variants plans some so) unless
-// a plan using the other tiers is more than kSecondTierMinGain faster in the simulator: a gain
-// within the model's error does not pay for the risk.
+// requests' latency) is the least certain number a plan rests on. So when the fastest variant uses
+// the other tiers, plan_best plans every variant again on the most preferred tier alone and keeps
+// the fastest of those unless the other is more than kSecondTierMinGain faster in the simulator: a
+// gain within the model's error does not pay for the risk.
 constexpr double kSecondTierMinGain = 0.02;
 
 namespace {
@@ -87,23 +87,24 @@ bool first_tier_only(const Plan& plan) {
 }  // namespace
 
 BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iterations) {
-  std::vector<PlanVariant> variants = make_plan_variants(trace, opts);
   SimOptions so;
   so.iterations = iterations;
-  BestPlan best;
-  best.variants = variants.size();
-  std::vector<SimResult> results(variants.size());
+  std::vector<PlanVariant> variants;
+  std::vector<SimResult> results;
   size_t fastest = 0;
   std::optional<size_t> fastest_first;  // the fastest on the most preferred tier alone
-  for (size_t i = 0; i < variants.size(); ++i) {
+  auto consider = [&](PlanVariant v) {
     // As the Session runs it (Note [Issue in deadline order]).
-    variants[i].plan = issue_in_deadline_order(trace, variants[i].plan, so);
-    results[i] = simulate(trace, variants[i].plan, so);
+    v.plan = issue_in_deadline_order(trace, v.plan, so);
+    results.push_back(simulate(trace, v.plan, so));
+    variants.push_back(std::move(v));
+    const size_t i = variants.size() - 1;
     if (results[i].iteration_us < results[fastest].iteration_us) fastest = i;
     if (first_tier_only(variants[i].plan) &&
         (!fastest_first || results[i].iteration_us < results[*fastest_first].iteration_us))
       fastest_first = i;
-  }
+  };
+  for (PlanVariant& v : make_plan_variants(trace, opts)) consider(std::move(v));
   if (opts.tiers.size() > 1 && !first_tier_only(variants[fastest].plan)) {
     // The same settings on the most preferred tier alone (when it can hold what must move).
     PlannerOptions first = opts;
@@ -117,15 +118,11 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
     for (PlanVariant& v : more) {
       v.name = fmt::format("{} only: {}", opts.tiers[0].name, v.name);
       v.plan.tiers = opts.tiers;  // tier 0 is the same tier; the others carry nothing
-      v.plan = issue_in_deadline_order(trace, v.plan, so);
-      results.push_back(simulate(trace, v.plan, so));
-      variants.push_back(std::move(v));
-      const size_t i = variants.size() - 1;
-      if (!fastest_first || results[i].iteration_us < results[*fastest_first].iteration_us)
-        fastest_first = i;
+      consider(std::move(v));
     }
-    best.variants = variants.size();
   }
+  BestPlan best;
+  best.variants = variants.size();
   size_t keep = fastest;
   if (fastest_first && results[*fastest_first].iteration_us <=
                            results[fastest].iteration_us * (1 + kSecondTierMinGain))

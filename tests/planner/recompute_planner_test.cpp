@@ -19,10 +19,12 @@ namespace {
 
 constexpr uint64_t kGB = 1'000'000'000;
 
-// A (1 GB) = mm(W) at kernel 0, expensive; B (1 GB) = relu(A) at kernel 1, taking `relu_us`,
+// A (1 GB) = mm(W) at kernel 0, expensive; B (1 GB) = relu(A) at kernel 1, taking `b_us`,
 // recomputable; kernels 2..9 each use C (1 GB, made at 2); backward uses B at 10 and A at 11.
 // Budget 2 GB + W: one of A and B must be away during the middle. The link moves 1 GB/s.
-Trace producer_trace(double relu_us) {
+// `b_reads_w`: B = mul(A, W) instead, and its backward use does not read W (a parameter), so
+// recomputing B there reads W.
+Trace producer_trace(double b_us, bool b_reads_w = false) {
   Trace t;
   const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
   TensorInfo a{kGB, TensorKind::activation, false, "A"};
@@ -34,9 +36,12 @@ Trace producer_trace(double relu_us) {
   const TensorId bi = t.add_tensor(b);
   const TensorId c = t.add_tensor({kGB, TensorKind::temporary, false, "C"});
   t.add_kernel("aten::mm", 50'000, std::vector<TensorId>{w, ai});
-  t.add_kernel("aten::relu", relu_us, std::vector<TensorId>{ai, bi});
+  if (b_reads_w)
+    t.add_kernel("aten::mul", b_us, std::vector<TensorId>{ai, w, bi});
+  else
+    t.add_kernel("aten::relu", b_us, std::vector<TensorId>{ai, bi});
   for (int k = 2; k < 10; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{c});
-  t.add_kernel("bwd_b", 50'000, std::vector<TensorId>{bi, w});
+  t.add_kernel("bwd_b", 50'000, b_reads_w ? std::vector<TensorId>{bi} : std::vector<TensorId>{bi, w});
   t.add_kernel("bwd_a", 50'000, std::vector<TensorId>{ai, w});
   return t;
 }
@@ -95,26 +100,13 @@ TEST(RecomputePlanner, TheOptionTurnsRecomputeOff) {
 }
 
 // Note [Recomputes that read parameters]: B = mul(A, W) is cheap and recomputable, but its backward
-// use does not read W (a parameter): recomputing B there reads W. The tuning that leaves such gaps
-// to the moves moves B instead; the default recomputes it; plan_best has the variant.
+// use does not read W (a parameter): recomputing B there reads W (producer_trace, b_reads_w). The
+// tuning that leaves such gaps to the moves moves B instead; the default recomputes it; plan_best
+// has the variant.
 TEST(RecomputePlanner, RecomputesThatReadAParameterAreAVariant) {
-  Trace t;
-  const TensorId w = t.add_tensor({kGB / 2, TensorKind::parameter, true, "W"});
-  TensorInfo a{kGB, TensorKind::activation, false, "A"};
-  a.producer = 0;
-  const TensorId ai = t.add_tensor(a);
-  TensorInfo b{kGB, TensorKind::activation, false, "B"};
-  b.producer = 1;
-  b.recomputable = true;
-  const TensorId bi = t.add_tensor(b);
-  const TensorId c = t.add_tensor({kGB, TensorKind::temporary, false, "C"});
-  t.add_kernel("aten::mm", 50'000, std::vector<TensorId>{w, ai});
-  t.add_kernel("aten::mul", 500, std::vector<TensorId>{ai, w, bi});
-  for (int k = 2; k < 10; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{c});
-  t.add_kernel("bwd_b", 50'000, std::vector<TensorId>{bi});
-  t.add_kernel("bwd_a", 50'000, std::vector<TensorId>{ai, w});
-  PlannerOptions o = options();
-  o.budget_bytes = 3 * kGB;
+  const Trace t = producer_trace(500, /*b_reads_w=*/true);
+  const TensorId bi = 2;
+  const PlannerOptions o = options();
   const Plan plain = make_plan(t, o);
   expect_valid(t, plain);
   EXPECT_EQ(count(plain, MoveOp::recompute, bi), 1u);

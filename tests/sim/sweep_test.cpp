@@ -15,16 +15,23 @@
 namespace teraio {
 namespace {
 
+// A trace's peak without a plan, and the most one kernel's own tensors need (the least budget).
+struct Sizes {
+  uint64_t peak = 0, need = 0;
+};
+Sizes sizes(const Trace& tr, const Lifetimes& lt) {
+  const std::vector<uint64_t> m = memory_curve(tr, lt);
+  const std::vector<uint64_t> active = active_bytes(tr);
+  return {*std::max_element(m.begin(), m.end()), *std::max_element(active.begin(), active.end())};
+}
+
 TEST(Sweep, CurveIsMonotoneAndHonest) {
   std::mt19937_64 rng(4242);
   int swept = 0;
   for (int trial = 0; trial < 40; ++trial) {
     const Trace tr = test::random_trace(rng, trial % 2 == 1);
     const Lifetimes lt(tr);
-    const std::vector<uint64_t> m = memory_curve(tr, lt);
-    const std::vector<uint64_t> active = active_bytes(tr);
-    const uint64_t peak = *std::max_element(m.begin(), m.end());
-    const uint64_t need = *std::max_element(active.begin(), active.end());
+    const auto [peak, need] = sizes(tr, lt);
     PlannerOptions base;
     base.budget_bytes = std::max(need, peak * 6 / 10);
     base.min_tensor_bytes = 0;
@@ -63,11 +70,9 @@ TEST(PlanBest, NeverSlowerThanTheDefaultPlanAndValid) {
   for (int trial = 0; trial < 30; ++trial) {
     const Trace tr = test::random_trace(rng, trial % 2 == 0);
     const Lifetimes lt(tr);
-    const std::vector<uint64_t> m = memory_curve(tr, lt);
-    const std::vector<uint64_t> active = active_bytes(tr);
+    const auto [peak, need] = sizes(tr, lt);
     PlannerOptions o;
-    o.budget_bytes = std::max(*std::max_element(active.begin(), active.end()),
-                              *std::max_element(m.begin(), m.end()) / 2);
+    o.budget_bytes = std::max(need, peak / 2);
     o.min_tensor_bytes = 0;
     o.tiers = {test::tier("host", 2.0, 2.0)};
     const BestPlan best = plan_best(tr, o);
@@ -101,11 +106,9 @@ TEST(PlanBest, ASecondTierIsUsedOnlyWhenItPays) {
   for (int trial = 0; trial < 60; ++trial) {
     const Trace tr = test::random_trace(rng, trial % 2 == 0);
     const Lifetimes lt(tr);
-    const std::vector<uint64_t> m = memory_curve(tr, lt);
-    const std::vector<uint64_t> active = active_bytes(tr);
-    const uint64_t peak = *std::max_element(m.begin(), m.end());
+    const auto [peak, need] = sizes(tr, lt);
     PlannerOptions o;
-    o.budget_bytes = std::max(*std::max_element(active.begin(), active.end()), peak / 2);
+    o.budget_bytes = std::max(need, peak / 2);
     o.min_tensor_bytes = 0;
     // A second tier nearly as fast as the first: plans using both are often a little faster.
     o.tiers = {test::tier("host", 2.0, 2.0), test::tier("ssd", 1.5, 1.5)};
