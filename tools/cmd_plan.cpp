@@ -67,13 +67,15 @@ int run_plan(const PlanArgs& args) {
   plan.predicted.stall_us = sim.stall_us;
   plan.predicted.peak_bytes = static_cast<double>(check.peak_bytes);
 
-  // Bytes written per iteration: an idle persistent tensor's offload moves nothing in steady state.
+  // Bytes written per iteration: an idle persistent tensor's offload moves nothing in steady state,
+  // nor does a clean one (Note [Clean offloads] in src/sim/simulator.cpp).
   std::vector<uint64_t> tier_bytes(plan.tiers.size(), 0);
   size_t offload_only = 0;
   for (const MovePair& p : check.pairs) {
     if (!p.idle) tier_bytes[p.tier] += p.bytes;
     offload_only += p.one_way();
   }
+  for (size_t i = 0; i < plan.tiers.size(); ++i) tier_bytes[i] -= sim.tiers[i].clean_offload_bytes;
   std::string tiers_json;
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     tiers_json += fmt::format("{}{}: {}", i ? ", " : "", json_quote(plan.tiers[i].name), tier_bytes[i]);
@@ -123,9 +125,14 @@ int run_plan(const PlanArgs& args) {
                    [](uint64_t a, const RecomputeMove& r) { return a + r.bytes; }))));
   }
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
-    fmt::print("  to {:<16} {} offloaded per iteration (peak held {})\n", plan.tiers[i].name,
-               format_bytes(static_cast<double>(tier_bytes[i])),
-               format_bytes(static_cast<double>(check.tier_peak_bytes[i])));
+    fmt::print(
+        "  to {:<16} {} offloaded per iteration (peak held {}){}\n", plan.tiers[i].name,
+        format_bytes(static_cast<double>(tier_bytes[i])),
+        format_bytes(static_cast<double>(check.tier_peak_bytes[i])),
+        sim.tiers[i].clean_offloads
+            ? fmt::format("; {} clean offloads, {} not written", sim.tiers[i].clean_offloads,
+                          format_bytes(static_cast<double>(sim.tiers[i].clean_offload_bytes)))
+            : std::string());
   }
   fmt::print("peak                 {} planned, budget {}, {} without a plan\n",
              format_bytes(static_cast<double>(check.peak_bytes)),

@@ -69,21 +69,28 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
       const TierTraffic& t = r.tiers[i];
       tiers_json += fmt::format(
           "{}{{\"name\": {}, \"offload_bytes\": {}, \"prefetch_bytes\": {}, \"write_busy_us\": {}, "
-          "\"read_busy_us\": {}}}",
+          "\"read_busy_us\": {}{}}}",
           i ? ", " : "", json_quote(tiers[i].name), t.offload_bytes, t.prefetch_bytes,
-          json_number(t.write_busy_us), json_number(t.read_busy_us));
+          json_number(t.write_busy_us), json_number(t.read_busy_us),
+          trace.writes_recorded
+              ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}",
+                            t.clean_offloads, t.clean_offload_bytes)
+              : std::string());
     }
     fmt::print(
         "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
         "\"peak_bytes\": {}, "
         "\"tiers\": [{}], \"urgent_fetches\": {}, \"floor_us\": {}, \"floor_bound\": {}, "
-        "\"bytes_by_kind\": {}{}}}\n",
+        "\"bytes_by_kind\": {}{}{}}}\n",
         json_number(r.iteration_us), json_number(r.ideal_us), json_number(r.stall_us),
         json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches,
         json_number(r.floor_us), json_quote(r.floor_bound), bytes_by_kind_json(r),
         r.recomputes ? fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", r.recomputes,
                                    json_number(r.recompute_us))
-                     : std::string());
+                     : std::string(),
+        trace.writes_recorded ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}",
+                                            r.clean_offloads, r.clean_offload_bytes)
+                              : std::string());
     return;
   }
   fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
@@ -109,6 +116,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
              pct(static_cast<double>(r.peak_bytes), static_cast<double>(plan.budget_bytes)));
   fmt::print("urgent transfers     {} in the last iteration\n", r.urgent_fetches);
   fmt::print("moved per iteration  {}\n", bytes_by_kind_text(r));
+  if (trace.writes_recorded) {  // Note [Clean offloads] in src/sim/simulator.cpp
+    fmt::print("clean offloads       {} per iteration, {} not written\n", r.clean_offloads,
+               format_bytes(static_cast<double>(r.clean_offload_bytes)));
+  }
   fmt::print("\n{:<12} {:<6} {:>9} {:>12} {:>12} {:>10}\n", "tier", "link", "GB/s", "bytes/iter",
              "busy/iter", "busy %");
   for (size_t i = 0; i < tiers.size(); ++i) {

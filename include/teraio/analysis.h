@@ -1,7 +1,8 @@
 // Lifetime analysis of a trace: when each tensor is used and how long it stays allocated, its
 // inactive periods (the gaps between consecutive uses, wrapping around the iteration for persistent
-// tensors, and the periods after which nothing uses it again), the memory curve M[k] and the active
-// bytes of each kernel. Everything the planner, simulator and `analyze` share.
+// tensors, and the periods after which nothing uses it again), the memory curve M[k], the active
+// bytes of each kernel and where a tensor is written in place. Everything the planner, simulator
+// and `analyze` share.
 #pragma once
 
 #include <cstdint>
@@ -77,6 +78,12 @@ std::vector<uint64_t> memory_curve(const Trace& trace, const Lifetimes& lifetime
 // The tensors a rerun of kernel k reads: those of its tensors that exist before it runs (persistent,
 // or first used by an earlier kernel). The others are made by k (docs/formats.md, "Recompute").
 std::vector<TensorId> kernel_inputs(const Trace& trace, const Lifetimes& lifetimes, KernelIndex k);
+
+// Whether some kernel from `first_kernel` through `last_kernel` (both included) writes tensor t in
+// place (TensorInfo::written_at). first_kernel > last_kernel wraps around the iteration's end (a
+// persistent tensor's gap): first_kernel .. N-1, then 0 .. last_kernel. True whenever the trace
+// does not record writes (every use may write). Note [Clean offloads] in simulator.cpp.
+bool written_between(const Trace& trace, TensorId t, int64_t first_kernel, int64_t last_kernel);
 
 // Bytes of the distinct tensors each kernel touches.
 std::vector<uint64_t> active_bytes(const Trace& trace);

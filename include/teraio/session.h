@@ -65,6 +65,11 @@ struct SessionOptions {
   // where that costs less time than moving it (docs/pytorch.md, "Recompute"). false: plans move
   // bytes only.
   bool recompute = true;
+  // A tensor read back from a tier and not written in place since is offloaded again to that tier
+  // without writing it: its copy there is kept (docs/pytorch.md, "Clean offloads"). Writes are seen
+  // through the version counters of every operator's inputs; false writes every offload (for
+  // tensors written behind the dispatcher, e.g. through a NumPy view of a CPU tensor).
+  bool clean_offloads = true;
 };
 
 // The bandwidth the planner uses for one tier and where it comes from.
@@ -98,6 +103,7 @@ struct SessionTierStats {
   double stall_write_us = 0;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
+  uint64_t bytes_clean = 0;  // offloaded without writing: the tier's copy was still valid
 };
 
 struct SessionStats {
@@ -133,6 +139,8 @@ struct SessionStats {
   uint64_t skipped_moves = 0;
   uint64_t aligned_moves = 0;  // moves made at step start to put tensors where the plan begins
   uint64_t stream_ordered_offloads = 0;  // offloads completed on the GPU's side (option of that name)
+  uint64_t clean_offloads = 0;  // offloads that wrote nothing: the tier's copy was still valid
+  uint64_t clean_bytes = 0;     // their bytes (not in bytes_offloaded)
   uint64_t drift_events = 0;
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;
@@ -174,6 +182,7 @@ constexpr void for_each_option_field(F&& f) {
   f("verify", &SessionOptions::verify);
   f("fault_injection", &SessionOptions::fault_injection);
   f("recompute", &SessionOptions::recompute);
+  f("clean_offloads", &SessionOptions::clean_offloads);
 }
 
 // kCounter: cumulative since the Session began (a delta over steps is what those steps did);
@@ -209,6 +218,8 @@ constexpr void for_each_stats_field(F&& f) {
   f("skipped_moves", &S::skipped_moves, K::kCounter);
   f("aligned_moves", &S::aligned_moves, K::kCounter);
   f("stream_ordered_offloads", &S::stream_ordered_offloads, K::kCounter);
+  f("clean_offloads", &S::clean_offloads, K::kCounter);
+  f("clean_bytes", &S::clean_bytes, K::kCounter);
   f("drift_events", &S::drift_events, K::kCounter);
   f("urgent_fetches", &S::urgent_fetches, K::kCounter);
   f("evictions", &S::evictions, K::kCounter);
@@ -248,6 +259,7 @@ constexpr void for_each_tier_stats_field(F&& f) {
   f("stall_write_us", &T::stall_write_us);
   f("bytes_read", &T::bytes_read);
   f("bytes_written", &T::bytes_written);
+  f("bytes_clean", &T::bytes_clean);
 }
 
 class Session {

@@ -1,5 +1,6 @@
 // Discrete-event replay of a plan over a trace: kernels take their traced time, each tier has a
 // read and a write direction sharing one link (each slower while both move: TierSpec::duplex_gbps),
+// an offload of a tensor unchanged since it was read back from the same tier writes nothing,
 // transfers queue, kernels wait for late prefetches (urgent fetches jump the
 // queue) and prefetches wait for memory; a recompute reruns its producer on the compute stream just
 // before the kernel it is due for. docs/simulator.md has the model.
@@ -36,8 +37,12 @@ struct SimOptions {
 };
 
 struct TierTraffic {
-  uint64_t offload_bytes = 0;   // GPU -> tier (write link)
+  uint64_t offload_bytes = 0;   // GPU -> tier (write link); clean offloads write nothing
   uint64_t prefetch_bytes = 0;  // tier -> GPU (read link)
+  // Offloads to this tier that write nothing (Note [Clean offloads] in simulator.cpp): the tier
+  // still holds the bytes the tensor was read back from, so only the device memory is freed.
+  size_t clean_offloads = 0;
+  uint64_t clean_offload_bytes = 0;
   double write_busy_us = 0;
   double read_busy_us = 0;
 };
@@ -62,6 +67,10 @@ struct SimResult {
   double last_iteration_us = 0;  // wall time of the last iteration alone (see docs/simulator.md)
   uint64_t peak_bytes = 0;  // most bytes resident at once
   std::vector<TierTraffic> tiers;
+  // Clean offloads per iteration over all tiers (TierTraffic::clean_offloads): counted in neither
+  // offload_bytes nor the floor. Always 0 for a trace that does not record writes.
+  size_t clean_offloads = 0;
+  uint64_t clean_offload_bytes = 0;
   size_t urgent_fetches = 0;  // transfers a kernel of the last iteration had to wait for
   // The floor of docs/simulator.md ("The floor"): no schedule of these moves can take less than
   // max(compute: ideal + recompute, each tier's offloaded bytes / write bandwidth, each tier's
@@ -73,7 +82,8 @@ struct SimResult {
   // cross the links (optimizer states, parameters, activations, ...).
   std::array<uint64_t, kNumTensorKinds> offload_bytes_by_kind{};
   std::array<uint64_t, kNumTensorKinds> prefetch_bytes_by_kind{};
-  // With record_timeline: start time of each kernel of the last iteration, and its transfers.
+  // With record_timeline: start time of each kernel of the last iteration, and its transfers
+  // (clean offloads move nothing and are not among them).
   std::vector<double> kernel_start_us;
   std::vector<SimTransfer> transfers;
 };

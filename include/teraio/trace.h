@@ -1,6 +1,7 @@
 // The trace of one training iteration (format teraio.trace v2, docs/formats.md; v1 is still read):
 // the tensors, with the operator that produced each and whether rerunning it recreates the same
-// bytes, and, for every operator ("kernel") in order, its device time and the tensors it touches.
+// bytes, and, for every operator ("kernel") in order, its device time and the tensors it touches;
+// optionally (writes_recorded) which kernels write each tensor in place.
 // A Trace is a plain value: not thread-safe to mutate, safe to share read-only.
 #pragma once
 
@@ -43,6 +44,11 @@ struct TensorInfo {
   // recomputed (docs/formats.md, "Recompute"). Requires `producer`. Its cost is the producer's
   // kernel time.
   bool recomputable = false;
+  // Only when the trace's writes_recorded: the kernels at which the tensor is written in place,
+  // sorted and distinct, each one listing the tensor (a write seen between a kernel's predecessor
+  // use and it is the kernel's). Empty: not written in place in the iteration (a non-persistent
+  // tensor's producer making it is not a write in place). Note [Clean offloads] in simulator.cpp.
+  std::vector<KernelIndex> written_at;
 };
 
 // Bounds every trace keeps (docs/formats.md, "Bounds"), checked by the reader and by validate():
@@ -58,6 +64,9 @@ class Trace {
   // Free-form metadata ("model", "device", ...) as (key, raw JSON value) pairs in file order.
   std::vector<std::pair<std::string, std::string>> meta;
   std::vector<TensorInfo> tensors;
+  // Whoever made the trace knows every write in place (each tensor's written_at). False: writes
+  // are unknown and every use may write (a tensor read back is never known to be unchanged).
+  bool writes_recorded = false;
 
   size_t num_kernels() const { return kernel_time_us_.size(); }
   size_t num_tensors() const { return tensors.size(); }
@@ -88,8 +97,9 @@ class Trace {
   // Throws teraio::Error on ids out of range, negative or non-finite times, traces beyond the
   // bounds above, an alive_until that is out of range, before the tensor's last use, on a
   // persistent tensor or on an unused one, and a producer that is not the tensor's first use (or
-  // is on a persistent tensor) or a recomputable tensor without a producer, naming the field
-  // ("tensors[3].bytes: ...").
+  // is on a persistent tensor) or a recomputable tensor without a producer, and a written_at that
+  // is not sorted and distinct, names a kernel out of range or one that does not use the tensor,
+  // or is given while writes_recorded is false, naming the field ("tensors[3].bytes: ...").
   void validate() const;
   // The messages of the two bounds, shared by validate() and the reader.
   static std::string bytes_bound_message(uint64_t bytes);
@@ -104,16 +114,20 @@ class Trace {
   std::vector<std::pair<std::string, uint32_t>> name_index_;  // sorted lookup for interning
   uint32_t intern(std::string_view name);
   void validate_per_tensor_kernels() const;
+  void validate_writes() const;
 };
 
 // Whether some tensor of the trace is recomputable (the planner's default for recompute).
 bool has_recomputable(const Trace& trace);
 
-// Reads a teraio.trace v1 or v2 JSON file (v1 tensors have no producer: none is recomputable). Throws teraio::Error naming the file, the field and the
-// position ("kernels[12].time_us: expected a number") on malformed input or an unknown version.
+// Reads a teraio.trace v1 or v2 JSON file (v1 tensors have no producer: none is recomputable; a
+// file without writes_recorded records no writes, whatever its version). Throws teraio::Error
+// naming the file, the field and the position ("kernels[12].time_us: expected a number") on
+// malformed input or an unknown version.
 Trace read_trace(const std::string& path);
 Trace parse_trace(std::string_view json, std::string_view source = "<trace>");
-// Writes teraio.trace JSON (one kernel per line): v1 when no tensor has a producer, else v2. Throws teraio::Error if the file cannot be written.
+// Writes teraio.trace JSON (one kernel per line): v1 when no tensor has a producer, else v2;
+// writes_recorded and written_at only when set. Throws teraio::Error if the file cannot be written.
 void write_trace(const Trace& trace, const std::string& path);
 std::string trace_to_json(const Trace& trace);
 

@@ -204,6 +204,10 @@ class Session:
         its next use by rerunning the operator that produced it (same kernel, same inputs: the same
         bytes), where that is faster than moving it (default); False: plans move bytes only
         (docs/pytorch.md "Recompute").
+    clean_offloads: a tensor read back from a tier and not written in place since is offloaded
+        again to that tier without writing it (its copy there is kept; writes are seen through the
+        version counters of every operator's inputs). On by default; False writes every offload
+        (for tensors written behind PyTorch's dispatcher; docs/pytorch.md "Clean offloads").
     """
 
     def __init__(self, budget: Size, tiers: Iterable[Union[HostTier, FileTier]],
@@ -211,7 +215,8 @@ class Session:
                  planning: bool = True, trace_path: Optional[str] = None,
                  plan_path: Optional[str] = None, plan_search: bool = True,
                  stream_ordered_offloads: bool = True, verify: bool = True,
-                 fault_injection: bool = False, recompute: bool = True):
+                 fault_injection: bool = False, recompute: bool = True,
+                 clean_offloads: bool = True):
         self._impl = None
         budget_bytes = parse_size(budget, "budget")
         if isinstance(tiers, (str, bytes, HostTier, FileTier)):
@@ -238,7 +243,7 @@ class Session:
         for name, flag in (("planning", planning), ("plan_search", plan_search),
                            ("stream_ordered_offloads", stream_ordered_offloads),
                            ("verify", verify), ("fault_injection", fault_injection),
-                           ("recompute", recompute)):
+                           ("recompute", recompute), ("clean_offloads", clean_offloads)):
             if not isinstance(flag, bool):
                 raise Error(f"Session: {name} must be True or False, got {flag!r}")
         for p in (trace_path, plan_path):
@@ -253,7 +258,8 @@ class Session:
                                 trace_path=trace_path or "", plan_path=plan_path or "",
                                 plan_search=plan_search,
                                 stream_ordered_offloads=stream_ordered_offloads, verify=verify,
-                                fault_injection=fault_injection, recompute=recompute)
+                                fault_injection=fault_injection, recompute=recompute,
+                                clean_offloads=clean_offloads)
         self._budget_bytes = budget_bytes
         self._watched = []
         self._split = []  # optimizers whose steps run in parts (watch)

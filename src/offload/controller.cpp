@@ -109,6 +109,7 @@ void Controller::install(const CachedPlan* p) {
   mode_ = Mode::kPlanned;
   if (p->schedule->moves == 0) {
     engine_.fetch_all();  // nothing may stay out: the fast path fetches nothing
+    engine_.discard_clean_copies();  // the fast path watches no writes
     fast_.store(true, std::memory_order_relaxed);
   } else {
     fast_.store(false, std::memory_order_relaxed);
@@ -145,6 +146,7 @@ void Controller::begin_step(StepBinding& binding) {
   fast_.store(mode_ == Mode::kPlanned && active_ && active_->schedule->moves == 0,
               std::memory_order_relaxed);
   binding.use_lean_hooks(fast());
+  if (fast()) engine_.discard_clean_copies();  // writes go unwatched (Note [Clean offloads])
   if (!fast()) {
     try {
       engine_.poll();
@@ -416,6 +418,8 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->skipped_moves = e.skipped_moves;
   r->aligned_moves = e.aligned;
   r->stream_ordered_offloads = e.stream_ordered;
+  r->clean_offloads = e.clean_offloads;
+  r->clean_bytes = e.clean_bytes;
   r->drift_events = drift_events_;
   r->urgent_fetches = e.urgent_fetches;
   r->evictions = e.evictions;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "teraio/analysis.h"
 #include "teraio/json_text.h"
 
 namespace teraio::offload {
@@ -91,6 +92,7 @@ void Recorder::note_bound(LogicalId id, uint64_t key, uint64_t bytes, bool is_pa
   m.bytes = bytes;
   m.first_iteration = iteration_;
   m.production_mark = 0;  // a new storage: no production seen yet
+  if (m.seen_version) m.rebound = true;  // its bytes changed: Note [Writes of a recording]
   m.is_param = is_param;
 }
 
@@ -132,7 +134,31 @@ TensorFacts& Recorder::production(LogicalId id) {
     m.production_mark = iteration_ + 1;
     m.producer_op = -1;
     m.rerunnable = false;
-    m.seen_version.reset();
+  }
+  return m;
+}
+
+// Note [Writes of a recording]: the trace records writes (Trace::writes_recorded) so that an
+// offload of a tensor read back and unchanged since can write nothing (Note [Clean offloads] in
+// src/sim/simulator.cpp). Every recorded operator observes the version counter of each tensor it
+// touches, at its start (inputs) and its end (inputs and outputs), as observation index
+// ops_.size(): the operator's own index. A change between two observations is a window (from, to]:
+// the write came after the operator `from` observed and at or before the operator `to` did; the
+// trace puts it at every kernel in from+1 .. to that lists the tensor (one that wrote it while
+// both its observations saw the same version, `from` == `to`, at `to`), and at the first one at or
+// after `to` should `to` not list it. Observations cover every use, so that is the writing
+// operator, or the use right after a write no recorded operator made: conservative either way
+// (later than the write, never after a use that followed it).
+// The last version seen is kept across iterations while the storage stays bound, so a persistent
+// tensor written between the previous iteration's last observation and this one's first (or given
+// a new storage: `rebound`) is written at its first uses here (window from -1); for a transient
+// tensor such a window is dropped (nothing reads it back before it exists in the iteration), and
+// Note [Recomputable tensors] ignores it as it did before. An unversioned tensor is written at
+// every use, and so is one listed but never observed in the iteration (spliced operators).
+TensorFacts& Recorder::write_facts(LogicalId id) {
+  TensorFacts& m = facts_.at(id);
+  if (m.write_mark != iteration_ + 1) {
+    m.write_mark = iteration_ + 1;
     m.seen_at = -1;
     m.writes.clear();
   }
@@ -140,15 +166,17 @@ TensorFacts& Recorder::production(LogicalId id) {
 }
 
 void Recorder::note_version(LogicalId id, uint64_t version) {
-  TensorFacts& m = production(id);
+  TensorFacts& m = write_facts(id);
   const auto k = static_cast<int64_t>(ops_.size());
-  if (m.seen_version && *m.seen_version != version) m.writes.emplace_back(m.seen_at, k);
+  if (m.seen_version && (*m.seen_version != version || m.rebound))
+    m.writes.emplace_back(m.seen_at, k);
   m.seen_version = version;
   m.seen_at = k;
+  m.rebound = false;
 }
 
 void Recorder::note_unversioned(LogicalId id) {
-  production(id).writes.emplace_back(0, std::numeric_limits<int64_t>::max());
+  write_facts(id).writes.emplace_back(0, std::numeric_limits<int64_t>::max());
 }
 
 void Recorder::note_produced(LogicalId id, std::string_view op_name, const ProductionFacts& f) {
@@ -307,9 +335,10 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
   // Producers (Note [Recomputable tensors]).
   auto written = [&](LogicalId id, int64_t from, int64_t to) {
     const TensorFacts& m = facts_[id];
-    if (m.production_mark != iteration_ + 1) return false;
+    if (m.write_mark != iteration_ + 1) return false;
+    // a < 0: before the iteration, ignored here (Note [Writes of a recording]).
     for (const auto& [a, b] : m.writes)
-      if (a <= to && b >= from) return true;
+      if (a >= 0 && a <= to && b >= from) return true;
     return false;
   };
   for (TensorId t = 0; t < trace.num_tensors(); ++t) {
@@ -343,9 +372,51 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
     add(id);
     trace.add_tensor(std::move(info));
   }
+  mark_writes(rec, engine);
   trace.set_meta("kernel_timing", json_quote(source.kernel_timing()));
   trace.validate();
   return rec;
+}
+
+// Each trace tensor's written_at, from the windows of its observations (Note [Writes of a
+// recording]).
+void Recorder::mark_writes(Recording& rec, const runtime::Engine& engine) const {
+  Trace& trace = rec.trace;
+  trace.writes_recorded = true;
+  const Lifetimes lifetimes(trace);
+  constexpr int64_t kAnywhere = std::numeric_limits<int64_t>::max();
+  for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+    const std::span<const KernelIndex> uses = lifetimes.uses(t);
+    if (uses.empty()) continue;
+    const LogicalId id = rec.tensors[t].id;
+    const TensorFacts& m = facts_[id];
+    TensorInfo& info = trace.tensors[t];
+    std::vector<KernelIndex>& w = info.written_at;
+    auto all_uses = [&] { w.assign(uses.begin(), uses.end()); };
+    if (m.write_mark != iteration_ + 1) {  // listed, never observed: writes unknown
+      // Pinned for good: never moves, so never offloaded (and listed at every operator).
+      if (!engine.pinned_permanently(id)) all_uses();
+      continue;
+    }
+    for (const auto& [from, to] : m.writes) {
+      if (to == kAnywhere) {  // unversioned
+        all_uses();
+        break;
+      }
+      if (from < 0 && !info.persistent) continue;
+      const int64_t lo = from < 0 ? 0 : std::min(from + 1, to);
+      auto it = std::lower_bound(uses.begin(), uses.end(), lo, [](KernelIndex k, int64_t v) {
+        return static_cast<int64_t>(k) < v;
+      });
+      for (; it != uses.end() && static_cast<int64_t>(*it) <= to; ++it) w.push_back(*it);
+      // The first use at or after `to` (wrapping for a persistent tensor), should `to` not list it.
+      it = std::lower_bound(uses.begin(), uses.end(), to,
+                            [](KernelIndex k, int64_t v) { return static_cast<int64_t>(k) < v; });
+      w.push_back(it != uses.end() ? *it : info.persistent ? uses.front() : uses.back());
+    }
+    std::sort(w.begin(), w.end());
+    w.erase(std::unique(w.begin(), w.end()), w.end());
+  }
 }
 
 }  // namespace teraio::offload

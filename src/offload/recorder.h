@@ -75,14 +75,22 @@ struct TensorFacts {
   // longer than the uses say; the trace extends the lifetime to here (alive_until).
   int64_t last_alive_op = -1;
   uint64_t live_mark = 0;  // 1 + the iteration in which it joined the recording's live list
-  // Production and writes in the recorded iteration (valid while mark == 1 + the iteration):
+  // Production in the recorded iteration (valid while production_mark == 1 + the iteration):
   // Note [Recomputable tensors] in recorder.cpp.
   uint64_t production_mark = 0;
   int64_t producer_op = -1;  // the recorded operator that produced it; -1: none recorded
   bool rerunnable = false;   // that operator may be rerun (rerunnable_operator, ProductionFacts)
-  std::optional<uint64_t> seen_version;  // the version counter at its last observation
-  int64_t seen_at = -1;                  // the operator of that observation
-  // Windows [from, to] of recorded operators within which it was written in place.
+  // Writes in place in the recorded iteration (valid while write_mark == 1 + the iteration):
+  // Note [Writes of a recording] in recorder.cpp.
+  uint64_t write_mark = 0;
+  // The version counter at its last observation, kept from one iteration to the next while the
+  // storage stays bound, and the operator of that observation (-1: before this iteration).
+  std::optional<uint64_t> seen_version;
+  int64_t seen_at = -1;
+  bool rebound = false;  // a new storage since that observation: its bytes changed
+  // Windows (from, to] of observations within which it was written in place: after the
+  // observation at operator `from` (-1: before the iteration), at or before the one at `to`
+  // (operators observe at their start and end). (0, INT64_MAX): unversioned, written anywhere.
   std::vector<std::pair<int64_t, int64_t>> writes;
 
   // The name given with name_tensor, else where the tensor first appeared ("op12.out0").
@@ -179,8 +187,9 @@ class Recorder {
   std::vector<OperatorRecord> take_operators();
   void clear_operators() { ops_.clear(); }
 
-  // The trace of the recorded operators (Note [Trace of a recording] in recorder.cpp). `engine`
-  // says which tensors are bound, lost and pinned for good. Validated.
+  // The trace of the recorded operators (Note [Trace of a recording] in recorder.cpp), with the
+  // writes in place seen (writes_recorded, Note [Writes of a recording]). `engine` says which
+  // tensors are bound, lost and pinned for good. Validated.
   Recording build_trace(const runtime::Engine& engine, const TensorSource& source) const;
 
  private:
@@ -190,6 +199,8 @@ class Recorder {
   std::vector<uint64_t> signatures_;
   std::vector<LogicalId> live_;           // recorded tensors still alive (see last_alive_op)
   TensorFacts& production(LogicalId id);  // its production facts, reset in a new iteration
+  TensorFacts& write_facts(LogicalId id);  // its writes, reset in a new iteration
+  void mark_writes(Recording& rec, const runtime::Engine& engine) const;
   uint64_t iteration_ = 0;
 };
 

@@ -828,6 +828,7 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
       spans = choose_recomputes(original, memory_curve(trace_, original), &reads);
       if (!spans.empty()) {
         with_reads.tensors = trace_.tensors;
+        with_reads.writes_recorded = trace_.writes_recorded;  // written_at stays listed
         std::vector<TensorId> ids;
         for (KernelIndex k = 0; k < n_; ++k) {
           const auto own = trace_.kernel_tensors(k);

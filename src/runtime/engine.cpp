@@ -64,6 +64,9 @@ struct Engine::Entry {
   std::string lost_message;  // kLost: the fault that lost the bytes, reported at every use
   std::unique_ptr<Recipe> recipe;  // Note [Recompute in the engine]
   bool recomputing = false;        // its recipe is running (a chain must not loop back to it)
+  // Resident, and `extent` of `tier` still holds its bytes: read back from there and not written
+  // in place since (Note [Clean offloads]). `pending` is then that read.
+  bool clean = false;
 };
 
 Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
@@ -136,6 +139,7 @@ void Engine::forget_locked(Entry& e) {
   if (e.pending.valid()) e.pending.wait();
   e.pending = {};
   e.write_in_flight = false;
+  e.clean = false;
   if (e.has_extent) {
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
@@ -302,9 +306,11 @@ bool Engine::complete_prefetch_locked(Entry& e) {
   }
   e.memory->attach();
   e.loc = Location::kResident;
+  e.clean = options_.clean_offloads;
   stats_.bytes_prefetched += e.bytes;
   stats_.tiers[e.tier].bytes_read += e.bytes;
-  // The tier space is released once the read has really completed (poll or the next move).
+  // The tier space is released once the read has really completed (poll or the next move), unless
+  // it stays as the tensor's clean copy (Note [Clean offloads]).
   return true;
 }
 
@@ -389,6 +395,7 @@ bool Engine::drop_locked(Entry& e, std::string* why) {
   if (!why->empty()) return false;
   e.memory->detach();
   e.memory->drop();
+  e.clean = false;
   e.loc = Location::kDropped;
   stats_.resident_bytes -= e.bytes;
   return true;
@@ -478,6 +485,20 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
   if (e.permanent) return false;  // every offload path ends here: a pinned tensor never leaves
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
+  if (e.clean && e.has_extent && e.tier == tier) {
+    // Note [Clean offloads]: the tier already holds these bytes; only the memory goes. `pending`
+    // (the read that brought them) stays until the next read waits for it.
+    e.memory->detach();
+    e.memory->drop();
+    e.clean = false;
+    e.loc = Location::kOffloaded;
+    stats_.resident_bytes -= e.bytes;
+    stats_.clean_offloads++;
+    stats_.clean_bytes += e.bytes;
+    stats_.tiers[tier].bytes_clean += e.bytes;
+    return true;
+  }
+  e.clean = false;
   if (e.has_extent) {  // the space of the previous read: free once that read has ended
     if (e.pending.ready()) {
       release_read_extent_locked(e);
@@ -564,7 +585,8 @@ bool Engine::reclaim_extents_locked(uint32_t tier) {
     if (!p || p->loc == Location::kUnbound || !p->has_extent || p->tier != tier) continue;
     Entry& e = *p;
     if (e.loc == Location::kResident) {
-      release_read_extent_locked(e);
+      release_read_extent_locked(e);  // a clean copy too: the tier needs the room
+      e.clean = false;
       freed = true;
     } else if (e.pins == 0 && !e.memory->alive()) {
       forget_locked(e);
@@ -582,6 +604,10 @@ bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const L
     return false;
   }
   if (!finish_write_locked(e)) return false;
+  if (e.pending.valid()) {  // the read before a clean offload (Note [Clean offloads]): long done
+    e.pending.wait();
+    e.pending = {};
+  }
   // The memory is taken now: room first, so that the budget holds. When none can be made, a read
   // that can wait is not issued (the first use fetches it), one needed now goes ahead
   // (enforce_budget reports the shortfall).
@@ -649,7 +675,8 @@ void Engine::poll() {
       complete_prefetch_locked(e);
     // a finished write is settled here (one that failed loses the tensor: reported now)
     if (e.write_in_flight && e.pending.ready()) finish_write_locked(e);
-    if (e.loc == Location::kResident && e.has_extent && e.pending.ready()) release_read_extent_locked(e);
+    if (e.loc == Location::kResident && e.has_extent && !e.clean && e.pending.ready())
+      release_read_extent_locked(e);
     if (!e.memory->alive() && e.pins == 0) forget_locked(e);
   }
 }
@@ -688,6 +715,37 @@ bool Engine::pinned_permanently(LogicalId id) const {
   std::lock_guard lock(mutex_);
   const Entry* e = find(id);
   return e && e->permanent;
+}
+
+// Note [Clean offloads]: a tensor read back from a tier and not written in place since has the same
+// bytes as its copy there, so the engine keeps that copy (its extent) while the tensor is resident,
+// and an offload to the same tier writes nothing: the memory is freed at once (clean_offloads,
+// clean_bytes). Parameters are the common case: read back for the forward, offloaded again after
+// it unchanged, read back for the backward; only the optimizer writes them. The engine cannot see
+// writes: the binding reports every one it cannot rule out (note_written; src/torch watches each
+// operator's inputs through their version counters, which every in-place operator bumps, and
+// counts an input without one as written), and a written tensor's copy is released. Kept copies
+// take tier space while their tensors are resident; a full tier reclaims them first
+// (reclaim_extents_locked), so they never make an offload fail.
+void Engine::note_written(std::span<const LogicalId> ids) {
+  std::lock_guard lock(mutex_);
+  for (LogicalId id : ids) {
+    Entry* e = find(id);
+    if (!e || !e->clean) continue;
+    e->clean = false;
+    if (e->loc == Location::kResident && e->has_extent && e->pending.ready())
+      release_read_extent_locked(*e);
+  }
+}
+
+void Engine::discard_clean_copies() {
+  std::lock_guard lock(mutex_);
+  for (auto& p : entries_) {
+    if (!p || !p->clean) continue;
+    p->clean = false;
+    if (p->loc == Location::kResident && p->has_extent && p->pending.ready())
+      release_read_extent_locked(*p);
+  }
 }
 
 void Engine::touch(std::span<const LogicalId> ids) {
@@ -784,7 +842,7 @@ bool Engine::make_room_locked(uint64_t bytes, std::span<const LogicalId> spare) 
     for (uint32_t t = 0; t < tiers_.size() && !placed; ++t) {
       if (offload_locked(*e, t, /*urgent=*/true)) {
         placed = true;
-        outgoing += e->bytes;
+        if (e->loc == Location::kOffloading) outgoing += e->bytes;  // a clean one is gone already
         started.push_back(e);
         stats_.evictions++;
         event("eviction", *e);

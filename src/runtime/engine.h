@@ -106,6 +106,10 @@ struct EngineOptions {
   // the host tier; others are waited for on the CPU as before). The write's result is checked
   // before the tensor is read back or forgotten.
   bool stream_ordered_offloads = false;
+  // Note [Clean offloads]: a tensor read back from a tier keeps its copy there while it is not
+  // written in place (note_written); offloading it again to that tier then writes nothing and only
+  // frees its memory. Off: every offload writes.
+  bool clean_offloads = true;
 };
 
 struct EngineStats {
@@ -124,6 +128,8 @@ struct EngineStats {
   uint64_t skipped_moves = 0;  // planned moves whose tensor was not bound or not in the right place
   uint64_t spilled_moves = 0;     // planned offloads sent to another tier (the planned one was full)
   uint64_t stream_ordered = 0;    // offloads whose memory was freed in stream order (not CPU-waited)
+  uint64_t clean_offloads = 0;    // offloads that wrote nothing: the tier's copy was still valid
+  uint64_t clean_bytes = 0;       // their bytes (not in bytes_offloaded: they were not written)
   uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
   uint64_t failed_transfers = 0;  // writes and reads that failed (each is also a Fault)
   uint64_t retried_reads = 0;     // reads tried again after a failure (Note [Read retries])
@@ -146,6 +152,7 @@ struct EngineStats {
     double stall_write_us = 0;
     uint64_t bytes_written = 0;
     uint64_t bytes_read = 0;
+    uint64_t bytes_clean = 0;  // offloaded without writing (Note [Clean offloads])
   };
   std::vector<Tier> tiers;
 };
@@ -284,6 +291,12 @@ class Engine {
   void set_namer(std::function<std::string(LogicalId)> namer);
   // Marks the tensors as used now (for the least-recently-used order).
   void touch(std::span<const LogicalId> ids);
+  // The tensors were (or may have been) written in place: a copy kept in a tier since they were
+  // read back no longer holds their bytes (Note [Clean offloads]). The binding must call this for
+  // every write it cannot rule out, before the tensor's next offload.
+  void note_written(std::span<const LogicalId> ids);
+  // note_written for every tensor: for stretches where the binding watches no writes.
+  void discard_clean_copies();
 
   // Explicit moves (the plan's, or a user's). Both are no-ops when the tensor is already where it
   // is going (or on its way); false when it is not bound or has no room in the tier.

@@ -1,10 +1,12 @@
 // Discrete-event replay of a plan (docs/simulator.md has the model). Kernels run back to back on
 // one compute stream; every tier has a write direction (offloads) and a read direction
 // (prefetches), each serving one transfer at a time in issue order, both slower while both move
-// (Note [Duplex link]); a transfer a kernel waits for becomes urgent and preempts its direction. An offload without a prefetch writes and frees, and nothing comes back (that
-// of a persistent tensor no kernel uses moves nothing: in steady state it is already out). A
-// recompute is compute-stream time (its producer's kernel time) just before the kernel it is due
-// for, after that kernel's transfers. Links advance lazily, so the cost is
+// (Note [Duplex link]); a transfer a kernel waits for becomes urgent and preempts its direction. An
+// offload of a tensor unchanged since it was read back from the same tier writes nothing and frees
+// at once (Note [Clean offloads]). An offload without a prefetch writes and frees, and nothing
+// comes back (that of a persistent tensor no kernel uses moves nothing: in steady state it is
+// already out). A recompute is compute-stream time (its producer's kernel time) just before the
+// kernel it is due for, after that kernel's transfers. Links advance lazily, so the cost is
 // O((kernels + moves) * iterations), no per-byte work.
 #include "teraio/simulator.h"
 
@@ -266,6 +268,61 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
   return c;
 }
 
+// Note [Clean offloads]
+// A tensor read back from a tier and not written in place since is still what the tier holds:
+// offloading it again to that tier need write nothing, only free the device memory (an OS's clean
+// page). The runtime does so; the simulator models it so that its predictions match. An offload of
+// tensor t to tier T is clean when
+//   - the trace records writes (Trace::writes_recorded; otherwise any use may have written t),
+//   - the move of t before it is a prefetch from T: the previous pair's, cyclically for a
+//     persistent tensor (a single pair's own prefetch, one iteration earlier), never across the
+//     iteration's start for a non-persistent one (its first offload always writes), and no
+//     recompute of t in between (a recompute frees t and makes it anew on the device),
+//   - no kernel from that prefetch's deadline through this offload's start writes t
+//     (written_between: each write is attributed to a kernel that lists t, conservatively).
+// A clean offload takes no link time and completes when issued: the memory it frees is free at
+// once, nothing queues behind it, and its bytes count in clean_offload_bytes, not offload_bytes
+// nor the floor. In steady state, as everywhere in the simulator: iteration 0's first clean offload
+// of a persistent tensor is clean too (its read-back happened in iteration -1). The planner does
+// not model clean offloads yet (docs/planner.md): it may offload more than it would if it did.
+std::vector<uint8_t> clean_offloads(const Trace& trace, const PlanCheck& check) {
+  std::vector<uint8_t> clean(check.pairs.size(), 0);
+  const auto n = static_cast<int64_t>(trace.num_kernels());
+  if (!trace.writes_recorded || n == 0) return clean;
+  // Each tensor's pairs in the order of their offloads; its recomputes' starts.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < check.pairs.size(); ++i)
+    if (!check.pairs[i].idle) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const MovePair &x = check.pairs[a], &y = check.pairs[b];
+    return x.tensor != y.tensor ? x.tensor < y.tensor : x.start < y.start;
+  });
+  std::vector<std::pair<TensorId, KernelIndex>> recomputes;
+  for (const RecomputeMove& r : check.recomputes) recomputes.emplace_back(r.tensor, r.start);
+  std::sort(recomputes.begin(), recomputes.end());
+  for (size_t b = 0; b < order.size();) {
+    const TensorId t = check.pairs[order[b]].tensor;
+    size_t e = b;
+    while (e < order.size() && check.pairs[order[e]].tensor == t) ++e;
+    const bool persistent = trace.tensors[t].persistent;
+    for (size_t i = b; i < e; ++i) {
+      const MovePair& cur = check.pairs[order[i]];
+      if (i == b && !persistent) continue;  // the first offload of the iteration writes
+      const MovePair& prev = check.pairs[order[i == b ? e - 1 : i - 1]];
+      if (prev.one_way() || prev.tier != cur.tier) continue;
+      const int64_t read_back = (prev.start + int64_t{prev.prefetch_deadline}) % n;
+      const int64_t s = cur.start;
+      // A recompute of t since the read-back (non-persistent tensors only: no wrap).
+      auto r = std::lower_bound(recomputes.begin(), recomputes.end(),
+                                std::make_pair(t, static_cast<KernelIndex>(read_back)));
+      if (!persistent && r != recomputes.end() && r->first == t && r->second <= s) continue;
+      clean[order[i]] = written_between(trace, t, read_back, s) ? 0 : 1;
+    }
+    b = e;
+  }
+  return clean;
+}
+
 }  // namespace
 
 // Note [Urgent preemption]
@@ -356,15 +413,26 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     issue_keyed.emplace_back(issue_g, id);
     if (need_g <= last_g) need_keyed.emplace_back(need_g, id);
   };
+  // Clean offloads (Note [Clean offloads]) free the memory when issued: no transfer.
+  const std::vector<uint8_t> clean = clean_offloads(trace, check);
+  for (size_t i = 0; i < check.pairs.size(); ++i) {
+    if (!clean[i]) continue;
+    const MovePair& p = check.pairs[i];
+    ++result.clean_offloads;
+    result.clean_offload_bytes += p.bytes;
+    ++result.tiers[p.tier].clean_offloads;
+    result.tiers[p.tier].clean_offload_bytes += p.bytes;
+  }
   for (int64_t it = -1; it < iters; ++it) {
-    for (const MovePair& p : check.pairs) {
+    for (size_t i = 0; i < check.pairs.size(); ++i) {
+      const MovePair& p = check.pairs[i];
       if (p.idle) continue;  // out since an earlier iteration: nothing to move
       const int64_t base = it * n + p.start;
       const int64_t off_issue = base;  // at the end of this kernel
       const int64_t off_need = base + p.offload_done + 1;
       const int64_t pre_issue = base + p.prefetch_begin;  // at the beginning of this kernel
       const int64_t pre_need = base + p.prefetch_deadline;
-      if (off_issue >= 0) add(p, true, off_issue, off_need);
+      if (off_issue >= 0 && !clean[i]) add(p, true, off_issue, off_need);
       if (p.one_way()) continue;  // dies where it is: nothing comes back
       if (pre_issue >= 0 && pre_issue <= last_g) add(p, false, pre_issue, pre_need);
     }

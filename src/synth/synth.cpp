@@ -101,6 +101,7 @@ class Builder {
       }
     }
     if (opt_.recomputable) mark_producers();
+    trace_.writes_recorded = true;  // every in-place kernel says what it writes (written())
     return std::move(trace_);
   }
 
@@ -178,7 +179,31 @@ class Builder {
       }
       return;
     }
+    add_kernel(name, us, ids);
+  }
+
+  // Note [Writes in place in synth]: an in-place kernel (its name ends in '_') names what it writes
+  // with written() just before it is made (in an operator being built, before its end): the
+  // gradients zero_ clears and add_ accumulates into, the optimizer's parameters and AdamW states
+  // and its denominators, the attention scores the causal bias is added to. The trace records these
+  // writes (writes_recorded), so a tensor read back and not written since may be offloaded again
+  // without writing (Note [Clean offloads] in src/sim/simulator.cpp): a parameter between the
+  // forward and the backward, and after the backward up to the optimizer. Out-of-place kernels
+  // write only the tensors they make, which is not a write in place.
+  void written(std::span<const TensorId> ids) {
+    pending_writes_.insert(pending_writes_.end(), ids.begin(), ids.end());
+  }
+  void written(std::initializer_list<TensorId> ids) {
+    written(std::span<const TensorId>(ids.begin(), ids.size()));
+  }
+  void add_kernel(std::string_view name, double us, std::span<const TensorId> ids) {
+    const auto k = static_cast<KernelIndex>(trace_.num_kernels());
     trace_.add_kernel(name, us, ids);
+    for (TensorId t : pending_writes_) {
+      std::vector<KernelIndex>& w = trace_.tensors[t].written_at;
+      if (w.empty() || w.back() != k) w.push_back(k);
+    }
+    pending_writes_.clear();
   }
 
   // One ATen operator that runs several kernels (aten::linear under autocast: the casts, then the
@@ -189,7 +214,7 @@ class Builder {
   void end_operator(std::initializer_list<TensorId> outputs) {
     composite_.active = false;
     for (TensorId t : outputs) internal_[t] = 0;
-    trace_.add_kernel(composite_.name, composite_.us, composite_.ids);
+    add_kernel(composite_.name, composite_.us, composite_.ids);
   }
   void op(std::string_view name, OpClass cls, double flops, std::initializer_list<TensorId> ids,
           double bytes = -1) {
@@ -218,6 +243,7 @@ class Builder {
       TensorId g = tmp(trace_.tensors[p.param].name + ".grad_part", p.bytes);
       ids.push_back(g);
       op(name, cls, flops, ids);
+      written({p.grad});
       ew("aten::add_", {p.grad, g});
     }
     p.grad_written = true;
@@ -322,9 +348,13 @@ class Builder {
     if (opt_.foreach) {
       std::vector<TensorId> grads;
       for (const Param& p : params_) grads.push_back(p.grad);
+      written(grads);
       op("aten::_foreach_zero_", OpClass::memory, 0, grads);
     } else {
-      for (const Param& p : params_) op("aten::zero_", OpClass::memory, 0, {p.grad});
+      for (const Param& p : params_) {
+        written({p.grad});
+        op("aten::zero_", OpClass::memory, 0, {p.grad});
+      }
     }
   }
 
@@ -462,6 +492,7 @@ class Builder {
     op("aten::bmm", OpClass::matmul, attention_flops_forward(), {s.q_s, s.k_s, scores});
     TensorId bias = tmp(L + "attn.causal_bias", uint64_t{seq_} * seq_ * elt_);
     ew("aten::masked_fill", {bias});
+    written({scores});
     ew("aten::add_", {scores, bias});
     s.probs = act(L + "attn.probs", scores_bytes);
     ew("aten::_softmax", {scores, s.probs});
@@ -720,28 +751,41 @@ class Builder {
         for (TensorId t : ids) elements += static_cast<double>(trace_.tensors[t].bytes) / elt_;
         op(name, OpClass::memory, elements, ids);
       };
+      written(params);
       group("aten::_foreach_mul_", params);
+      written(m1);
       group("aten::_foreach_lerp_", cat({&m1, &grads}));
+      written(m2);
       group("aten::_foreach_mul_", m2);
+      written(m2);
       group("aten::_foreach_addcmul_", cat({&m2, &grads}));
       group("aten::_foreach_sqrt", cat({&m2, &sqrt}));
+      written(sqrt);
       group("aten::_foreach_div_", sqrt);
+      written(sqrt);
       group("aten::_foreach_add_", sqrt);
+      written(params);
       group("aten::_foreach_addcdiv_", cat({&params, &m1, &sqrt}));
       return;
     }
     // torch.optim.AdamW(foreach=False): _single_tensor_adamw, one parameter at a time.
     for (const Param& p : params_) {
       const std::string& name = trace_.tensors[p.param].name;
+      written({p.param});
       ew("aten::mul_", {p.param});  // decoupled weight decay
+      written({p.exp_avg});
       ew("aten::lerp_", {p.exp_avg, p.grad});
+      written({p.exp_avg_sq});
       ew("aten::mul_", {p.exp_avg_sq});
+      written({p.exp_avg_sq});
       ew("aten::addcmul_", {p.exp_avg_sq, p.grad});
       TensorId root = tensor(name + ".exp_avg_sq_sqrt", p.bytes, TensorKind::temporary);
       ew("aten::sqrt", {p.exp_avg_sq, root});
       TensorId denom = tensor(name + ".denom", p.bytes, TensorKind::temporary);
       ew("aten::div", {root, denom});
+      written({denom});
       ew("aten::add_", {denom});
+      written({p.param});
       ew("aten::addcdiv_", {p.param, p.exp_avg, denom});
     }
   }
@@ -771,6 +815,7 @@ class Builder {
   TensorId inv_freq_ = 0, cos_ = 0, sin_ = 0;
   std::string prefix_;
   std::vector<uint8_t> internal_;  // per tensor: made inside an operator, not what it returns
+  std::vector<TensorId> pending_writes_;  // written by the next kernel made (written())
 };
 
 std::string quoted(std::string_view s) {

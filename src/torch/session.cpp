@@ -241,6 +241,10 @@ struct OpCtx final : at::ObserverContext {
   // Recording: the inputs' version counters and their versions at the start (Note [Recomputable
   // tensors] in recorder.cpp), and whether an input could not be watched (untracked).
   std::vector<std::tuple<LogicalId, c10::VariableVersion, uint32_t>> versions;
+  // Every operator: its tracked inputs' version counters at the start, and those that cannot be
+  // watched (no counter): the writes the engine must hear of (Note [Clean offloads] in engine.cpp).
+  std::vector<std::tuple<LogicalId, c10::VariableVersion, uint32_t>> watched;
+  std::vector<LogicalId> unwatched;
   bool untracked_input = false;
   double t0_us = 0;
   uint64_t timer_token = 0;  // nonzero while the KernelTimer attributes this thread's work to it
@@ -731,7 +735,11 @@ struct Session::Impl final : offload::StepBinding {
     ctx->k = k;
     uint32_t slot = 0;
     uint64_t op_bytes = 0;
+    const std::vector<bool>& writes = written_arguments(fn);
+    size_t arg = 0;
     for (const c10::IValue& v : fn.inputs()) {
+      const bool schema_writes = arg < writes.size() && writes[arg];
+      ++arg;
       visit_tensors(v, [&](const at::Tensor& t) {
         uint32_t my_slot = slot++;
         if (!t.defined()) return;
@@ -759,13 +767,18 @@ struct Session::Impl final : offload::StepBinding {
           if (rec) ctx->untracked_input = true;
           return;
         }
-        if (rec) {
+        if (schema_writes) ctx->unwatched.push_back(*id);  // Note [Writes the Session sees]
+        {
           const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
           if (vc.enabled()) {
-            ctx->versions.emplace_back(*id, vc, vc.current_version());
-            ctl->recorder().note_version(*id, vc.current_version());
+            if (rec) {
+              ctx->versions.emplace_back(*id, vc, vc.current_version());
+              ctl->recorder().note_version(*id, vc.current_version());
+            }
+            ctx->watched.emplace_back(*id, vc, vc.current_version());
           } else {
-            ctl->recorder().note_unversioned(*id);
+            if (rec) ctl->recorder().note_unversioned(*id);
+            ctx->unwatched.push_back(*id);
           }
         }
         if (std::find(ctx->ids.begin(), ctx->ids.end(), *id) == ctx->ids.end()) {
@@ -811,6 +824,7 @@ struct Session::Impl final : offload::StepBinding {
     double t1 = now_us();
     std::lock_guard lock(mu);
     if (ctx->timer_token && timer) timer->leave();
+    note_writes(*ctx);  // before anything after this operator may offload them
     if (!ctx->in_step || !ctl->in_step()) {
       engine->end_use(ctx->ids);
       return;
@@ -884,6 +898,43 @@ struct Session::Impl final : offload::StepBinding {
 #endif
     ctl->end_operator(k, fn.name(), ctx->ids, outs, offload::is_collective(fn.name()),
                       &ctx->violation);
+  }
+
+  // Note [Writes the Session sees]: an operator wrote a tracked input in place when its schema says
+  // it writes that argument (`Tensor(a!)`: in-place and out= operators, also custom ones such as
+  // FSDP2's copy-outs and the collectives, whose kernels may not bump version counters), when the
+  // input's version counter moved across it (any in-place operator bumps it, through any view and
+  // through the tensor `.data` makes), or when the input has no counter (inference tensors). The
+  // engine hears of each (Note [Clean offloads] in src/runtime/engine.cpp).
+  // Per operator schema: which arguments it writes (empty: none, or not a dispatcher operator).
+  const std::vector<bool>& written_arguments(const at::RecordFunction& fn) {
+    static const std::vector<bool> none;
+    const std::optional<c10::OperatorName> name = fn.operator_name();
+    if (!name) return none;
+    auto it = schema_writes.find(*name);
+    if (it == schema_writes.end()) {
+      std::vector<bool> w;
+      if (std::optional<c10::OperatorHandle> op = c10::Dispatcher::singleton().findSchema(*name)) {
+        const std::vector<c10::Argument>& args = op->schema().arguments();
+        w.resize(args.size());
+        bool any = false;
+        for (size_t i = 0; i < args.size(); ++i) {
+          const c10::AliasInfo* a = args[i].alias_info();
+          w[i] = a != nullptr && a->isWrite();
+          any = any || w[i];
+        }
+        if (!any) w.clear();
+      }
+      it = schema_writes.emplace(*name, std::move(w)).first;
+    }
+    return it->second;
+  }
+  std::unordered_map<c10::OperatorName, std::vector<bool>> schema_writes;
+
+  void note_writes(OpCtx& ctx) {
+    for (auto& [id, vc, v0] : ctx.watched)
+      if (vc.current_version() != v0) ctx.unwatched.push_back(id);
+    if (!ctx.unwatched.empty()) engine->note_written(ctx.unwatched);
   }
 
   // The end of an operator nested in the top-level one `top`: binds its new outputs.
@@ -1105,7 +1156,8 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   }
   s.options = std::move(options);
   s.engine = std::make_unique<runtime::Engine>(
-      runtime::EngineOptions{s.options.budget_bytes, s.options.stream_ordered_offloads},
+      runtime::EngineOptions{s.options.budget_bytes, s.options.stream_ordered_offloads,
+                             s.options.clean_offloads},
       std::move(engine_tiers));
   offload::ControllerOptions co;
   co.budget_bytes = s.options.budget_bytes;
@@ -1262,6 +1314,7 @@ SessionStats Session::stats() const {
     r.tiers[i].stall_write_us = e.tiers[i].stall_write_us;
     r.tiers[i].bytes_read = e.tiers[i].bytes_read;
     r.tiers[i].bytes_written = e.tiers[i].bytes_written;
+    r.tiers[i].bytes_clean = e.tiers[i].bytes_clean;
   }
   return r;
 }

@@ -1,9 +1,10 @@
 // Lifetime analysis: uses per tensor (CSR), inactive periods with wrap-around for persistent
 // tensors and the periods no use ends (tails, idle persistent tensors), the no-offload memory
-// curve M[k] and per-kernel active bytes. All O(kernels + uses).
+// curve M[k], per-kernel active bytes and writes between two kernels. All O(kernels + uses).
 #include "teraio/analysis.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "teraio/error.h"
 
@@ -133,6 +134,19 @@ std::vector<uint64_t> active_bytes(const Trace& trace) {
     a[k] = sum;
   }
   return a;
+}
+
+bool written_between(const Trace& trace, TensorId t, int64_t first_kernel, int64_t last_kernel) {
+  if (!trace.writes_recorded) return true;
+  const std::vector<KernelIndex>& w = trace.tensors[t].written_at;
+  auto any_in = [&](int64_t lo, int64_t hi) {  // some write in [lo, hi]
+    auto it = std::lower_bound(w.begin(), w.end(), lo, [](KernelIndex k, int64_t v) {
+      return static_cast<int64_t>(k) < v;
+    });
+    return it != w.end() && static_cast<int64_t>(*it) <= hi;
+  };
+  if (first_kernel <= last_kernel) return any_in(first_kernel, last_kernel);
+  return any_in(first_kernel, std::numeric_limits<int64_t>::max()) || any_in(0, last_kernel);
 }
 
 std::vector<TensorId> kernel_inputs(const Trace& trace, const Lifetimes& lifetimes, KernelIndex k) {

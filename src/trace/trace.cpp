@@ -114,6 +114,38 @@ void Trace::validate() const {
     }
   }
   validate_per_tensor_kernels();
+  validate_writes();
+}
+
+// written_at (Note [Clean offloads] in simulator.cpp): sorted, distinct, each kernel in range and
+// listing the tensor; only in a trace that records writes.
+void Trace::validate_writes() const {
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const std::vector<KernelIndex>& w = tensors[t].written_at;
+    if (w.empty()) continue;
+    TERAIO_CHECK(
+        writes_recorded,
+        "tensors[{}].written_at: the trace does not record writes (\"writes_recorded\" is not "
+        "true), so no tensor may list them",
+        t);
+    for (size_t i = 0; i < w.size(); ++i) {
+      const KernelIndex k = w[i];
+      TERAIO_CHECK(
+          i == 0 || w[i - 1] < k,
+          "tensors[{}].written_at: kernel {} comes after kernel {}; the list must be sorted "
+          "and distinct",
+          t, k, w[i - 1]);
+      TERAIO_CHECK(k < num_kernels(),
+                   "tensors[{}].written_at: kernel {} is out of range (the trace has {} kernels)",
+                   t, k, num_kernels());
+      const auto listed = kernel_tensors(k);
+      TERAIO_CHECK(
+          std::find(listed.begin(), listed.end(), static_cast<TensorId>(t)) != listed.end(),
+          "tensors[{}].written_at: kernel {} does not use the tensor (a kernel that writes "
+          "a tensor lists it)",
+          t, k);
+    }
+  }
 }
 
 bool has_recomputable(const Trace& trace) {

@@ -1,7 +1,7 @@
 // teraio.trace v1 and v2: the JSON reader (simdjson DOM; a 250k-kernel trace parses in well under a
 // second) and writer (one kernel per line so diffs and greps stay readable; v2 only when a tensor
-// has a producer). A tensor's optional alive_until and producer are checked against its uses once
-// all kernels are read.
+// has a producer). A tensor's optional alive_until, producer and written_at are checked against its
+// uses once all kernels are read.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -22,6 +22,12 @@ Trace parse_trace(std::string_view text, std::string_view source) {
   const uint64_t version = r.header(root, "teraio.trace", 2);
 
   Trace trace;
+  // Any version: a reader that does not know these fields ignores them, and a trace read without
+  // them records no writes (every use may write), which only ever costs bytes.
+  if (r.has(root, "writes_recorded")) {
+    trace.writes_recorded =
+        r.boolean(r.field(root, "writes_recorded", top), top.field("writes_recorded"));
+  }
   if (r.has(root, "meta")) {
     const json::Path mp = top.field("meta");
     for (auto [key, value] : r.object(r.field(root, "meta", top), mp)) {
@@ -80,6 +86,18 @@ Trace parse_trace(std::string_view text, std::string_view source) {
         info.recomputable = r.boolean(r.field(o, "recomputable", p), p.field("recomputable"));
         check_uses = true;
       }
+      if (r.has(o, "written_at")) {  // Note [Clean offloads] in simulator.cpp
+        const json::Path wp = p.field("written_at");
+        size_t j = 0;
+        for (auto w : r.array(r.field(o, "written_at", p), wp)) {
+          const uint64_t k = r.u64(w, wp.at(j++));
+          if (k > std::numeric_limits<KernelIndex>::max()) {
+            r.fail(wp, fmt::format("kernel {} is out of range", k));
+          }
+          info.written_at.push_back(static_cast<KernelIndex>(k));
+        }
+        check_uses = true;  // sorted, in range, listing the tensor: checked with the uses
+      }
     }
     trace.tensors.push_back(std::move(info));
     ++i;
@@ -135,8 +153,10 @@ std::string trace_to_json(const Trace& trace) {
   // v1 when nothing needs v2, so that files without producers stay readable by older teraio.
   const bool v2 = std::any_of(trace.tensors.begin(), trace.tensors.end(),
                               [](const TensorInfo& t) { return t.producer.has_value() || t.recomputable; });
-  out += v2 ? "{\n  \"format\": \"teraio.trace\", \"version\": 2,\n  \"meta\": {"
-            : "{\n  \"format\": \"teraio.trace\", \"version\": 1,\n  \"meta\": {";
+  out += v2 ? "{\n  \"format\": \"teraio.trace\", \"version\": 2,\n"
+            : "{\n  \"format\": \"teraio.trace\", \"version\": 1,\n";
+  if (trace.writes_recorded) out += "  \"writes_recorded\": true,\n";
+  out += "  \"meta\": {";
   for (size_t i = 0; i < trace.meta.size(); ++i) {
     if (i) out += ", ";
     append_json_quoted(out, trace.meta[i].first);
@@ -167,6 +187,12 @@ std::string trace_to_json(const Trace& trace) {
     if (t.producer) {
       fmt::format_to(std::back_inserter(out), ", \"producer\": {}, \"recomputable\": {}", *t.producer,
                      t.recomputable ? "true" : "false");
+    }
+    if (!t.written_at.empty()) {
+      out += ", \"written_at\": [";
+      for (size_t j = 0; j < t.written_at.size(); ++j)
+        fmt::format_to(std::back_inserter(out), "{}{}", j ? ", " : "", t.written_at[j]);
+      out += ']';
     }
     out += '}';
   }

@@ -80,6 +80,7 @@ struct Args {
   bool deterministic = false;
   bool no_verify = false;
   bool no_recompute = false;
+  bool no_clean_offloads = false;
   std::vector<std::string> inject_faults;
 };
 
@@ -253,6 +254,7 @@ class Offload {
     o.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
     o.verify = !args.no_verify;
     o.recompute = !args.no_recompute;
+    o.clean_offloads = !args.no_clean_offloads;
     for (const std::string& spec : args.inject_faults) faults_.push_back(parse_fault(spec));
     o.fault_injection = !faults_.empty();
     // The trace and plan are always written (to scratch files unless asked for) so that the
@@ -838,6 +840,8 @@ int main(int argc, char** argv) {
                "do not checksum what file tiers write (damaged files then go unnoticed)");
   app.add_flag("--no-recompute", a.no_recompute,
                "plans move bytes only: never free an activation to recompute it");
+  app.add_flag("--no-clean-offloads", a.no_clean_offloads,
+               "write every offload, also of tensors whose copy in the tier is still valid");
   app.add_option("--inject-fault", a.inject_faults,
                  "testing: STEP:ERROR:DIRECTION[:COUNT] makes transfers of the first tier fail "
                  "from that step on (repeatable; docs/train.md)");

@@ -298,6 +298,105 @@ TEST(Recorder, ProducersAndRecomputableTensors) {
   for (const TensorInfo& ti : rec2.trace.tensors) EXPECT_FALSE(ti.producer.has_value()) << ti.name;
 }
 
+// Note [Writes of a recording]: written_at from the version counters observed at every recorded
+// operator's start and end, over the recorded iteration and across its start for persistent
+// tensors; tensors never observed are written at every use.
+TEST(Recorder, WritesInPlaceOfTheRecordedIteration) {
+  HostEngine host_engine;
+  runtime::Engine& engine = host_engine.engine;
+  Recorder r;
+  FakeSource src;
+  std::map<LogicalId, uint32_t> version;
+  auto bind = [&](uint32_t key_op, uint64_t bytes, bool param) {
+    const uint64_t key = make_key(key_op, 0, true);
+    const LogicalId id = r.id_for_key(key, src);
+    r.note_bound(id, key, bytes, param);
+    engine.bind(id, std::make_unique<HostMemory>(bytes, &src.live, id));
+    src.live.insert(id);
+    version[id] = 0;  // a new storage's counter
+    return id;
+  };
+  std::set<LogicalId> unversioned;
+  auto observe = [&](LogicalId id) {
+    if (unversioned.count(id))
+      r.note_unversioned(id);
+    else
+      r.note_version(id, version[id]);
+  };
+  // As the Session reports an operator: its inputs observed at its start, `writes` bumped by it,
+  // inputs and outputs observed at its end.
+  auto op = [&](const char* name, std::vector<LogicalId> in, std::vector<LogicalId> out,
+                std::vector<LogicalId> writes) {
+    for (LogicalId id : in) observe(id);
+    for (LogicalId id : writes) version[id]++;
+    for (LogicalId id : in) observe(id);
+    for (LogicalId id : out) {
+      r.note_output(id, false, true);
+      r.note_produced(id, name, {});
+      observe(id);
+    }
+    r.add_operator(name, 10, in, out, src);
+  };
+  LogicalId p = 0, x = 0, u = 0, a = 0, m = 0;
+  auto iteration = [&](uint64_t it) {
+    r.begin_iteration(it);
+    if (it == 1) {
+      p = bind(100, 4096, true);
+      x = bind(101, 4096, false);
+      u = bind(102, 4096, false);
+      unversioned.insert(u);
+    }
+    a = bind(0, 4096, false);
+    op("aten::linear", {p, x}, {a}, {});  // 0: reads p
+    op("aten::relu_", {a}, {}, {a});      // 1: writes a in place
+    m = bind(2, 4096, false);
+    op("aten::mul", {a, u}, {m}, {});  // 2: u has no version counter
+    version[x]++;                      // written by nothing recorded, after 0's end
+    op("aten::sum", {m, p}, {}, {});   // 3: reads p again
+    op("aten::add_", {p}, {}, {p});    // 4: the optimizer writes p
+    op("aten::mul", {u, x}, {}, {});   // 5: sees x's new version
+    for (LogicalId id : {a, m}) src.live.erase(id);
+    return r.build_trace(engine, src);
+  };
+  using W = std::vector<KernelIndex>;
+  auto written_at = [&](const Recording& rec, LogicalId id) {
+    for (size_t i = 0; i < rec.tensors.size(); ++i)
+      if (rec.tensors[i].id == id) return rec.trace.tensors[i].written_at;
+    ADD_FAILURE() << "tensor " << id << " not in the trace";
+    return W{};
+  };
+  const Recording one = iteration(1);
+  EXPECT_TRUE(one.trace.writes_recorded);
+  EXPECT_EQ(written_at(one, p), W{4}) << "only the optimizer writes the parameter";
+  EXPECT_EQ(written_at(one, a), W{1}) << "written in place by relu_; made by linear (no write)";
+  EXPECT_EQ(written_at(one, m), W{}) << "only read after it was made";
+  EXPECT_EQ(written_at(one, x), W{5}) << "a write no operator made: at the use after it";
+  EXPECT_EQ(written_at(one, u), (W{2, 5})) << "unversioned: written at every use";
+  const Trace back = parse_trace(trace_to_json(one.trace));  // and through the format
+  EXPECT_TRUE(back.writes_recorded);
+  for (TensorId t = 0; t < back.num_tensors(); ++t)
+    EXPECT_EQ(back.tensors[t].written_at, one.trace.tensors[t].written_at) << t;
+
+  // The next iteration: p written between the iterations, where nothing observed it, is written
+  // at its first use; a and m (new storages under the same logical ids) are not written by being
+  // made.
+  version[p] += 3;
+  const Recording two = iteration(2);
+  EXPECT_EQ(written_at(two, p), (W{0, 4}));
+  EXPECT_EQ(written_at(two, a), W{1});
+  EXPECT_EQ(written_at(two, m), W{});
+  EXPECT_EQ(written_at(two, x), W{5});
+
+  // Operators spliced in from another profile, never observed in this iteration: every use of
+  // their tensors may write.
+  const std::vector<OperatorRecord> ops = r.operators();
+  r.begin_iteration(3);
+  r.splice(ops, {});
+  const Recording three = r.build_trace(engine, src);
+  EXPECT_EQ(written_at(three, p), (W{0, 3, 4}));
+  EXPECT_EQ(written_at(three, x), (W{0, 5}));
+}
+
 TEST(Recorder, RerunnableOperatorsByName) {
   EXPECT_TRUE(rerunnable_operator("aten::add"));
   EXPECT_TRUE(rerunnable_operator("aten::native_layer_norm"));

@@ -159,3 +159,59 @@ def test_tensors_saved_inside_composite_operators_are_tracked(tmp_path):
     assert saved, [t["tensors"][i] for i in t["kernels"][ce]["tensors"]]
     later = [k for k, kern in enumerate(t["kernels"]) if saved[0] in kern["tensors"]]
     assert max(later) > ce, "used again in the backward pass"
+
+
+def train_with_writes_between_steps(steps, session=None, how="data"):
+    """The MLP trained with AdamW, its weights scaled in place between steps (outside any step,
+    through `.data`, whose version counter is not the parameter's, or through the parameter)."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    if session is not None:
+        session.watch(model, opt)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for i in range(steps):
+        batch = mlp_batch(g)
+        if session is None:
+            loss = step_fn(model, opt, batch)
+        else:
+            with session.step():
+                loss = step_fn(model, opt, batch)
+        losses.append(loss.detach().clone())
+        if i % 2 == 1:
+            with torch.no_grad():
+                for p in model.parameters():
+                    (p.data if how == "data" else p).mul_(0.5)
+    return losses, model, opt
+
+
+def step_fn(model, opt, batch):
+    from conftest import step
+    return step(model, opt, batch)
+
+
+@pytest.mark.parametrize("how", ["data", "param"])
+def test_clean_offloads_skip_writes_and_stay_bitwise(tmp_path, how):
+    """Note [Clean offloads]: tensors read back and not written since go out again without a write
+    (fewer bytes written than with clean_offloads=False, the same training), and a write between
+    steps — through `.data` too — is seen, so a stale copy is never read back."""
+    steps = 8
+    ref = train_with_writes_between_steps(steps, how=how)
+    written = {}
+    for clean in (True, False):
+        with teraio.Session(budget="200KiB", tiers=[teraio.HostTier("4MiB")], min_tensor_bytes=1024,
+                            clean_offloads=clean) as s:
+            got = train_with_writes_between_steps(steps, session=s, how=how)
+            st = s.stats()
+            assert st["mode"] == "planned", st
+            assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, st
+            if clean:
+                assert st["clean_offloads"] > 0 and st["clean_bytes"] > 0, st
+                assert st["tiers"][0]["bytes_clean"] == st["clean_bytes"], st
+            else:
+                assert st["clean_offloads"] == 0 and st["clean_bytes"] == 0, st
+            written[clean] = st["bytes_offloaded"]
+            with s.resident():
+                assert_bitwise(ref, got)
+    assert written[True] < written[False], written

@@ -83,7 +83,7 @@ class StreamMemory : public FakeMemory {
 };
 
 TEST_F(EngineTest, StreamOrderedOffloadsKeepBytesWhenTheTierPublishesNoEvent) {
-  Engine e(EngineOptions{0, /*stream_ordered_offloads=*/true},
+  Engine e(EngineOptions{0, /*stream_ordered_offloads=*/true, /*clean_offloads=*/false},
            std::vector<EngineTier>{{"host", host_.get(), 1 << 20}, {"file", file_.get(), 4 << 20}});
   auto a = make_tensor(10000, 3), b = make_tensor(8192, 4);
   e.bind(0, std::make_unique<StreamMemory>(a));
@@ -103,6 +103,103 @@ TEST_F(EngineTest, StreamOrderedOffloadsKeepBytesWhenTheTierPublishesNoEvent) {
   }
   EXPECT_EQ(e.stats().bytes_offloaded, 3u * 18192u);
   EXPECT_EQ(e.stats().stream_ordered, 0u);  // no event published: nothing was freed before its write
+}
+
+// Note [Clean offloads]: read back and not written since, a tensor goes out again to the same tier
+// without a write (its copy there is kept); bytes stay exact through every round.
+TEST_F(EngineTest, CleanOffloadWritesNothingAndBringsBackTheSameBytes) {
+  auto e = make(0);
+  auto a = make_tensor(10000, 5);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  const LogicalId ids[] = {0};
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  for (int round = 0; round < 3; ++round) {
+    e->begin_use(ids);  // read back (urgent)
+    EXPECT_TRUE(has_pattern(*a, 5)) << round;
+    e->end_use(ids);
+    e->poll();  // the read has ended: its tier space is kept as the clean copy
+    ASSERT_TRUE(e->offload(0, 0));
+    EXPECT_EQ(e->location(0), Location::kOffloaded) << "a clean offload is complete at once";
+    EXPECT_TRUE(a->data.empty());
+  }
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 5));
+  e->end_use(ids);
+  const EngineStats st = e->stats();
+  EXPECT_EQ(st.bytes_offloaded, 10000u) << "only the first offload wrote";
+  EXPECT_EQ(st.clean_offloads, 3u);
+  EXPECT_EQ(st.clean_bytes, 30000u);
+  EXPECT_EQ(st.tiers[0].bytes_clean, 30000u);
+  EXPECT_EQ(st.bytes_prefetched, 40000u);
+}
+
+// A write reported by the binding makes the kept copy stale: the next offload writes the new bytes,
+// and they are what comes back. Another tier, or clean offloads turned off, always writes.
+TEST_F(EngineTest, WrittenTensorsAndOtherTiersAreWrittenAgain) {
+  auto e = make(0);
+  auto a = make_tensor(10000, 6);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  const LogicalId ids[] = {0};
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  e->begin_use(ids);
+  a->seed = 7;  // an in-place write
+  fill_pattern(*a);
+  e->note_written(ids);
+  e->end_use(ids);
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  EXPECT_EQ(e->stats().bytes_offloaded, 20000u);
+  EXPECT_EQ(e->stats().clean_offloads, 0u);
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 7)) << "the written bytes, not the stale copy";
+  e->end_use(ids);
+  ASSERT_TRUE(e->offload(0, 1));  // read back from host, out to the file tier: written
+  e->finish_offload(0);
+  EXPECT_EQ(e->stats().bytes_offloaded, 30000u);
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 7));
+  e->end_use(ids);
+
+  Engine off(EngineOptions{0, false, /*clean_offloads=*/false},
+             std::vector<EngineTier>{{"host", host_.get(), 1 << 20}});
+  auto b = make_tensor(4096, 8);
+  off.bind(0, std::make_unique<FakeMemory>(b));
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(off.offload(0, 0));
+    off.finish_offload(0);
+    off.begin_use(ids);
+    off.end_use(ids);
+  }
+  EXPECT_EQ(off.stats().bytes_offloaded, 8192u);
+  EXPECT_EQ(off.stats().clean_offloads, 0u);
+  EXPECT_TRUE(has_pattern(*b, 8));
+}
+
+// Kept copies never make a tier full: an offload that needs their space reclaims them, and the
+// tensor whose copy went is written in full next time.
+TEST_F(EngineTest, KeptCopiesGiveWayWhenTheTierIsFull) {
+  auto e = make(0);
+  auto a = make_tensor(600 << 10, 1), b = make_tensor(600 << 10, 2);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  const LogicalId ids[] = {0};
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  e->begin_use(ids);
+  e->end_use(ids);
+  e->poll();
+  ASSERT_TRUE(e->offload(1, 0)) << "the 1 MiB host tier must reclaim a's kept 600 KiB copy";
+  e->finish_offload(1);
+  e->fetch_all();
+  ASSERT_TRUE(e->offload(0, 1));  // b holds the host tier: a goes to the file tier, written
+  e->finish_offload(0);
+  EXPECT_EQ(e->stats().clean_offloads, 0u);
+  EXPECT_EQ(e->stats().bytes_offloaded, 3u * (600 << 10));
+  e->fetch_all();
+  EXPECT_TRUE(has_pattern(*a, 1));
+  EXPECT_TRUE(has_pattern(*b, 2));
 }
 
 TEST_F(EngineTest, BudgetEvictsLeastRecentlyUsedAndSkipsPinned) {

@@ -127,6 +127,41 @@ TEST_F(SimulateCli, TableAndSweep) {
   }
 }
 
+// A trace that records writes (docs/simulator.md, "Clean offloads"): a persistent parameter read
+// back and only read is offloaded again without a byte written; the JSON gains the clean counts at
+// the top and per tier, the table a line.
+TEST_F(SimulateCli, CleanOffloadsAreReported) {
+  Trace tr =
+      test::make_trace({10, 10, 10, 10, 10, 10}, {{10000, true}}, {{0}, {}, {}, {0}, {}, {}});
+  tr.writes_recorded = true;
+  tr.tensors[0].written_at = {3};  // the second offload writes, the first is clean
+  Plan plan;
+  plan.tiers = {test::tier("host", 1.0, 1.0)};
+  plan.moves = {test::offload(0, 0, 0), test::prefetch(0, 2, 3), test::offload(0, 3, 3),
+                test::prefetch(0, 5, 0)};
+  test::fit_budget(tr, plan);
+  const std::string t = (dir_ / "clean.json").string(), p = (dir_ / "clean.plan.json").string();
+  write_trace(tr, t);
+  write_plan(plan, p);
+  const CmdResult r = run_teraio("simulate " + t + " " + p + " --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["clean_offloads"].get<uint64_t>(), 1u);
+  EXPECT_EQ(j["clean_offload_bytes"].get<uint64_t>(), 10000u);
+  EXPECT_EQ(j["tiers"][0]["clean_offloads"].get<uint64_t>(), 1u);
+  EXPECT_EQ(j["tiers"][0]["clean_offload_bytes"].get<uint64_t>(), 10000u);
+  EXPECT_EQ(j["tiers"][0]["offload_bytes"].get<uint64_t>(), 10000u) << "only the dirty one";
+  EXPECT_DOUBLE_EQ(j["iteration_us"].get<double>(), 70);
+  const CmdResult table = run_teraio("simulate " + t + " " + p);
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("clean offloads       1 per iteration, 9.8 KiB not written"),
+            std::string::npos)
+      << table.out;
+  // Without writes recorded: no such keys, no line.
+  const CmdResult plain = run_teraio("simulate " + trace_ + " " + plan_);
+  EXPECT_EQ(plain.out.find("clean offloads"), std::string::npos) << plain.out;
+}
+
 TEST_F(SimulateCli, InvalidPlanExitsWithStatus1) {
   Plan plan = read_plan(plan_);
   plan.moves.erase(plan.moves.begin());  // a prefetch with no offload

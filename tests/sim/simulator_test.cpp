@@ -616,6 +616,189 @@ TEST(SimProperty, DuplexLiesBetweenIndependentBounds) {
   EXPECT_GT(slowed, 300);  // the generator makes the directions overlap often
 }
 
+// Note [Clean offloads]: six kernels of 10 us; a persistent parameter of 10 us at 1 GB/s, used at
+// kernels 0 (forward) and 3 (backward), offloaded after each use with deadline == start (the next
+// kernel waits for the whole write) and read back just in time (prefetch 2 -> 3, 5 -> 0 of the
+// next iteration: exactly hidden). Written, every offload stalls 10 us: 80 us an iteration.
+struct CleanCase {
+  Trace trace;
+  Plan plan;
+};
+CleanCase clean_case(bool recorded, std::vector<KernelIndex> written, uint32_t second_tier = 0) {
+  CleanCase c;
+  c.trace = make_trace({10, 10, 10, 10, 10, 10}, {{10000, true}}, {{0}, {}, {}, {0}, {}, {}});
+  c.trace.tensors[0].kind = TensorKind::parameter;
+  c.trace.writes_recorded = recorded;
+  c.trace.tensors[0].written_at = std::move(written);
+  c.plan.tiers = {tier("host", kGbps, kGbps), tier("ssd", kGbps, kGbps)};
+  c.plan.moves = {offload(0, 0, 0), prefetch(0, 2, 3), offload(0, 3, 3, second_tier),
+                  prefetch(0, 5, 0, second_tier)};
+  test::fit_budget(c.trace, c.plan);
+  return c;
+}
+
+TEST(SimClean, ReadOnlyParameterOffloadsWriteNothing) {
+  CleanCase c = clean_case(/*recorded=*/true, {});
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(c.trace, c.plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 60) << "no offload takes link time";
+  EXPECT_DOUBLE_EQ(r.stall_us, 0);
+  EXPECT_EQ(r.urgent_fetches, 0u);
+  EXPECT_EQ(r.tiers[0].offload_bytes, 0u);
+  EXPECT_DOUBLE_EQ(r.tiers[0].write_busy_us, 0);
+  EXPECT_EQ(r.tiers[0].prefetch_bytes, 20000u) << "both read-backs still read";
+  EXPECT_EQ(r.tiers[0].clean_offloads, 2u);
+  EXPECT_EQ(r.tiers[0].clean_offload_bytes, 20000u);
+  EXPECT_EQ(r.clean_offloads, 2u);
+  EXPECT_EQ(r.clean_offload_bytes, 20000u);
+  EXPECT_EQ(r.offload_bytes_by_kind[static_cast<size_t>(TensorKind::parameter)], 0u);
+  EXPECT_EQ(find_transfer(r, true, 10000), nullptr) << "a clean offload is no transfer";
+  EXPECT_NE(find_transfer(r, false, 10000), nullptr);
+  EXPECT_DOUBLE_EQ(r.floor_us, 60);
+  // At a write bandwidth where written offloads would set the floor, clean ones do not.
+  SimOptions slow_write;
+  slow_write.actual_tiers = {tier("host", kGbps, kGbps / 100), tier("ssd", kGbps, kGbps)};
+  const SimResult s = simulate(c.trace, c.plan, slow_write);
+  EXPECT_DOUBLE_EQ(s.iteration_us, 60);
+  EXPECT_EQ(s.floor_bound, "compute");
+  c.trace.writes_recorded = false;
+  c.trace.tensors[0].written_at.clear();
+  const SimResult dirty = simulate(c.trace, c.plan, slow_write);
+  EXPECT_EQ(dirty.floor_bound, "host write");
+  EXPECT_DOUBLE_EQ(dirty.floor_us, 2000);  // 20000 bytes at 0.01 GB/s
+}
+
+TEST(SimClean, AWriteSinceTheReadBackWritesTheOffload) {
+  // The backward (kernel 3) writes it: the offload after it writes; the one after the forward,
+  // read back at kernel 0 and only read there, is still clean.
+  const CleanCase c = clean_case(true, {3});
+  const SimResult r = simulate(c.trace, c.plan);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 70);
+  EXPECT_EQ(r.tiers[0].offload_bytes, 10000u);
+  EXPECT_DOUBLE_EQ(r.tiers[0].write_busy_us, 10);
+  EXPECT_EQ(r.clean_offloads, 1u);
+  EXPECT_EQ(r.clean_offload_bytes, 10000u);
+  // Written at kernel 0, the read-back's own deadline: the forward's offload writes instead.
+  const SimResult r0 = simulate(clean_case(true, {0}).trace, c.plan);
+  EXPECT_DOUBLE_EQ(r0.iteration_us, 70);
+  EXPECT_EQ(r0.clean_offloads, 1u);
+  const SimResult both = simulate(clean_case(true, {0, 3}).trace, c.plan);
+  EXPECT_DOUBLE_EQ(both.iteration_us, 80);
+  EXPECT_EQ(both.clean_offloads, 0u);
+  EXPECT_EQ(both.tiers[0].offload_bytes, 20000u);
+}
+
+TEST(SimClean, ReadBackFromAnotherTierOrWritesNotRecordedWrite) {
+  // The second pair on the ssd: each offload follows a read-back from the other tier.
+  const CleanCase other = clean_case(true, {}, /*second_tier=*/1);
+  const SimResult r = simulate(other.trace, other.plan);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 80);
+  EXPECT_EQ(r.clean_offloads, 0u);
+  EXPECT_EQ(r.tiers[0].offload_bytes, 10000u);
+  EXPECT_EQ(r.tiers[1].offload_bytes, 10000u);
+  // Writes unknown: every use may write.
+  const CleanCase unknown = clean_case(false, {});
+  const SimResult u = simulate(unknown.trace, unknown.plan);
+  EXPECT_DOUBLE_EQ(u.iteration_us, 80);
+  EXPECT_EQ(u.clean_offloads, 0u);
+  EXPECT_EQ(u.clean_offload_bytes, 0u);
+  EXPECT_EQ(u.tiers[0].offload_bytes, 20000u);
+}
+
+TEST(SimClean, PersistentTensorsWrapAroundTheIteration) {
+  // Used at 0, 2 and 4. The first offload (after 2) follows the read-back of the last pair, one
+  // iteration earlier, at kernel 0 (prefetch 5 -> 0): the window 0..2; the second follows the
+  // read-back at 4.
+  auto run = [](std::vector<KernelIndex> written) {
+    Trace tr = make_trace({10, 10, 10, 10, 10, 10}, {{10000, true}}, {{0}, {}, {0}, {}, {0}, {}});
+    tr.writes_recorded = true;
+    tr.tensors[0].written_at = std::move(written);
+    Plan plan;
+    plan.tiers = {tier("host", kGbps, kGbps)};
+    plan.moves = {offload(0, 2, 2), prefetch(0, 3, 4), offload(0, 4, 4), prefetch(0, 5, 0)};
+    test::fit_budget(tr, plan);
+    return simulate(tr, plan);
+  };
+  EXPECT_EQ(run({}).clean_offloads, 2u);
+  EXPECT_DOUBLE_EQ(run({}).iteration_us, 60);
+  EXPECT_EQ(run({0}).clean_offloads, 1u) << "written at 0, after the wrapped read-back";
+  EXPECT_EQ(run({2}).clean_offloads, 1u);
+  EXPECT_EQ(run({4}).clean_offloads, 1u);
+  EXPECT_EQ(run({0, 4}).clean_offloads, 0u);
+  // One pair: its own read-back, one iteration earlier, is the previous move. Used at 0, 1 and 4,
+  // away over 2..3: the window 4, 5, 0, 1 wraps, and a write at 0 is in it.
+  auto single = [](std::vector<KernelIndex> written) {
+    Trace tr = make_trace({10, 10, 10, 10, 10, 10}, {{10000, true}}, {{0}, {0}, {}, {}, {0}, {}});
+    tr.writes_recorded = true;
+    tr.tensors[0].written_at = std::move(written);
+    Plan plan;
+    plan.tiers = {tier("host", kGbps, kGbps)};
+    plan.moves = {offload(0, 1, 1), prefetch(0, 3, 4)};
+    test::fit_budget(tr, plan);
+    return simulate(tr, plan);
+  };
+  EXPECT_EQ(single({}).clean_offloads, 1u);
+  EXPECT_DOUBLE_EQ(single({}).stall_us, 0);
+  EXPECT_EQ(single({0}).clean_offloads, 0u);
+  EXPECT_DOUBLE_EQ(single({0}).stall_us, 10);
+  EXPECT_EQ(single({4}).clean_offloads, 0u);
+}
+
+TEST(SimClean, TransientTensorsFirstOffloadWritesAndARecomputeInBetweenToo) {
+  // An activation made at 0 and used at 3, 6 and 9, next to a persistent input of its producer.
+  Trace tr = make_trace({10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, {{10000, false}, {100, true}},
+                        {{0, 1}, {}, {}, {0}, {}, {}, {0}, {}, {}, {0}});
+  tr.tensors[0].producer = 0;
+  tr.tensors[0].recomputable = true;
+  tr.writes_recorded = true;
+  Plan plan;
+  plan.tiers = {tier("host", kGbps, kGbps)};
+  plan.moves = {offload(0, 0, 1),  prefetch(0, 2, 3), offload(0, 3, 4),
+                prefetch(0, 5, 6), offload(0, 6, 7),  prefetch(0, 8, 9)};
+  test::fit_budget(tr, plan);
+  SimResult r = simulate(tr, plan);
+  EXPECT_EQ(r.clean_offloads, 2u) << "the first offload of the iteration writes";
+  EXPECT_EQ(r.tiers[0].offload_bytes, 10000u);
+  // The middle gap recomputed instead: the tensor is made anew, and the offload after it writes.
+  plan.moves = {offload(0, 0, 1), prefetch(0, 2, 3), Move{0, MoveOp::recompute, 0, 3, 6},
+                offload(0, 6, 7), prefetch(0, 8, 9)};
+  test::fit_budget(tr, plan);
+  r = simulate(tr, plan);
+  EXPECT_EQ(r.recomputes, 1u);
+  EXPECT_EQ(r.clean_offloads, 0u);
+  EXPECT_EQ(r.tiers[0].offload_bytes, 20000u);
+}
+
+// On random plans over traces that record random writes: every offload's bytes are either written
+// or clean, exactly the bytes of the same plan over the trace without writes recorded.
+TEST(SimProperty, CleanOffloadsSplitTheOffloadedBytes) {
+  std::mt19937_64 rng(2718);
+  size_t clean = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    Trace tr = test::random_trace(rng, trial % 2 == 1);
+    const Plan plan = test::random_plan(tr, rng);
+    const SimResult unknown = simulate(tr, plan);
+    const Lifetimes lt(tr);
+    tr.writes_recorded = true;
+    for (TensorId t = 0; t < tr.num_tensors(); ++t)
+      for (KernelIndex k : lt.uses(t))
+        if (rng() % 4 == 0) tr.tensors[t].written_at.push_back(k);
+    const SimResult r = simulate(tr, plan);
+    EXPECT_EQ(unknown.clean_offloads, 0u);
+    for (size_t i = 0; i < plan.tiers.size(); ++i) {
+      EXPECT_EQ(r.tiers[i].offload_bytes + r.tiers[i].clean_offload_bytes,
+                unknown.tiers[i].offload_bytes)
+          << "trial " << trial;
+      EXPECT_EQ(r.tiers[i].prefetch_bytes, unknown.tiers[i].prefetch_bytes);
+    }
+    EXPECT_GE(r.iteration_us, r.ideal_us);
+    clean += r.clean_offloads;
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(clean, 300u);  // the generator makes clean offloads often
+}
+
 // 250k kernels and 100k moves (50k pairs) must simulate in well under a second.
 TEST(SimSpeed, QuarterMillionKernels) {
   constexpr uint32_t kKernels = 250000;

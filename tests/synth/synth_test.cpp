@@ -345,6 +345,62 @@ TEST(Synth, AdamwTouchesEveryParameterAndItsStates) {
   }
 }
 
+// Note [Writes in place in synth]: the trace records writes; parameters and AdamW states are
+// written only by the optimizer step (each by the kernels that update it), gradients by zero_ and
+// the add_ that accumulates each micro-batch's part, and every written_at kernel is an in-place one
+// that lists the tensor.
+TEST(Synth, ParametersAreWrittenOnlyByTheOptimizer) {
+  for (bool foreach : {false, true}) {
+    for (bool persistent_gradients : {true, false}) {
+      SCOPED_TRACE(std::string(foreach ? "foreach" : "per-parameter") +
+                   (persistent_gradients ? ", persistent gradients" : ", gradients set to none"));
+      SynthOptions o = tiny();
+      o.foreach = foreach;
+      o.persistent_gradients = persistent_gradients;
+      const Trace trace = synthesize(o);
+      trace.validate();
+      ASSERT_TRUE(trace.writes_recorded);
+      ASSERT_EQ(trace.meta_value("micro_batches"), "2");
+      const auto names = by_name(trace);
+      const KernelIndex opt_start = foreach ? nth_kernel(trace, "aten::_foreach_mul_", 0)
+                                            : nth_kernel(trace, "aten::mul_", 0);
+      int params = 0;
+      for (TensorId p = 0; p < trace.num_tensors(); ++p) {
+        if (trace.tensors[p].kind != TensorKind::parameter) continue;
+        ++params;
+        const std::string& n = trace.tensors[p].name;
+        const std::vector<KernelIndex>& w = trace.tensors[p].written_at;
+        // Weight decay and the update: two kernels, both in the optimizer part.
+        ASSERT_EQ(w.size(), 2u) << n;
+        EXPECT_GE(w.front(), opt_start) << n;
+        for (KernelIndex k : w) EXPECT_TRUE(trace.kernel_name(k).ends_with('_')) << n << " " << k;
+        EXPECT_FALSE(written_between(trace, p, 0, opt_start - 1))
+            << n << ": forward and backward only read it";
+        EXPECT_TRUE(
+            written_between(trace, p, opt_start, static_cast<int64_t>(trace.num_kernels()) - 1));
+        for (const char* state : {".exp_avg", ".exp_avg_sq"}) {
+          const TensorId st = names.at(n + state);
+          EXPECT_FALSE(trace.tensors[st].written_at.empty()) << n << state;
+          EXPECT_GE(trace.tensors[st].written_at.front(), opt_start) << n << state;
+        }
+        // The gradient: written where partials are accumulated (every micro-batch with persistent
+        // gradients, after zero_; all but the first without), never by the optimizer.
+        const std::vector<KernelIndex>& gw = trace.tensors[names.at(n + ".grad")].written_at;
+        const size_t accumulations = persistent_gradients ? 1 + 2 : 2 - 1;  // tiny: 2 micro-batches
+        EXPECT_EQ(gw.size(), accumulations) << n;
+        if (!gw.empty()) {
+          EXPECT_LT(gw.back(), opt_start) << n;
+        }
+      }
+      EXPECT_EQ(params, 9 * 2 + 3);
+      // Nothing out of place is marked: every written_at kernel is in place.
+      for (TensorId t = 0; t < trace.num_tensors(); ++t)
+        for (KernelIndex k : trace.tensors[t].written_at)
+          EXPECT_TRUE(trace.kernel_name(k).ends_with('_')) << trace.tensors[t].name << " " << k;
+    }
+  }
+}
+
 // data/llama3-8b.trace.json.xz is what `teraio synth --model llama3-8b` writes (data/README.md).
 TEST(Synth, BundledTraceMatchesGenerator) {
   const std::string path = std::string(TERAIO_SOURCE_DIR) + "/data/llama3-8b.trace.json.xz";

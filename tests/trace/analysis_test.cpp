@@ -110,5 +110,27 @@ TEST(Analysis, AliveUntilAndIdlePersistentTensors) {
   EXPECT_EQ(periods[5].bytes, 1000u);
 }
 
+// written_between: inclusive at both ends, wrapping when first > last, true when writes are not
+// recorded (Note [Clean offloads] in src/sim/simulator.cpp).
+TEST(Analysis, WrittenBetweenWrapsAndIsTrueWithoutRecordedWrites) {
+  Trace t = make_trace();
+  EXPECT_TRUE(written_between(t, 0, 1, 1)) << "writes unknown: every use may write";
+  EXPECT_TRUE(written_between(t, 2, 0, 5));
+  t.writes_recorded = true;
+  t.tensors[0].written_at = {4};  // W, used at 1 and 4, written at 4
+  t.validate();
+  EXPECT_FALSE(written_between(t, 0, 1, 3));
+  EXPECT_TRUE(written_between(t, 0, 1, 4));
+  EXPECT_TRUE(written_between(t, 0, 4, 4));
+  EXPECT_FALSE(written_between(t, 0, 5, 3)) << "5, 0 .. 3";
+  EXPECT_TRUE(written_between(t, 0, 5, 4)) << "5, 0 .. 4";
+  EXPECT_TRUE(written_between(t, 0, 3, 1)) << "3 .. 5, 0, 1";
+  EXPECT_FALSE(written_between(t, 0, 0, 0));
+  EXPECT_FALSE(written_between(t, 1, 0, 5)) << "no written_at: never written in place";
+  t.tensors[0].written_at = {1};
+  EXPECT_TRUE(written_between(t, 0, 4, 1)) << "wraps onto kernel 1";
+  EXPECT_FALSE(written_between(t, 0, 2, 0));
+}
+
 }  // namespace
 }  // namespace teraio

@@ -191,6 +191,87 @@ TEST(TraceFormat, RejectsBadAliveUntilNamingTheField) {
   EXPECT_THROW(write_trace(t, "/nonexistent/never-written.json"), Error);
 }
 
+// Writes in place (docs/formats.md): writes_recorded and written_at round-trip, are left out when
+// unset (old traces read and write as before), and a bad written_at names the field.
+std::string with_writes(const std::string& written_at, const char* recorded = "true") {
+  return with(
+      with(kTrace, "\"meta\":", std::string("\"writes_recorded\": ") + recorded + ", \"meta\":"),
+      "\"name\": \"act\"}", "\"name\": \"act\", \"written_at\": " + written_at + "}");
+}
+
+TEST(TraceFormat, WritesInPlaceRoundTripAndAreChecked) {
+  const Trace old = parse_trace(kTrace);
+  EXPECT_FALSE(old.writes_recorded);
+  EXPECT_TRUE(written_between(old, 1, 0, 2));
+  EXPECT_EQ(trace_to_json(old).find("writes_recorded"), std::string::npos);
+  EXPECT_EQ(trace_to_json(old).find("written_at"), std::string::npos);
+
+  const Trace t = parse_trace(with_writes("[1]"));
+  EXPECT_TRUE(t.writes_recorded);
+  EXPECT_EQ(t.tensors[1].written_at, std::vector<KernelIndex>{1});
+  EXPECT_TRUE(t.tensors[0].written_at.empty());
+  EXPECT_FALSE(written_between(t, 1, 0, 0));
+  EXPECT_TRUE(written_between(t, 1, 0, 1));
+  EXPECT_FALSE(written_between(t, 0, 0, 2)) << "recorded, and none listed: never written";
+  const std::string json = trace_to_json(t);
+  EXPECT_NE(json.find("\"writes_recorded\": true"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"name\": \"act\", \"written_at\": [1]}"), std::string::npos) << json;
+  const Trace b = parse_trace(json);
+  EXPECT_TRUE(b.writes_recorded);
+  EXPECT_EQ(b.tensors[1].written_at, t.tensors[1].written_at);
+  EXPECT_EQ(trace_to_json(b), json);
+  // Recorded with no tensor written: the flag alone survives.
+  const Trace none = parse_trace(with_writes("[]"));
+  EXPECT_TRUE(none.writes_recorded);
+  EXPECT_TRUE(parse_trace(trace_to_json(none)).writes_recorded);
+  // false: as absent.
+  EXPECT_FALSE(parse_trace(with(kTrace, "\"meta\":", "\"writes_recorded\": false, \"meta\":"))
+                   .writes_recorded);
+
+  const std::pair<std::string, std::string> cases[] = {
+      {with_writes("[2]"), "tensors[1].written_at: kernel 2 does not use the tensor"},
+      {with_writes("[0, 3]"),
+       "tensors[1].written_at: kernel 3 is out of range (the trace has 3 kernels)"},
+      {with_writes("[1, 0]"),
+       "tensors[1].written_at: kernel 0 comes after kernel 1; the list must be sorted and "
+       "distinct"},
+      {with_writes("[1, 1]"), "tensors[1].written_at: kernel 1 comes after kernel 1"},
+      {with_writes("[1]", "false"), "tensors[1].written_at: the trace does not record writes"},
+      {with_writes("[-1]"), "tensors[1].written_at[0]: must be >= 0"},
+      {with_writes("1"), "tensors[1].written_at: expected an array"},
+      {with_writes("[1]", "1"), "writes_recorded: expected true or false"},
+  };
+  for (const auto& [text, expected] : cases) {
+    const std::string msg = parse_error(text);
+    EXPECT_NE(msg.find(expected), std::string::npos)
+        << "expected '" << expected << "' in '" << msg << "'";
+    EXPECT_EQ(msg.rfind("t.json: ", 0), 0u) << msg;
+  }
+  // The same rules for a trace built in memory.
+  Trace m = parse_trace(kTrace);
+  m.tensors[0].written_at = {1};
+  try {
+    m.validate();
+    FAIL() << "expected teraio::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensors[0].written_at: the trace does not record writes"),
+              std::string::npos)
+        << e.what();
+  }
+  m.writes_recorded = true;
+  try {
+    m.validate();
+    FAIL() << "expected teraio::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensors[0].written_at: kernel 1 does not use the tensor"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(write_trace(m, "/nonexistent/never-written.json"), Error);
+  m.tensors[0].written_at = {0};
+  EXPECT_NO_THROW(m.validate());
+}
+
 TEST(TraceFormat, ReadingAMissingFileNamesIt) {
   try {
     read_trace("/nonexistent/dir/x.trace.json");
