@@ -605,6 +605,45 @@ class EngineFaultTest : public EngineTest {
   std::unique_ptr<storage::FaultTier> faulty_;
 };
 
+// A read of a kept copy that fails is a read failure like any other: a passing one is retried and
+// the bytes come back intact; one that keeps failing leaves the tensor out there, refused, and the
+// next use reads it again (Note [Clean offloads], Note [Read retries]).
+TEST_F(EngineFaultTest, ReadsOfKeptCopiesFailLoudlyAndRecover) {
+  auto e = make_faulty(0);
+  auto a = make_tensor(10000, 4);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  const LogicalId ids[] = {0};
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  e->begin_use(ids);
+  e->end_use(ids);
+  e->poll();
+  ASSERT_TRUE(e->offload(0, 0));  // clean
+  EXPECT_EQ(e->stats().clean_offloads, 1u);
+  fail(storage::Direction::kRead, EIO);  // one failure: retried at once
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 4));
+  e->end_use(ids);
+  EXPECT_EQ(e->stats().retried_reads, 1u);
+  e->poll();
+  ASSERT_TRUE(e->offload(0, 0));  // the retried read's copy is as good: clean again
+  EXPECT_EQ(e->stats().clean_offloads, 2u);
+  fail(storage::Direction::kRead, EIO, 3);  // more failures than retries
+  e->begin_use(ids);
+  e->end_use(ids);
+  const std::vector<Fault> f = e->take_faults();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_TRUE(f[0].read);
+  EXPECT_FALSE(f[0].lost);
+  EXPECT_EQ(e->location(0), Location::kOffloaded);
+  EXPECT_FALSE(a->refused.empty()) << "the tensor refuses access until it is read back";
+  e->begin_use(ids);  // the fault has cleared
+  EXPECT_TRUE(has_pattern(*a, 4));
+  EXPECT_TRUE(a->refused.empty());
+  e->end_use(ids);
+  EXPECT_EQ(e->stats().bytes_offloaded, 10000u) << "written once, in all";
+}
+
 TEST_F(EngineFaultTest, AFailedWriteKeepsTheTensorResidentAndIsReportedWithItsName) {
   auto e = make_faulty(0);
   e->set_namer([](LogicalId id) { return id == 0 ? std::string("layers.0.weight") : std::string(); });
