@@ -175,6 +175,11 @@ void Recorder::note_version(LogicalId id, uint64_t version) {
   m.rebound = false;
 }
 
+void Recorder::note_written(LogicalId id) {
+  const auto k = static_cast<int64_t>(ops_.size());
+  write_facts(id).writes.emplace_back(k, k);
+}
+
 void Recorder::note_unversioned(LogicalId id) {
   write_facts(id).writes.emplace_back(0, std::numeric_limits<int64_t>::max());
 }

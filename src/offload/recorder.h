@@ -169,6 +169,9 @@ class Recorder {
   void note_version(LogicalId id, uint64_t version);
   // Its writes cannot be watched (no version counter): treated as written everywhere.
   void note_unversioned(LogicalId id);
+  // The operator being recorded writes it, whatever its version counter says (its schema marks
+  // the argument written: Note [Writes the Session sees] in src/torch/session.cpp).
+  void note_written(LogicalId id);
   // `id` is an output of the operator being recorded (the next add_operator), named `op_name`.
   void note_produced(LogicalId id, std::string_view op_name, const ProductionFacts& facts);
   // The signature of the next recorded operator (at its start; the record comes at its end).

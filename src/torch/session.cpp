@@ -767,7 +767,10 @@ struct Session::Impl final : offload::StepBinding {
           if (rec) ctx->untracked_input = true;
           return;
         }
-        if (schema_writes) ctx->unwatched.push_back(*id);  // Note [Writes the Session sees]
+        if (schema_writes) {  // Note [Writes the Session sees]
+          ctx->unwatched.push_back(*id);
+          if (rec) ctl->recorder().note_written(*id);
+        }
         {
           const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
           if (vc.enabled()) {
