@@ -109,7 +109,6 @@ void Controller::install(const CachedPlan* p) {
   mode_ = Mode::kPlanned;
   if (p->schedule->moves == 0) {
     engine_.fetch_all();  // nothing may stay out: the fast path fetches nothing
-    engine_.discard_clean_copies();  // the fast path watches no writes
     fast_.store(true, std::memory_order_relaxed);
   } else {
     fast_.store(false, std::memory_order_relaxed);
@@ -146,7 +145,9 @@ void Controller::begin_step(StepBinding& binding) {
   fast_.store(mode_ == Mode::kPlanned && active_ && active_->schedule->moves == 0,
               std::memory_order_relaxed);
   binding.use_lean_hooks(fast());
-  if (fast()) engine_.discard_clean_copies();  // writes go unwatched (Note [Clean offloads])
+  // The fast path watches no writes (Note [Clean offloads]); until here, between steps, the full
+  // hooks did, also after install() read everything back.
+  if (fast()) engine_.discard_clean_copies();
   if (!fast()) {
     try {
       engine_.poll();

@@ -727,25 +727,23 @@ bool Engine::pinned_permanently(LogicalId id) const {
 // counts an input without one as written), and a written tensor's copy is released. Kept copies
 // take tier space while their tensors are resident; a full tier reclaims them first
 // (reclaim_extents_locked), so they never make an offload fail.
+void Engine::release_clean_copy_locked(Entry& e) {
+  if (!e.clean) return;
+  e.clean = false;
+  if (e.loc == Location::kResident && e.has_extent && e.pending.ready())
+    release_read_extent_locked(e);
+}
+
 void Engine::note_written(std::span<const LogicalId> ids) {
   std::lock_guard lock(mutex_);
-  for (LogicalId id : ids) {
-    Entry* e = find(id);
-    if (!e || !e->clean) continue;
-    e->clean = false;
-    if (e->loc == Location::kResident && e->has_extent && e->pending.ready())
-      release_read_extent_locked(*e);
-  }
+  for (LogicalId id : ids)
+    if (Entry* e = find(id)) release_clean_copy_locked(*e);
 }
 
 void Engine::discard_clean_copies() {
   std::lock_guard lock(mutex_);
-  for (auto& p : entries_) {
-    if (!p || !p->clean) continue;
-    p->clean = false;
-    if (p->loc == Location::kResident && p->has_extent && p->pending.ready())
-      release_read_extent_locked(*p);
-  }
+  for (auto& p : entries_)
+    if (p) release_clean_copy_locked(*p);
 }
 
 void Engine::touch(std::span<const LogicalId> ids) {

@@ -361,6 +361,9 @@ class Engine {
   bool reclaim_extents_locked(uint32_t tier);
   bool release_deferred_locked(uint32_t tier, bool wait);
   void release_read_extent_locked(Entry& e);
+  // Forgets the entry's kept copy (Note [Clean offloads]); its tier space goes now if the read that
+  // made it has ended, else when poll or the next move finds it ended.
+  void release_clean_copy_locked(Entry& e);
   // Any state -> resident and attached; false (a Fault recorded) when the bytes cannot come back.
   bool make_usable_locked(Entry& e, std::span<const LogicalId> spare = {});
   // Dropped -> resident by the tensor's recipe; false (a Fault recorded, the tensor lost) when it

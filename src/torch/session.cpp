@@ -735,11 +735,13 @@ struct Session::Impl final : offload::StepBinding {
     ctx->k = k;
     uint32_t slot = 0;
     uint64_t op_bytes = 0;
-    const std::vector<bool>& writes = written_arguments(fn);
+    // Writes are watched for the engine's kept copies and for the recording (Note [Writes the
+    // Session sees]); the schema's written arguments are looked up at the first tracked input.
+    const bool clean = options.clean_offloads;
+    const std::vector<bool>* writes = nullptr;
     size_t arg = 0;
     for (const c10::IValue& v : fn.inputs()) {
-      const bool schema_writes = arg < writes.size() && writes[arg];
-      ++arg;
+      const size_t my_arg = arg++;
       visit_tensors(v, [&](const at::Tensor& t) {
         uint32_t my_slot = slot++;
         if (!t.defined()) return;
@@ -767,21 +769,22 @@ struct Session::Impl final : offload::StepBinding {
           if (rec) ctx->untracked_input = true;
           return;
         }
-        if (schema_writes) {  // Note [Writes the Session sees]
-          ctx->unwatched.push_back(*id);
-          if (rec) ctl->recorder().note_written(*id);
-        }
-        {
+        if (clean || rec) {
+          if (!writes) writes = &written_arguments(fn);
+          if (my_arg < writes->size() && (*writes)[my_arg]) {
+            if (clean) ctx->unwatched.push_back(*id);
+            if (rec) ctl->recorder().note_written(*id);
+          }
           const c10::VariableVersion& vc = t.unsafeGetTensorImpl()->version_counter();
           if (vc.enabled()) {
             if (rec) {
               ctx->versions.emplace_back(*id, vc, vc.current_version());
               ctl->recorder().note_version(*id, vc.current_version());
             }
-            ctx->watched.emplace_back(*id, vc, vc.current_version());
+            if (clean) ctx->watched.emplace_back(*id, vc, vc.current_version());
           } else {
             if (rec) ctl->recorder().note_unversioned(*id);
-            ctx->unwatched.push_back(*id);
+            if (clean) ctx->unwatched.push_back(*id);
           }
         }
         if (std::find(ctx->ids.begin(), ctx->ids.end(), *id) == ctx->ids.end()) {
