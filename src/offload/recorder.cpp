@@ -409,14 +409,15 @@ void Recorder::mark_writes(Recording& rec, const runtime::Engine& engine) const 
         break;
       }
       if (from < 0 && !info.persistent) continue;
-      const int64_t lo = from < 0 ? 0 : std::min(from + 1, to);
-      auto it = std::lower_bound(uses.begin(), uses.end(), lo, [](KernelIndex k, int64_t v) {
-        return static_cast<int64_t>(k) < v;
-      });
+      auto first_use_from = [&](int64_t v) {  // the first use at or after observation v
+        return std::lower_bound(uses.begin(), uses.end(), v, [](KernelIndex k, int64_t x) {
+          return static_cast<int64_t>(k) < x;
+        });
+      };
+      auto it = first_use_from(from < 0 ? 0 : std::min(from + 1, to));
       for (; it != uses.end() && static_cast<int64_t>(*it) <= to; ++it) w.push_back(*it);
       // The first use at or after `to` (wrapping for a persistent tensor), should `to` not list it.
-      it = std::lower_bound(uses.begin(), uses.end(), to,
-                            [](KernelIndex k, int64_t v) { return static_cast<int64_t>(k) < v; });
+      it = first_use_from(to);
       w.push_back(it != uses.end() ? *it : info.persistent ? uses.front() : uses.back());
     }
     std::sort(w.begin(), w.end());

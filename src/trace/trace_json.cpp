@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "json_util.h"
 #include "teraio/json_text.h"
 #include "teraio/output_file.h"
@@ -189,10 +191,7 @@ std::string trace_to_json(const Trace& trace) {
                      t.recomputable ? "true" : "false");
     }
     if (!t.written_at.empty()) {
-      out += ", \"written_at\": [";
-      for (size_t j = 0; j < t.written_at.size(); ++j)
-        fmt::format_to(std::back_inserter(out), "{}{}", j ? ", " : "", t.written_at[j]);
-      out += ']';
+      fmt::format_to(std::back_inserter(out), ", \"written_at\": [{}]", fmt::join(t.written_at, ", "));
     }
     out += '}';
   }
@@ -204,14 +203,8 @@ std::string trace_to_json(const Trace& trace) {
     append_json_quoted(out, trace.kernel_name(ki));
     out += ", \"time_us\": ";
     append_json_number(out, trace.kernel_time_us(ki), "a kernel time");
-    out += ", \"tensors\": [";
-    bool first = true;
-    for (TensorId t : trace.kernel_tensors(ki)) {
-      if (!first) out += ", ";
-      first = false;
-      fmt::format_to(std::back_inserter(out), "{}", t);
-    }
-    out += "]}";
+    fmt::format_to(std::back_inserter(out), ", \"tensors\": [{}]}}",
+                   fmt::join(trace.kernel_tensors(ki), ", "));
   }
   out += trace.num_kernels() ? "\n  ]\n}\n" : "]\n}\n";
   return out;

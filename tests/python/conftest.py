@@ -11,8 +11,9 @@ torch.set_num_threads(1)
 
 
 def train(make_model, make_batch, steps, session=None, optimizer="adamw", foreach=False, lr=1e-2,
-          batches=None):
-    """Trains `steps` steps from seed 0; returns (losses, model, optimizer)."""
+          batches=None, after_step=None):
+    """Trains `steps` steps from seed 0; returns (losses, model, optimizer). after_step(i, model)
+    runs after step i, outside it."""
     torch.manual_seed(0)
     model = make_model()
     if optimizer == "adamw":
@@ -31,6 +32,8 @@ def train(make_model, make_batch, steps, session=None, optimizer="adamw", foreac
             with session.step():
                 loss = step(model, opt, batch)
         losses.append(loss.detach().clone())
+        if after_step is not None:
+            after_step(i, model)
     return losses, model, opt
 
 

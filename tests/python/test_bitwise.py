@@ -161,34 +161,15 @@ def test_tensors_saved_inside_composite_operators_are_tracked(tmp_path):
     assert max(later) > ce, "used again in the backward pass"
 
 
-def train_with_writes_between_steps(steps, session=None, how="data"):
-    """The MLP trained with AdamW, its weights scaled in place between steps (outside any step,
-    through `.data`, whose version counter is not the parameter's, or through the parameter)."""
-    torch.manual_seed(0)
-    model = mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    if session is not None:
-        session.watch(model, opt)
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    for i in range(steps):
-        batch = mlp_batch(g)
-        if session is None:
-            loss = step_fn(model, opt, batch)
-        else:
-            with session.step():
-                loss = step_fn(model, opt, batch)
-        losses.append(loss.detach().clone())
+def scale_weights_between_steps(how):
+    """After every second step, the model's weights scaled in place outside the step: through
+    `.data` (whose version counter is not the parameter's) or through the parameter."""
+    def after_step(i, model):
         if i % 2 == 1:
             with torch.no_grad():
                 for p in model.parameters():
                     (p.data if how == "data" else p).mul_(0.5)
-    return losses, model, opt
-
-
-def step_fn(model, opt, batch):
-    from conftest import step
-    return step(model, opt, batch)
+    return after_step
 
 
 @pytest.mark.parametrize("how", ["data", "param"])
@@ -197,12 +178,13 @@ def test_clean_offloads_skip_writes_and_stay_bitwise(tmp_path, how):
     (fewer bytes written than with clean_offloads=False, the same training), and a write between
     steps — through `.data` too — is seen, so a stale copy is never read back."""
     steps = 8
-    ref = train_with_writes_between_steps(steps, how=how)
+    ref = train(mlp, mlp_batch, steps, after_step=scale_weights_between_steps(how))
     written = {}
     for clean in (True, False):
         with teraio.Session(budget="200KiB", tiers=[teraio.HostTier("4MiB")], min_tensor_bytes=1024,
                             clean_offloads=clean) as s:
-            got = train_with_writes_between_steps(steps, session=s, how=how)
+            got = train(mlp, mlp_batch, steps, session=s,
+                        after_step=scale_weights_between_steps(how))
             st = s.stats()
             assert st["mode"] == "planned", st
             assert st["bytes_offloaded"] > 0 and st["bytes_prefetched"] > 0, st
