@@ -76,13 +76,15 @@ def llama_factory(hidden, layers, vocab=32000):
     return Llama, batch
 
 
-def train_step(model, opt, batch, session=None):
-    """One timed training step (CUDA-synchronised on both ends): (detached loss, seconds)."""
+def train_step(model, opt, batch, session=None, amp=False):
+    """One timed training step (CUDA-synchronised on both ends): (detached loss, seconds). `amp`:
+    the forward under bf16 autocast (fp32 parameters and AdamW states), as users train."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with (session.step() if session is not None else _null()):
         opt.zero_grad()
-        out = model(*batch[:-1])
+        with (torch.autocast(dev.type, dtype=torch.bfloat16) if amp else _null()):
+            out = model(*batch[:-1])
         loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
         loss.backward()
         opt.step()
@@ -90,7 +92,7 @@ def train_step(model, opt, batch, session=None):
     return loss.detach(), time.perf_counter() - t0
 
 
-def run(make_model, make_batch, steps, session=None, lr=1e-3, peak_from=None):
+def run(make_model, make_batch, steps, session=None, lr=1e-3, peak_from=None, amp=False):
     """Trains `steps` steps. Returns (losses, model, optimizer, step times, peak, per-step Session
     counters): with `peak_from`, the allocator's peak is reset before that step, so `peak` is the
     later steps' max_memory_allocated."""
@@ -105,13 +107,13 @@ def run(make_model, make_batch, steps, session=None, lr=1e-3, peak_from=None):
         if peak_from is not None and i == peak_from:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        loss, seconds = train_step(model, opt, [t.to(dev) for t in make_batch(g)], session)
+        loss, seconds = train_step(model, opt, [t.to(dev) for t in make_batch(g)], session, amp)
         times.append(seconds)
         losses.append(loss.clone())
         if session is not None:  # per-step counters, to see which steps leave the plan
             st = session.stats()
             per_step.append({k: st[k] for k in ("mode", "step_peak_resident_bytes", "urgent_fetches", "evictions",
-                                                "skipped_moves", "aligned_moves", "plan_moves", "recomputes",
+                                                "skipped_moves", "aligned_moves", "plan_moves", "recomputes", "clean_offloads",
                                                 "stream_ordered_offloads")})
     return losses, model, opt, times, torch.cuda.max_memory_allocated(), per_step
 
@@ -150,8 +152,11 @@ def main(out_path):
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "bitwise": {}, "overhead": {}}
     tmp = tempfile.mkdtemp(prefix="teraio-gpu-", dir=os.environ.get("TERAIO_FILE_DIR", "/tmp"))
     llama, llama_batch = llama_factory(512, 4, vocab=4096)
-    cases = [("mlp", mlp, mlp_batch), ("cnn", CNN, cnn_batch), ("llama", llama, llama_batch)]
-    for name, mf, bf in cases:
+    # llama-amp: bf16 autocast over fp32 parameters and states (recompute and clean offloads are
+    # the Session's defaults, so the planned modes exercise both)
+    cases = [("mlp", mlp, mlp_batch, False), ("cnn", CNN, cnn_batch, False), ("llama", llama, llama_batch, False),
+             ("llama-amp", llama, llama_batch, True)]
+    for name, mf, bf, amp in cases:
         # planned-sof: Session(stream_ordered_offloads=True), offloads due waited for on the GPU
         for mode, planning, sof in (("reactive", False, False), ("planned", True, False), ("planned-sof", True, True)):
             key = f"{name}-{mode}"
@@ -162,7 +167,7 @@ def main(out_path):
                 # as used outside its tensors
                 gc.collect()
                 torch.cuda.empty_cache()
-                ref = to_cpu(run(mf, bf, 6))
+                ref = to_cpu(run(mf, bf, 6, amp=amp))
                 fp, largest = footprint(mf)
                 # below the footprint, above what one AdamW operator needs (addcdiv_: 3 tensors),
                 # plus room for what is not a tracked tensor (cuBLAS/cuDNN workspaces, the batch:
@@ -173,7 +178,7 @@ def main(out_path):
                 s = teraio.Session(budget=budget, tiers=[teraio.HostTier(fp // 2), teraio.FileTier([tmp], 4 * fp)],
                                    planning=planning, min_tensor_bytes=65536, stream_ordered_offloads=sof)
                 # 2 profiling steps, then planned ones: the planned steps' peak must fit the budget
-                got = run(mf, bf, 6, session=s, peak_from=3 if planning else None)
+                got = run(mf, bf, 6, session=s, peak_from=3 if planning else None, amp=amp)
                 st = s.stats()
                 peak, per_step = got[4], got[5]
                 s.fetch_all()
