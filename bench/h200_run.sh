@@ -260,7 +260,8 @@ timing)
 recompute)
   # issue 15: teraio with and without recompute at fractions of the Ideal footprint (host tier,
   # measured bandwidth), traces and plans kept (the simulator's prediction). RC_MODEL (llama-1b),
-  # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"); the footprint
+  # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"; each mode is a
+  # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors"); the footprint
   # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
   m=${RC_MODEL:-llama-1b}
   for dt in ${RC_DTYPES:-fp32 amp}; do

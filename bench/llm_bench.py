@@ -190,6 +190,9 @@ def parse_args(argv=None):
                    help="teraio: checksum the FileTier's pieces and verify them on read (Session verify)")
     g.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=True,
                    help="teraio: let the plan recompute activations (Session recompute=)")
+    g.add_argument("--discard-dead", action=argparse.BooleanOptionalAction, default=True,
+                   help="teraio: Session(discard_dead=...): tensors the profile never uses again before freeing "
+                        "them are freed without a write where the plan takes them away (the default)")
     g.add_argument("--stream-ordered-offloads", action=argparse.BooleanOptionalAction, default=True,
                    help="teraio: Session(stream_ordered_offloads=...): offloads due before an operator are "
                         "waited for on the GPU, not the CPU (the Session's default); --no-... waits on the CPU")
@@ -382,10 +385,11 @@ def step_floor(info, steps, step_s):
 
 def plan_bytes_by_kind(trace_path, plan_path):
     """Which bytes the Session's plan moves per iteration, by tensor kind: {kind: {"offload_bytes",
-    "prefetch_bytes", "recompute_bytes"}} from the trace and plan it wrote (the plan of the last
-    planned shape). A persistent tensor no kernel uses (an idle expert) is offloaded once and then
-    moves nothing, so it is left out, as `teraio simulate` does. {"note": ...} when the files are
-    not there."""
+    "prefetch_bytes", "recompute_bytes", "discard_bytes"}} from the trace and plan it wrote (the plan
+    of the last planned shape). A persistent tensor no kernel uses (an idle expert) is offloaded once
+    and then moves nothing, so it is left out, as `teraio simulate` does; an offload the Session
+    discards (the plan's discard_dead, a transient tensor after its last use) counts in
+    discard_bytes. {"note": ...} when the files are not there."""
     try:
         with open(trace_path) as f:
             trace = json.load(f)
@@ -393,17 +397,21 @@ def plan_bytes_by_kind(trace_path, plan_path):
             plan = json.load(f)
     except (OSError, ValueError) as e:
         return {"note": f"not computed: {e}"}
-    used = set()
-    for k in trace["kernels"]:
-        used.update(k["tensors"])
+    last_use = {}
+    for k, kernel in enumerate(trace["kernels"]):
+        for t in kernel["tensors"]:
+            last_use[t] = k
     tensors = {t["id"]: t for t in trace["tensors"]}
     out = {}
     for m in plan["moves"]:
         t = tensors[m["tensor"]]
-        if t["persistent"] and t["id"] not in used:
+        if t["persistent"] and t["id"] not in last_use:
             continue
-        d = out.setdefault(t["kind"], {"offload_bytes": 0, "prefetch_bytes": 0, "recompute_bytes": 0})
-        d[m["op"] + "_bytes"] += t["bytes"]
+        d = out.setdefault(t["kind"], {"offload_bytes": 0, "prefetch_bytes": 0, "recompute_bytes": 0,
+                                       "discard_bytes": 0})
+        discard = (plan.get("discard_dead") and m["op"] == "offload" and not t["persistent"]
+                   and m["start"] >= last_use.get(t["id"], 0))
+        d["discard_bytes" if discard else m["op"] + "_bytes"] += t["bytes"]
     return out
 
 
@@ -520,7 +528,7 @@ class Teraio(Ideal):
         self.session = teraio.Session(budget=a.budget, tiers=tiers, profiling_iterations=a.profiling_iterations,
                                       trace_path=a.trace_out, plan_path=a.plan_out,
                                       stream_ordered_offloads=a.stream_ordered_offloads,
-                                      verify=a.verify, recompute=a.recompute)
+                                      verify=a.verify, recompute=a.recompute, discard_dead=a.discard_dead)
         self.session.watch(self.model, self.opt)
 
     def step(self, ids):

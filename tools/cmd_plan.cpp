@@ -28,6 +28,7 @@ struct PlanArgs : PlanningArgs {
   std::string min_tensor = "1MiB";
   bool search = false;
   bool no_recompute = false;
+  bool no_discard_dead = false;
 };
 
 int run_plan(const PlanArgs& args) {
@@ -37,6 +38,7 @@ int run_plan(const PlanArgs& args) {
   opts.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
   opts.tiers = args.tier_specs();
   opts.recompute = !args.no_recompute;
+  opts.discard_dead = !args.no_discard_dead;
   const Trace trace = read_trace(args.trace_path);
   const double read_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -68,11 +70,12 @@ int run_plan(const PlanArgs& args) {
   plan.predicted.peak_bytes = static_cast<double>(check.peak_bytes);
 
   // Bytes written per iteration: an idle persistent tensor's offload moves nothing in steady state,
-  // nor does a clean one (Note [Clean offloads] in src/sim/simulator.cpp).
+  // nor does a clean one (Note [Clean offloads] in src/sim/simulator.cpp) or a discard (Note [Dead
+  // tensors] there).
   std::vector<uint64_t> tier_bytes(plan.tiers.size(), 0);
   size_t offload_only = 0;
   for (const MovePair& p : check.pairs) {
-    if (!p.idle) tier_bytes[p.tier] += p.bytes;
+    if (!p.idle && !is_discard(trace, plan, p)) tier_bytes[p.tier] += p.bytes;
     offload_only += p.one_way();
   }
   for (size_t i = 0; i < plan.tiers.size(); ++i) tier_bytes[i] -= sim.tiers[i].clean_offload_bytes;
@@ -83,7 +86,7 @@ int run_plan(const PlanArgs& args) {
   const std::string stats_json = fmt::format(
       "{{\"candidates\": {}, \"chosen\": {}, \"forced\": {}, \"peak_before_bytes\": {}, "
       "\"peak_after_bytes\": {}, "
-      "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}{}{}}}",
+      "\"plan_seconds\": {:.6f}, \"offload_bytes_per_tier\": {{{}}}{}{}{}}}",
       stats.candidates, stats.chosen, stats.forced, stats.peak_before_bytes, stats.peak_after_bytes,
       stats.plan_seconds, tiers_json,
       stats.offload_only ? fmt::format(", \"offload_only\": {}", stats.offload_only)
@@ -91,7 +94,9 @@ int run_plan(const PlanArgs& args) {
       check.recomputes.empty()
           ? std::string()
           : fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", check.recomputes.size(),
-                        json_number(sim.recompute_us)));
+                        json_number(sim.recompute_us)),
+      sim.discards ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", sim.discards, sim.discarded_bytes)
+                   : std::string());
   plan.extra.emplace_back("planner", stats_json);
   write_plan(plan, args.out_path);
   const double total_s =
@@ -123,6 +128,10 @@ int run_plan(const PlanArgs& args) {
                format_bytes(static_cast<double>(std::accumulate(
                    check.recomputes.begin(), check.recomputes.end(), uint64_t{0},
                    [](uint64_t a, const RecomputeMove& r) { return a + r.bytes; }))));
+  }
+  if (sim.discards) {
+    fmt::print("discards             {} dead tensors per iteration freed without a write ({})\n",
+               sim.discards, format_bytes(static_cast<double>(sim.discarded_bytes)));
   }
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     fmt::print(
@@ -168,6 +177,9 @@ const Registration kPlan{{
                    "the planning time)");
       sub.add_flag("--no-recompute", args->no_recompute,
                    "plan moves only: recompute no tensor, even where the trace marks it recomputable");
+      sub.add_flag("--no-discard-dead", args->no_discard_dead,
+                   "plan for a runner that writes dead tensors out (a Session with discard_dead=False): "
+                   "a tensor's tail after its last use then costs a write");
       return [args] { return run_plan(*args); };
     },
 }};

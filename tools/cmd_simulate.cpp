@@ -81,7 +81,7 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
         "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
         "\"peak_bytes\": {}, "
         "\"tiers\": [{}], \"urgent_fetches\": {}, \"floor_us\": {}, \"floor_bound\": {}, "
-        "\"bytes_by_kind\": {}{}{}}}\n",
+        "\"bytes_by_kind\": {}{}{}{}}}\n",
         json_number(r.iteration_us), json_number(r.ideal_us), json_number(r.stall_us),
         json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches,
         json_number(r.floor_us), json_quote(r.floor_bound), bytes_by_kind_json(r),
@@ -90,7 +90,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
                      : std::string(),
         trace.writes_recorded ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}",
                                             r.clean_offloads, r.clean_offload_bytes)
-                              : std::string());
+                              : std::string(),
+        plan.discard_dead ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", r.discards,
+                                        r.discarded_bytes)
+                          : std::string());
     return;
   }
   fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
@@ -119,6 +122,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
   if (trace.writes_recorded) {  // Note [Clean offloads] in src/sim/simulator.cpp
     fmt::print("clean offloads       {} per iteration, {} not written\n", r.clean_offloads,
                format_bytes(static_cast<double>(r.clean_offload_bytes)));
+  }
+  if (plan.discard_dead) {  // Note [Dead tensors] in src/sim/simulator.cpp
+    fmt::print("discards             {} per iteration, {} not written\n", r.discards,
+               format_bytes(static_cast<double>(r.discarded_bytes)));
   }
   fmt::print("\n{:<12} {:<6} {:>9} {:>12} {:>12} {:>10}\n", "tier", "link", "GB/s", "bytes/iter",
              "busy/iter", "busy %");
@@ -179,6 +186,7 @@ int run_simulate(const SimulateArgs& args) {
     popts.budget_bytes = plan.budget_bytes;
     popts.tiers = tiers;
     popts.min_tensor_bytes = parse_size(args.min_tensor, "--min-tensor");
+    popts.discard_dead = plan.discard_dead;
     SweepOptions sopts;
     sopts.min_scale = args.sweep_min;
     sopts.max_scale = args.sweep_max;

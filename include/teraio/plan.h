@@ -78,6 +78,11 @@ struct Plan {
   std::vector<TierSpec> tiers;
   std::vector<Move> moves;
   Prediction predicted;
+  // Whoever runs the plan frees a transient tensor that an offload takes away after its last use (a
+  // tail: no prefetch follows, it dies first) without writing it anywhere: a *discard* (docs/
+  // formats.md, "Dead tensors"). The simulator then gives such offloads no link time, and the
+  // planner plans them as free. False: every offload writes. Written only when true.
+  bool discard_dead = false;
   // Extra fields written by the planner for people (e.g. planner statistics), as raw JSON.
   std::vector<std::pair<std::string, std::string>> extra;
 };

@@ -23,6 +23,10 @@ struct PlannerOptions {
   // (docs/planner.md, "Recompute"). Has no effect on a trace without recomputable tensors (every v1
   // trace). false: plan moves only (`teraio plan --no-recompute`).
   bool recompute = true;
+  // The plan is run by something that discards dead tensors (Plan::discard_dead; docs/planner.md,
+  // "Dead tensors"): a transient tensor's tail, from its last use until it dies, may then be taken
+  // away for free. False: such tails are written like any offload.
+  bool discard_dead = false;
 };
 
 struct PlannerStats {
@@ -32,6 +36,7 @@ struct PlannerStats {
   // Of chosen + forced: offloads without a prefetch (a tail after a tensor's last use, or a
   // persistent tensor no kernel uses); each is one move instead of two.
   size_t offload_only = 0;
+  size_t discards = 0;          // of offload_only: dead tails freed without a write (discard_dead)
   size_t recomputes = 0;        // periods recomputed instead of moved
   double recompute_us = 0;      // their producers' kernel time, added to the compute stream
   uint64_t peak_before_bytes = 0;

@@ -70,6 +70,12 @@ struct SessionOptions {
   // through the version counters of every operator's inputs; false writes every offload (for
   // tensors written behind the dispatcher, e.g. through a NumPy view of a CPU tensor).
   bool clean_offloads = true;
+  // A transient tensor that the profiled steps never use again before they free it (a gradient
+  // between the optimizer's read and zero_grad), and that the plan takes away, is freed without
+  // writing it (docs/pytorch.md, "Dead tensors"): no bytes cross the link for it. If a later step
+  // uses it after all (gradients read after optimizer.step() every N steps), that use raises
+  // teraio's error naming the tensor. false: such tensors are written out like any other.
+  bool discard_dead = true;
 };
 
 // The bandwidth the planner uses for one tier and where it comes from.
@@ -141,6 +147,8 @@ struct SessionStats {
   uint64_t stream_ordered_offloads = 0;  // offloads completed on the GPU's side (option of that name)
   uint64_t clean_offloads = 0;  // offloads that wrote nothing: the tier's copy was still valid
   uint64_t clean_bytes = 0;     // their bytes (not in bytes_offloaded)
+  uint64_t discards = 0;        // dead tensors freed without a write (option discard_dead)
+  uint64_t discarded_bytes = 0; // their bytes (not in bytes_offloaded)
   uint64_t drift_events = 0;
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;
@@ -183,6 +191,7 @@ constexpr void for_each_option_field(F&& f) {
   f("fault_injection", &SessionOptions::fault_injection);
   f("recompute", &SessionOptions::recompute);
   f("clean_offloads", &SessionOptions::clean_offloads);
+  f("discard_dead", &SessionOptions::discard_dead);
 }
 
 // kCounter: cumulative since the Session began (a delta over steps is what those steps did);
@@ -220,6 +229,8 @@ constexpr void for_each_stats_field(F&& f) {
   f("stream_ordered_offloads", &S::stream_ordered_offloads, K::kCounter);
   f("clean_offloads", &S::clean_offloads, K::kCounter);
   f("clean_bytes", &S::clean_bytes, K::kCounter);
+  f("discards", &S::discards, K::kCounter);
+  f("discarded_bytes", &S::discarded_bytes, K::kCounter);
   f("drift_events", &S::drift_events, K::kCounter);
   f("urgent_fetches", &S::urgent_fetches, K::kCounter);
   f("evictions", &S::evictions, K::kCounter);

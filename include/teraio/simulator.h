@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "teraio/plan.h"
+#include "teraio/plan_check.h"
 #include "teraio/trace.h"
 
 namespace teraio {
@@ -71,6 +72,10 @@ struct SimResult {
   // offload_bytes nor the floor. Always 0 for a trace that does not record writes.
   size_t clean_offloads = 0;
   uint64_t clean_offload_bytes = 0;
+  // Discards per iteration (plan.discard_dead; Note [Dead tensors] in simulator.cpp): tails of
+  // transient tensors freed without a write; counted in neither offload_bytes nor the floor.
+  size_t discards = 0;
+  uint64_t discarded_bytes = 0;
   size_t urgent_fetches = 0;  // transfers a kernel of the last iteration had to wait for
   // The floor of docs/simulator.md ("The floor"): no schedule of these moves can take less than
   // max(compute: ideal + recompute, each tier's offloaded bytes / write bandwidth, each tier's
@@ -89,6 +94,11 @@ struct SimResult {
 };
 
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
+
+// True when the pair's offload is a discard (Note [Dead tensors] in simulator.cpp): the plan's
+// runner discards dead tensors (Plan::discard_dead) and this is the tail of a transient tensor, an
+// offload no prefetch follows before the tensor dies. It writes nothing and holds no tier space.
+bool is_discard(const Trace& trace, const Plan& plan, const MovePair& pair);
 
 // "parameter 6.55 GiB out / 6.55 GiB in, optimizer_state ..." for the kinds that moved, most bytes
 // first; "nothing" when nothing moved. And the same as a JSON object {"parameter": {"offload_bytes":

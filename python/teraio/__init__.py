@@ -208,6 +208,10 @@ class Session:
         again to that tier without writing it (its copy there is kept; writes are seen through the
         version counters of every operator's inputs). On by default; False writes every offload
         (for tensors written behind PyTorch's dispatcher; docs/pytorch.md "Clean offloads").
+    discard_dead: a tensor that the profiled steps never use again before freeing it (a gradient
+        after the optimizer read it, until zero_grad) is freed without writing it out where the
+        plan takes it away. A later step that uses it after all raises teraio's error naming it.
+        On by default; False writes such tensors out (docs/pytorch.md "Dead tensors").
     """
 
     def __init__(self, budget: Size, tiers: Iterable[Union[HostTier, FileTier]],
@@ -216,7 +220,7 @@ class Session:
                  plan_path: Optional[str] = None, plan_search: bool = True,
                  stream_ordered_offloads: bool = True, verify: bool = True,
                  fault_injection: bool = False, recompute: bool = True,
-                 clean_offloads: bool = True):
+                 clean_offloads: bool = True, discard_dead: bool = True):
         self._impl = None
         budget_bytes = parse_size(budget, "budget")
         if isinstance(tiers, (str, bytes, HostTier, FileTier)):
@@ -243,7 +247,8 @@ class Session:
         for name, flag in (("planning", planning), ("plan_search", plan_search),
                            ("stream_ordered_offloads", stream_ordered_offloads),
                            ("verify", verify), ("fault_injection", fault_injection),
-                           ("recompute", recompute), ("clean_offloads", clean_offloads)):
+                           ("recompute", recompute), ("clean_offloads", clean_offloads),
+                           ("discard_dead", discard_dead)):
             if not isinstance(flag, bool):
                 raise Error(f"Session: {name} must be True or False, got {flag!r}")
         for p in (trace_path, plan_path):
@@ -259,7 +264,7 @@ class Session:
                                 plan_search=plan_search,
                                 stream_ordered_offloads=stream_ordered_offloads, verify=verify,
                                 fault_injection=fault_injection, recompute=recompute,
-                                clean_offloads=clean_offloads)
+                                clean_offloads=clean_offloads, discard_dead=discard_dead)
         self._budget_bytes = budget_bytes
         self._watched = []
         self._split = []  # optimizers whose steps run in parts (watch)

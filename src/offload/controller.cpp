@@ -348,6 +348,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   po.tiers = options_.tiers;
   po.min_tensor_bytes = options_.min_tensor_bytes;
   po.recompute = options_.recompute;
+  po.discard_dead = options_.discard_dead;
   Plan plan;
   try {
     if (options_.plan_search) {
@@ -421,6 +422,8 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->stream_ordered_offloads = e.stream_ordered;
   r->clean_offloads = e.clean_offloads;
   r->clean_bytes = e.clean_bytes;
+  r->discards = e.discards;
+  r->discarded_bytes = e.discarded_bytes;
   r->drift_events = drift_events_;
   r->urgent_fetches = e.urgent_fetches;
   r->evictions = e.evictions;

@@ -46,6 +46,8 @@ struct ControllerOptions {
   // The planner may recompute recomputable tensors instead of moving them (PlannerOptions); the
   // binding then gives the engine a Recipe for each output captures() names.
   bool recompute = true;
+  // Plans may take dead tensors away for free; the engine then discards them (Note [Dead tensors]).
+  bool discard_dead = true;
 };
 
 // What the controller asks of the binding layer besides the tensors' state.

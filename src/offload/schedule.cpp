@@ -68,6 +68,12 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
   for (Move m : moves) {
     const TensorId t = m.tensor;
     m.tensor = recording.tensors.at(t).id;
+    // A tail of a transient tensor: nothing uses it again before it dies (Note [Dead tensors]).
+    if (plan.discard_dead && m.op == MoveOp::offload && !trace.tensors[t].persistent &&
+        lifetimes.used(t) && m.start >= lifetimes.last_use(t)) {
+      s.add_discard(m.tensor, m.start);
+      continue;
+    }
     s.add_move(m);
     if (m.op != MoveOp::recompute) continue;
     // The producer's run in a planned step captures the recipe (Note [Recompute in the engine]).

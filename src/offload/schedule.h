@@ -26,6 +26,8 @@ namespace teraio::offload {
 //   - Deaths: a transient tensor is forgotten just before the operator after the last one it was
 //     alive at in the profile.
 //   - Created bytes: per operator, the bytes of the transient tensors it uses first.
+//   - Discards (Note [Dead tensors]): with plan.discard_dead, an offload of a transient tensor
+//     that starts at or after its last use frees it there without a write (discard_after).
 //   - Recomputes (Note [Recompute in the engine]): dropped after `start`, made again before
 //     `deadline` in the order of their producers; the producer (the trace's) captures the recipe
 //     (Schedule::Operator::capture). Throws teraio::Error when the trace does not mark the tensor

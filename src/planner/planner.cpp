@@ -135,6 +135,11 @@ class Planner {
   void add_back(const Gap& g, uint32_t first, uint32_t count);
   void hold(uint32_t tier, const Gap& g);
   void take_idle();
+  // Note [Dead tensors in the planner]
+  bool discardable(const Gap& g) const {
+    return opts_.discard_dead && g.one_way && !g.idle && !trace_.tensors[g.tensor].persistent;
+  }
+  void take_tails();
   // Recompute (Note [Recompute in the planner]).
   std::vector<Span> choose_recomputes(const Lifetimes& lifetimes, const std::vector<uint64_t>& curve,
                                       std::vector<std::vector<TensorId>>* reads) const;
@@ -203,6 +208,7 @@ double Planner::clipped_time(const Gap& g, uint32_t first, uint32_t count) const
 // Bytes sit in the tier at the gap's kernels (as plan_check counts them: after the offload's
 // start kernel, before the prefetch's deadline kernel).
 bool Planner::tier_has_room(uint32_t tier, const Gap& g) const {
+  if (discardable(g)) return true;  // a discard holds no tier space
   const auto capacity = static_cast<int64_t>(std::min<uint64_t>(opts_.tiers[tier].capacity_bytes, INT64_MAX / 2));
   if (held_[tier].max_all() + g.bytes <= capacity) return true;  // room everywhere
   const Pieces p = pieces(n_, uint64_t{g.start} + 1, g.len - 1);
@@ -212,6 +218,7 @@ bool Planner::tier_has_room(uint32_t tier, const Gap& g) const {
 }
 
 void Planner::hold(uint32_t tier, const Gap& g) {
+  if (discardable(g)) return;
   const Pieces p = pieces(n_, uint64_t{g.start} + 1, g.len - 1);
   for (size_t i = 0; i < p.n; ++i) held_[tier].range_add(p.lo[i], p.hi[i], g.bytes);
 }
@@ -242,7 +249,10 @@ bool Planner::evaluate(const Gap& g, uint32_t tier, Window* w) const {
 bool Planner::evaluate_one_way(const Gap& g, uint32_t tier, Window* w) const {
   *w = Window{};
   w->begin = g.len;
-  if (!g.idle) {
+  if (discardable(g)) {  // freed after the kernel that follows its start: no write, no link
+    if (g.len < 3) return false;
+    w->done = 1;
+  } else if (!g.idle) {
     if (g.len < 3) return false;
     w->offload_len = write_[tier].forward_len((g.start + 1) % n_, g.len - 2, g.bytes);
     if (w->offload_len == 0) return false;
@@ -473,6 +483,34 @@ void Planner::take_idle() {
   }
 }
 
+// Note [Dead tensors in the planner]
+// With PlannerOptions::discard_dead the runtime frees a transient tensor's tail (its absence from
+// its last use until it dies; a one-way gap) without writing it (Note [Dead tensors] in the
+// engine): no write bandwidth, no tier space, gone from the kernel after its start on. Such gaps
+// cost nothing, so they are taken before the greedy loop, largest first, wherever their absence
+// crosses a kernel over the budget; the prune pass drops those memory did not need after all
+// (latest chosen first: the moves that cost bandwidth go before these).
+void Planner::take_tails() {
+  if (!opts_.discard_dead) return;
+  std::vector<uint32_t> tails;
+  for (uint32_t i = 0; i < gaps_.size(); ++i) {
+    const Gap& g = gaps_[i];
+    if (discardable(g) && pair_of_[i] < 0 && g.len >= 3 && g.bytes > 0 &&
+        static_cast<uint64_t>(g.bytes) >= opts_.min_tensor_bytes)
+      tails.push_back(i);
+  }
+  std::stable_sort(tails.begin(), tails.end(),
+                   [&](uint32_t a, uint32_t b) { return gaps_[a].bytes > gaps_[b].bytes; });
+  for (uint32_t gi : tails) {
+    if (mem_.max_all() <= budget_) return;
+    const Gap& g = gaps_[gi];
+    if (crit_time(g, 2, g.len - 2) <= 0) continue;  // never over the budget while it would be away
+    subtract(g, 2, g.len - 2);
+    pair_of_[gi] = static_cast<int32_t>(pairs_.size());
+    pairs_.push_back(Pair{gi, 0, 1, g.len});
+  }
+}
+
 // Lazy greedy: a candidate's key is an upper bound on its score (scores only fall as M' drops and
 // bandwidth fills), so a popped candidate whose fresh score still beats the next key is the best.
 void Planner::greedy() {
@@ -695,7 +733,7 @@ void Planner::force_at(uint32_t gi, uint32_t x) {
     if (tier < 0) return;  // no tier can hold it: the caller tries another tensor
     // Use whatever bandwidth the tier has left, but be away from x on regardless.
     const auto t = static_cast<uint32_t>(tier);
-    const uint32_t off = write_[t].forward_len((g.start + 1) % n_, g.len - 1, g.bytes);
+    const uint32_t off = discardable(g) ? 1 : write_[t].forward_len((g.start + 1) % n_, g.len - 1, g.bytes);
     fit.done = off > 0 ? std::min(off, x - 1) : x - 1;
     if (g.one_way) {
       fit.begin = g.len;
@@ -706,7 +744,8 @@ void Planner::force_at(uint32_t gi, uint32_t x) {
   }
   const auto t = static_cast<uint32_t>(tier);
   // An idle gap moves no bytes, a one-way gap none back: nothing of theirs is left unhidden.
-  const int64_t out = g.idle ? g.bytes : write_[t].reserve_forward((g.start + 1) % n_, fit.done, g.bytes);
+  const int64_t out = g.idle || discardable(g) ? g.bytes
+                                               : write_[t].reserve_forward((g.start + 1) % n_, fit.done, g.bytes);
   const int64_t in = g.one_way ? g.bytes : read_[t].reserve_backward(g.end, g.len - fit.begin, g.bytes);
   diag_.unhidden_bytes += static_cast<uint64_t>((g.bytes - out) + (g.bytes - in));
   diag_.estimated_stall_us += static_cast<double>(g.bytes - out) / write_[t].bytes_per_us() +
@@ -784,6 +823,7 @@ Plan Planner::emit() const {
   Plan plan;
   plan.budget_bytes = opts_.budget_bytes;
   plan.tiers = opts_.tiers;
+  plan.discard_dead = opts_.discard_dead;
   for (const Pair& pr : pairs_) {
     if (!pr.live) continue;
     const Gap& g = gaps_[pr.gap];
@@ -883,6 +923,7 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
     diag_.setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     take_recomputes(spans);
     take_idle();
+    take_tails();
     greedy();
     diag_.greedy_seconds = lap();
     force();
@@ -909,6 +950,10 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
       (pr.forced ? live_forced : live_chosen)++;
       offload_only += gaps_[pr.gap].one_way;
       if (gaps_[pr.gap].idle) continue;  // moves no bytes in steady state
+      if (discardable(gaps_[pr.gap])) {
+        ++st.discards;
+        continue;  // freed, not written
+      }
       diag_.bytes_offloaded += static_cast<uint64_t>(gaps_[pr.gap].bytes);
       diag_.tier_bytes[pr.tier] += static_cast<uint64_t>(gaps_[pr.gap].bytes);
     }

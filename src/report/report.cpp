@@ -749,6 +749,7 @@ std::string render_report(const Trace& trace, const Plan* plan, const RunMeasure
       PlannerOptions base;
       base.budget_bytes = plan->budget_bytes;
       base.tiers = plan->tiers;
+      base.discard_dead = plan->discard_dead;
       SweepOptions sweep;
       sweep.steps = options.sweep_steps;
       sweep.min_scale = options.sweep_min_scale;

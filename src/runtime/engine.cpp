@@ -62,6 +62,9 @@ struct Engine::Entry {
   uint64_t last_use = 0;
   uint64_t write_seq = 0;  // the order its offload was started in (make_room_locked)
   std::string lost_message;  // kLost: the fault that lost the bytes, reported at every use
+  // kLost by a discard (Note [Dead tensors]): its bytes were dropped on purpose, the profile saw it
+  // die unread; a use reports it, but fetch_all (checkpoints, close) does not count it as a failure.
+  bool discarded = false;
   std::unique_ptr<Recipe> recipe;  // Note [Recompute in the engine]
   bool recomputing = false;        // its recipe is running (a chain must not loop back to it)
   // Resident, and `extent` of `tier` still holds its bytes: read back from there and not written
@@ -118,6 +121,7 @@ void Engine::bind(LogicalId id, std::unique_ptr<Memory> memory) {
   e.loc = Location::kResident;
   e.pins = 0;
   e.permanent = false;  // a new tensor: the pin was the previous one's
+  e.discarded = false;
   e.recipe.reset();     // and the recipe
   e.last_use = ++clock_;
   stats_.resident_bytes += e.bytes;
@@ -398,6 +402,36 @@ bool Engine::drop_locked(Entry& e, std::string* why) {
   e.clean = false;
   e.loc = Location::kDropped;
   stats_.resident_bytes -= e.bytes;
+  return true;
+}
+
+// Note [Dead tensors] (engine.h).
+bool Engine::discard_locked(Entry& e, std::string* why) {
+  if (e.loc != Location::kResident) {
+    *why = std::string(to_string(e.loc));
+  } else if (e.pins > 0) {
+    *why = "in use";
+  } else if (e.permanent) {
+    *why = "pinned";
+  }
+  if (!why->empty()) return false;
+  release_clean_copy_locked(e);
+  e.memory->detach();
+  e.memory->drop();
+  e.lost_message = fmt::format(
+      "teraio: {} was discarded after its last use: in the profiled steps nothing used it again "
+      "before it was freed, so its bytes were freed instead of written out, and this step uses it "
+      "after all. Free it after its last use as those steps did (e.g. call optimizer.zero_grad() "
+      "right after optimizer.step() every step), or create the Session with discard_dead=False "
+      "(docs/pytorch.md, \"Dead tensors\")",
+      name_locked(e));
+  e.memory->lose(e.lost_message);
+  e.loc = Location::kLost;
+  e.discarded = true;
+  stats_.resident_bytes -= e.bytes;
+  stats_.discards++;
+  stats_.discarded_bytes += e.bytes;
+  event("discard", e);
   return true;
 }
 
@@ -895,6 +929,10 @@ void Engine::fetch_all() {
   }
   for (auto& p : entries_) {
     if (!p || p->loc == Location::kUnbound || !p->memory->alive()) continue;
+    // A discarded tensor kept alive past its profiled death (a variable the loop holds) is no
+    // model or optimizer state (those persist): it stays without bytes, and any access to it
+    // still raises its message, but bringing everything back does not fail on it.
+    if (p->loc == Location::kLost && p->discarded) continue;
     make_usable_locked(*p);  // failures are Faults; the others still come back
   }
   note_resident_locked();
@@ -980,6 +1018,13 @@ void Schedule::add_move(const Move& m) {
       operators[m.deadline].recompute_before.push_back({m.tensor, true});
       break;
   }
+  moves++;
+}
+
+void Schedule::add_discard(LogicalId id, KernelIndex after) {
+  TERAIO_CHECK(after < operators.size(), "plan discard of tensor {} names kernel {} but the iteration has {}", id,
+               after, operators.size());
+  operators[after].discard_after.push_back(id);
   moves++;
 }
 
@@ -1125,6 +1170,21 @@ void Engine::after_operator(uint32_t k) {
     } else {
       stats_.skipped_moves++;
       event(fmt::format("skipped-drop({})", why), *e);
+    }
+  }
+  for (LogicalId id : op.discard_after) {
+    Entry* e = find(id);
+    if (!e || e->loc == Location::kUnbound) continue;  // died before it: nothing to free
+    if (!e->memory->alive() && e->pins == 0) {
+      forget_locked(*e);
+      continue;
+    }
+    std::string why;
+    if (discard_locked(*e, &why)) {
+      stats_.plan_moves++;
+    } else {
+      stats_.skipped_moves++;
+      event(fmt::format("skipped-discard({})", why), *e);
     }
   }
 }

@@ -78,6 +78,17 @@ class Recipe {
   virtual std::string run(Memory& memory) = 0;
 };
 
+// Note [Dead tensors]: a transient tensor whose last use in the profiled iteration has passed, and
+// which the profile saw freed later in the iteration (a gradient after the optimizer read it, until
+// zero_grad), holds memory nothing reads. When the plan takes such a tensor away (a tail: an offload
+// no prefetch follows), writing it out would move bytes nobody reads back, so the engine *discards*
+// it instead: frees its memory without writing it anywhere (Schedule::Operator::discard_after;
+// stats discards, discarded_bytes). The tensor then has no bytes for good: it becomes kLost with a
+// message that says so (Memory::lose: every access raises it, through the dispatcher or not), so a
+// step that uses it after all (a run off the profile: grads logged after the optimizer every N
+// steps) fails loudly and never reads garbage. A tensor that is pinned, in use, pinned permanently,
+// or not resident is left alone (skipped_moves).
+//
 // kLost: the tensor's bytes could not be brought back and never will (Note [Lost bytes]); it stays
 // unusable, and every use reports the fault again, until it dies. kDropped: freed, to be made again
 // by its Recipe (Note [Recompute in the engine]).
@@ -134,6 +145,8 @@ struct EngineStats {
   uint64_t failed_transfers = 0;  // writes and reads that failed (each is also a Fault)
   uint64_t retried_reads = 0;     // reads tried again after a failure (Note [Read retries])
   uint64_t lost_tensors = 0;      // tensors whose bytes could not be brought back (kLost)
+  uint64_t discards = 0;          // dead tensors freed without a write (Note [Dead tensors])
+  uint64_t discarded_bytes = 0;   // their bytes
   uint64_t recomputes = 0;         // tensors made again by their recipe (planned and urgent)
   uint64_t urgent_recomputes = 0;  // of which before a use the plan did not expect
   double recompute_us = 0;         // host time spent running recipes (on CUDA: launching them)
@@ -187,6 +200,9 @@ struct Schedule {
     // gives each a Recipe when k runs (Engine::set_recipe).
     std::vector<LogicalId> drop_after;
     std::vector<Remake> recompute_before;
+    // Note [Dead tensors]: transient tensors past their last use that the plan takes away after
+    // operator k until they die: their memory is freed without writing them anywhere (discarded).
+    std::vector<LogicalId> discard_after;
     std::vector<LogicalId> capture;
     // Transient tensors that died just before operator k in the profile: forgotten there, so that
     // resident bytes are the live ones without sweeping every tensor.
@@ -208,6 +224,9 @@ struct Schedule {
   // before `deadline`, after the recomputes added there before it). Throws teraio::Error for a move
   // that names an operator past the iteration, or a recompute that does not end after it starts.
   void add_move(const Move& m);
+  // Frees dead tensor `id` after operator `after` without writing it (Note [Dead tensors]). Throws
+  // teraio::Error for an operator past the iteration.
+  void add_discard(LogicalId id, KernelIndex after);
   // The moves of `plan` (whose moves name logical ids) over an iteration of `num_operators`
   // operators (no signatures, deaths or start placement).
   static Schedule from_plan(const Plan& plan, size_t num_operators);
@@ -305,7 +324,8 @@ class Engine {
   // Waits until an offload in flight has completed and its memory is freed.
   void finish_offload(LogicalId id);
   // Brings every bound tensor back (checkpoints, end of training), whatever the budget. Tensors
-  // that cannot come back are recorded as Faults.
+  // that cannot come back are recorded as Faults; discarded ones (Note [Dead tensors]) are not:
+  // they stay without bytes.
   void fetch_all();
   // For the end of the engine's tiers: every live tensor whose bytes are still only in a tier is
   // lost (Memory::lose with `why` and the tensor's name). Returns how many.
@@ -370,6 +390,9 @@ class Engine {
   // cannot be made. `urgent`: a use the plan did not expect.
   bool recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> spare = {});
   bool drop_locked(Entry& e, std::string* why);
+  // Frees a dead tensor without writing it (Note [Dead tensors]); false with `why` when it is not
+  // resident, in use or pinned.
+  bool discard_locked(Entry& e, std::string* why);
   enum class Wait { kRead, kWrite };
   // Counts now - since_us as stall, of what and of that tier.
   void add_stall_locked(Wait what, double since_us, uint32_t tier);

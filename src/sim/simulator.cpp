@@ -338,6 +338,10 @@ std::vector<uint8_t> clean_offloads(const Trace& trace, const PlanCheck& check) 
 // alone (last_iteration_us) is closer to the steady state but is a difference of two start times,
 // and that difference can grow with bandwidth while the pipeline warms up (a faster iteration 0
 // leaves more transfers running into iteration 1).
+bool is_discard(const Trace& trace, const Plan& plan, const MovePair& pair) {
+  return plan.discard_dead && pair.one_way() && !pair.idle && !trace.tensors[pair.tensor].persistent;
+}
+
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts) {
   TERAIO_CHECK(opts.iterations >= 1 && opts.iterations <= 1000,
                "simulate: iterations must be in [1, 1000], got {}", opts.iterations);
@@ -413,9 +417,25 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     issue_keyed.emplace_back(issue_g, id);
     if (need_g <= last_g) need_keyed.emplace_back(need_g, id);
   };
+  // Discards (Note [Dead tensors]): with plan.discard_dead, a tail of a transient tensor (an offload
+  // no prefetch follows; it dies before anything reads it) frees its memory when issued and writes
+  // nothing, like a clean offload (and before one: the runtime discards those too). Counted in
+  // discards, not in the bytes moved nor the floor.
+  std::vector<uint8_t> discard(check.pairs.size(), 0);
+  if (plan.discard_dead) {
+    for (size_t i = 0; i < check.pairs.size(); ++i) {
+      const MovePair& p = check.pairs[i];
+      if (is_discard(trace, plan, p)) {
+        discard[i] = 1;
+        ++result.discards;
+        result.discarded_bytes += p.bytes;
+      }
+    }
+  }
   // Clean offloads (Note [Clean offloads]) free the memory when issued: no transfer.
-  const std::vector<uint8_t> clean = clean_offloads(trace, check);
+  std::vector<uint8_t> clean = clean_offloads(trace, check);
   for (size_t i = 0; i < check.pairs.size(); ++i) {
+    if (discard[i]) clean[i] = 0;
     if (!clean[i]) continue;
     const MovePair& p = check.pairs[i];
     ++result.clean_offloads;
@@ -426,7 +446,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   for (int64_t it = -1; it < iters; ++it) {
     for (size_t i = 0; i < check.pairs.size(); ++i) {
       const MovePair& p = check.pairs[i];
-      if (p.idle) continue;  // out since an earlier iteration: nothing to move
+      if (p.idle || discard[i]) continue;  // out since an earlier iteration / freed: nothing moves
       const int64_t base = it * n + p.start;
       const int64_t off_issue = base;  // at the end of this kernel
       const int64_t off_need = base + p.offload_done + 1;

@@ -1174,6 +1174,7 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   co.trace_path = s.options.trace_path;
   co.plan_path = s.options.plan_path;
   co.recompute = s.options.recompute;
+  co.discard_dead = s.options.discard_dead;
   co.tiers = std::move(tier_specs);
   s.ctl = std::make_unique<offload::Controller>(*s.engine, std::move(co));
   // Fault messages name tensors as the trace does (engine calls are made under the Session's lock).

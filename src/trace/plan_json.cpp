@@ -147,8 +147,10 @@ Plan parse_plan(std::string_view text, std::string_view source) {
     get("stall_us", &plan.predicted.stall_us);
     get("peak_bytes", &plan.predicted.peak_bytes);
   }
+  if (r.has(root, "discard_dead"))  // optional in either version: absent means false
+    plan.discard_dead = r.boolean(r.field(root, "discard_dead", top), top.field("discard_dead"));
   static constexpr std::string_view kKnown[] = {"format", "version", "budget_bytes", "tiers",
-                                                "moves", "predicted"};
+                                                "moves", "predicted", "discard_dead"};
   for (auto [key, value] : root) {
     bool known = false;
     for (auto k : kKnown) known |= (k == key);
@@ -186,7 +188,9 @@ std::string plan_to_json(const Plan& plan) {
     }
     out += '}';
   }
-  out += plan.tiers.empty() ? "],\n  \"moves\": [" : "\n  ],\n  \"moves\": [";
+  out += plan.tiers.empty() ? "]," : "\n  ],";
+  if (plan.discard_dead) out += "\n  \"discard_dead\": true,";  // only when set: older readers ignore it
+  out += "\n  \"moves\": [";
   for (size_t i = 0; i < plan.moves.size(); ++i) {
     const Move& m = plan.moves[i];
     out += i ? ",\n    {\"tensor\": " : "\n    {\"tensor\": ";

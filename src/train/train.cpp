@@ -81,6 +81,7 @@ struct Args {
   bool no_verify = false;
   bool no_recompute = false;
   bool no_clean_offloads = false;
+  bool no_discard_dead = false;
   std::vector<std::string> inject_faults;
 };
 
@@ -255,6 +256,7 @@ class Offload {
     o.verify = !args.no_verify;
     o.recompute = !args.no_recompute;
     o.clean_offloads = !args.no_clean_offloads;
+    o.discard_dead = !args.no_discard_dead;
     for (const std::string& spec : args.inject_faults) faults_.push_back(parse_fault(spec));
     o.fault_injection = !faults_.empty();
     // The trace and plan are always written (to scratch files unless asked for) so that the
@@ -842,6 +844,8 @@ int main(int argc, char** argv) {
                "plans move bytes only: never free an activation to recompute it");
   app.add_flag("--no-clean-offloads", a.no_clean_offloads,
                "write every offload, also of tensors whose copy in the tier is still valid");
+  app.add_flag("--no-discard-dead", a.no_discard_dead,
+               "write dead tensors out too (tensors the profile never uses again before freeing them)");
   app.add_option("--inject-fault", a.inject_faults,
                  "testing: STEP:ERROR:DIRECTION[:COUNT] makes transfers of the first tier fail "
                  "from that step on (repeatable; docs/train.md)");

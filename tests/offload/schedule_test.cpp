@@ -108,6 +108,29 @@ TEST(CompileSchedule, DeathsAndCreatedBytes) {
   EXPECT_TRUE(s.operators[0].deaths.empty());
 }
 
+// Note [Dead tensors]: with plan.discard_dead, an offload of a transient tensor at or after its last
+// use becomes a discard; one between two uses, and every offload of a persistent tensor, stay moves.
+TEST(CompileSchedule, TailsOfTransientTensorsAreDiscardedWhenThePlanSaysSo) {
+  Recording r = make_recording();
+  r.trace.tensors[4].alive_until = 3;  // T: last used at 2, alive through 3
+  r.tensors[4].last_alive_op = 3;
+  Plan p = make_plan_for_recording();
+  p.moves.push_back({4, MoveOp::offload, 0, 2, 3});
+  const uint64_t sigs[] = {1, 2, 3, 4, 5};
+  const runtime::Schedule written = compile_schedule(r, p, sigs);
+  EXPECT_TRUE(has_move(written.operators[2].offload_at, 14, MoveOp::offload));
+  for (const auto& op : written.operators) EXPECT_TRUE(op.discard_after.empty());
+  p.discard_dead = true;
+  const runtime::Schedule s = compile_schedule(r, p, sigs);
+  EXPECT_EQ(s.operators[2].discard_after, std::vector<LogicalId>{14});
+  EXPECT_FALSE(has_move(s.operators[2].offload_at, 14, MoveOp::offload));
+  EXPECT_FALSE(has(s.operators[3].offload_due, 14));
+  EXPECT_TRUE(has_move(s.operators[1].offload_at, 12, MoveOp::offload)) << "A is used again at 3";
+  EXPECT_TRUE(has_move(s.operators[0].offload_at, 10, MoveOp::offload)) << "P is persistent";
+  EXPECT_TRUE(has_move(s.operators[4].offload_at, 15, MoveOp::offload)) << "Q is persistent";
+  EXPECT_EQ(s.moves, written.moves);
+}
+
 TEST(CompileSchedule, EmptyPlanStillHasDeathsAndSignatures) {
   const Recording r = make_recording();
   const uint64_t sigs[] = {1, 2, 3, 4, 5};

@@ -235,6 +235,46 @@ TEST(PlannerGolden, GradientsAliveUntilTheLastKernel) {
   EXPECT_EQ(sim.tiers[0].prefetch_bytes + stats.offload_only * 100 * kMiB, sim.tiers[0].offload_bytes);
 }
 
+// Note [Dead tensors in the planner]: the same gradients, for a runner that discards dead tensors:
+// their tails cost no write, so they leave for free, and over a slow link the plan is faster.
+TEST(PlannerGolden, DeadGradientsAreDiscardedNotWritten) {
+  const Trace trace = gradients_trace(false);
+  for (double gbps : {100.0, 0.5}) {
+    PlannerOptions o = options(500 * kMiB, gbps);
+    PlannerStats written_stats, stats;
+    const Plan written = make_plan(trace, o, &written_stats);
+    o.discard_dead = true;
+    const Plan plan = make_plan(trace, o, &stats);
+    EXPECT_TRUE(plan.discard_dead);
+    EXPECT_FALSE(written.discard_dead);
+    const PlanCheck c = check(trace, plan);
+    ASSERT_TRUE(c.valid) << describe(c);
+    EXPECT_LE(c.peak_bytes, 500 * kMiB);
+    EXPECT_GT(stats.discards, 0u) << gbps;
+    // A discard is written nowhere: no tier holds it.
+    EXPECT_LE(c.tier_peak_bytes[0], check(trace, written).tier_peak_bytes[0]) << gbps;
+    if (gbps > 1) {  // over the fast link the written plan's tier peak is its gradients' tails
+      EXPECT_LT(c.tier_peak_bytes[0], check(trace, written).tier_peak_bytes[0]);
+    }
+    EXPECT_LE(stats.discards, stats.offload_only);
+    const SimResult sim = simulate(trace, plan), sim_written = simulate(trace, written);
+    EXPECT_EQ(sim.discards, stats.discards);
+    EXPECT_EQ(sim.discarded_bytes, sim.discards * 100 * kMiB);  // gradients only: weights persist
+    // Every byte written is read back: nothing is written for a tail.
+    EXPECT_EQ(sim.tiers[0].offload_bytes, sim.tiers[0].prefetch_bytes);
+    EXPECT_EQ(sim_written.discards, 0u);
+    EXPECT_GT(sim_written.tiers[0].offload_bytes, sim_written.tiers[0].prefetch_bytes);
+    EXPECT_LE(sim.iteration_us, sim_written.iteration_us + 1e-6) << gbps;
+    if (gbps < 1) {
+      EXPECT_LT(sim.iteration_us, 0.9 * sim_written.iteration_us);
+    }
+    // The same plan run by something that writes its tails: those tails cost their writes again.
+    Plan as_written = plan;
+    as_written.discard_dead = false;
+    EXPECT_EQ(simulate(trace, as_written).discards, 0u);
+  }
+}
+
 // Case (b): an MoE layer whose expert E3 got no token in the profiled iteration. Every kernel uses
 // experts E0..E2 (a grouped expert GEMM) and activation X lives over kernels 1..4, so at 1..4 only
 // E3 can make room. Before offloads without a prefetch the planner refused this trace.
@@ -410,6 +450,13 @@ TEST(PlannerProperties, AliveUntilAndIdleTensorsPlansAreValidAndFit) {
       const SimResult sim = simulate(rc.trace, plan);
       EXPECT_LE(sim.peak_bytes, rc.opts.budget_bytes) << "seed " << seed;
       EXPECT_GE(sim.stall_us, 0.0);
+      PlannerOptions discarding = rc.opts;  // Note [Dead tensors in the planner]
+      discarding.discard_dead = true;
+      PlannerStats dstats;
+      const Plan dplan = expect_plan_fits(rc.trace, discarding, &dstats, fmt::format("discard, seed {} f {}", seed, f));
+      const SimResult dsim = simulate(rc.trace, dplan);
+      EXPECT_EQ(dsim.discards, dstats.discards) << "seed " << seed;
+      EXPECT_LE(dsim.peak_bytes, rc.opts.budget_bytes) << "seed " << seed;
       if (HasFailure()) return;
       one_way += stats.offload_only;
     }

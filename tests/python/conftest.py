@@ -11,9 +11,10 @@ torch.set_num_threads(1)
 
 
 def train(make_model, make_batch, steps, session=None, optimizer="adamw", foreach=False, lr=1e-2,
-          batches=None, after_step=None):
+          batches=None, after_step=None, zero_grad_after=False):
     """Trains `steps` steps from seed 0; returns (losses, model, optimizer). after_step(i, model)
-    runs after step i, outside it."""
+    runs after step i, outside it. zero_grad_after: each step frees the gradients right after
+    optimizer.step() (as the HF Trainer does) instead of before the forward."""
     torch.manual_seed(0)
     model = make_model()
     if optimizer == "adamw":
@@ -27,22 +28,25 @@ def train(make_model, make_batch, steps, session=None, optimizer="adamw", foreac
     for i in range(steps):
         batch = batches[i] if batches is not None else make_batch(g)
         if session is None:
-            loss = step(model, opt, batch)
+            loss = step(model, opt, batch, zero_grad_after)
         else:
             with session.step():
-                loss = step(model, opt, batch)
+                loss = step(model, opt, batch, zero_grad_after)
         losses.append(loss.detach().clone())
         if after_step is not None:
             after_step(i, model)
     return losses, model, opt
 
 
-def step(model, opt, batch):
-    opt.zero_grad()
+def step(model, opt, batch, zero_grad_after=False):
+    if not zero_grad_after:
+        opt.zero_grad()
     out = model(*batch[:-1])
     loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
     loss.backward()
     opt.step()
+    if zero_grad_after:
+        opt.zero_grad(set_to_none=True)
     return loss
 
 

@@ -197,3 +197,66 @@ def test_clean_offloads_skip_writes_and_stay_bitwise(tmp_path, how):
             with s.resident():
                 assert_bitwise(ref, got)
     assert written[True] < written[False], written
+
+
+@pytest.mark.parametrize("model", ["mlp", "llama"])
+def test_dead_gradients_are_discarded_and_training_stays_bitwise(model):
+    """Note [Dead tensors]: gradients freed right after optimizer.step() are never read after the
+    optimizer has used them; the plan takes them away without writing them (fewer bytes written
+    than with discard_dead=False), and training is bitwise the same."""
+    if model == "llama":
+        pytest.importorskip("transformers")
+        make, batch, budget = TinyLlama, token_batch(4, 16), "160KiB"
+    else:
+        make, batch, budget = mlp, mlp_batch, "200KiB"
+    steps = 7
+    ref = train(make, batch, steps, zero_grad_after=True)
+    written = {}
+    for discard in (True, False):
+        with teraio.Session(budget=budget, tiers=[teraio.HostTier("4MiB")], min_tensor_bytes=1024,
+                            discard_dead=discard) as s:
+            got = train(make, batch, steps, session=s, zero_grad_after=True)
+            st = s.stats()
+            assert st["mode"] == "planned" and st["drift_events"] == 0, st
+            if discard:
+                assert st["discards"] > 0 and st["discarded_bytes"] > 0, st
+            else:
+                assert st["discards"] == 0 and st["discarded_bytes"] == 0, st
+            assert st["lost_tensors"] == 0, st
+            written[discard] = st["bytes_offloaded"]
+            with s.resident():
+                assert_bitwise(ref, got)
+    assert written[True] < written[False], written
+
+
+def test_a_discarded_tensor_used_after_all_raises_and_the_session_goes_on():
+    """A step off the profile that reads a gradient after optimizer.step() (logging every N steps)
+    finds it discarded: teraio's error names it and says what to do; nothing reads other bytes, and
+    training continues once the gradients are freed."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    from conftest import step
+    with teraio.Session(budget="200KiB", tiers=[teraio.HostTier("4MiB")], min_tensor_bytes=1024) as s:
+        s.watch(model, opt)
+        for _ in range(5):
+            with s.step():
+                step(model, opt, mlp_batch(g), zero_grad_after=True)
+        assert s.stats()["mode"] == "planned" and s.stats()["discards"] > 0, s.stats()
+        with pytest.raises(Exception, match="was discarded after its last use.*discard_dead=False"):
+            with s.step():
+                x, y = mlp_batch(g)  # the profiled steps' operators, up to the optimizer step
+                out = model(x)
+                loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+                loss.backward()
+                opt.step()
+                norms = [p.grad.norm() for p in model.parameters()]  # read after the optimizer
+                print(norms)
+        opt.zero_grad(set_to_none=True)  # the discarded gradients go; the next ones are new tensors
+        for _ in range(3):
+            with s.step():
+                loss = step(model, opt, mlp_batch(g), zero_grad_after=True)
+        assert torch.isfinite(loss)
+        with s.resident():
+            assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -267,6 +267,78 @@ TEST_F(EngineTest, PlanMovesRunAtTheirOperators) {
   EXPECT_EQ(e->stats().bytes_offloaded, 4096u * 3);
 }
 
+// Note [Dead tensors]: a discard frees the tensor after its operator without writing it anywhere;
+// the tensor then refuses every access with a message that names what to do, and a use reports it.
+TEST_F(EngineTest, DiscardFreesADeadTensorWithoutAWriteAndAUseAfterItFailsLoudly) {
+  auto e = make(0);
+  auto a = make_tensor(4096, 7), b = make_tensor(8192, 8);
+  e->bind(4, std::make_unique<FakeMemory>(a));
+  e->bind(5, std::make_unique<FakeMemory>(b));
+  auto s = std::make_shared<Schedule>();
+  s->operators.resize(3);
+  s->add_discard(4, 1);
+  e->set_schedule(s);
+  for (uint32_t k = 0; k < 3; ++k) {
+    e->before_operator(k);
+    e->after_operator(k);
+    if (k == 0) {
+      EXPECT_EQ(e->location(4), Location::kResident) << "discarded after kernel 1, not before";
+    }
+  }
+  EXPECT_EQ(e->location(4), Location::kLost);
+  EXPECT_TRUE(a->data.empty());
+  EXPECT_NE(a->lost.find("was discarded after its last use"), std::string::npos) << a->lost;
+  EXPECT_NE(a->lost.find("discard_dead=False"), std::string::npos) << a->lost;
+  EXPECT_EQ(e->location(5), Location::kResident);
+  EXPECT_TRUE(has_pattern(*b, 8));
+  const EngineStats st = e->stats();
+  EXPECT_EQ(st.discards, 1u);
+  EXPECT_EQ(st.discarded_bytes, 4096u);
+  EXPECT_EQ(st.bytes_offloaded, 0u);
+  EXPECT_EQ(st.offloads, 0u);
+  EXPECT_EQ(st.resident_bytes, 8192u);
+  EXPECT_EQ(st.lost_tensors, 0u) << "a discard is not a fault";
+  EXPECT_TRUE(e->take_faults().empty());
+  // A use the profile did not foresee: reported, never the tensor with other bytes.
+  const LogicalId ids[] = {4};
+  e->begin_use(ids);
+  e->end_use(ids);
+  const std::vector<Fault> faults = e->take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_EQ(faults[0].id, 4u);
+  EXPECT_NE(faults[0].message.find("was discarded after its last use"), std::string::npos);
+  EXPECT_TRUE(a->data.empty());
+  // Bringing everything back (a checkpoint) leaves it without bytes and does not fail on it.
+  e->fetch_all();
+  EXPECT_TRUE(e->take_faults().empty());
+  EXPECT_EQ(e->location(4), Location::kLost);
+  // It dies as the profile said: forgotten, nothing left behind.
+  a->alive = false;
+  e->forget_dead();
+  EXPECT_EQ(e->location(4), Location::kUnbound);
+}
+
+// A tensor in use where its discard is due (a run off the profile) is left alone.
+TEST_F(EngineTest, DiscardOfATensorInUseIsSkipped) {
+  auto e = make(0);
+  auto a = make_tensor(4096, 9);
+  e->bind(1, std::make_unique<FakeMemory>(a));
+  auto s = std::make_shared<Schedule>();
+  s->operators.resize(2);
+  s->add_discard(1, 0);
+  e->set_schedule(s);
+  const LogicalId ids[] = {1};
+  e->before_operator(0);
+  e->begin_use(ids);
+  e->after_operator(0);
+  e->end_use(ids);
+  EXPECT_EQ(e->location(1), Location::kResident);
+  EXPECT_TRUE(has_pattern(*a, 9));
+  EXPECT_EQ(e->stats().discards, 0u);
+  EXPECT_EQ(e->stats().skipped_moves, 1u);
+  EXPECT_THROW(s->add_discard(1, 2), Error) << "past the iteration";
+}
+
 TEST_F(EngineTest, UseDuringOffloadCancelsIt) {
   auto e = make(0);
   auto a = make_tensor(5000, 9);

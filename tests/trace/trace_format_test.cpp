@@ -311,6 +311,28 @@ TEST(PlanFormat, ReadsAndRoundTrips) {
   EXPECT_EQ(plan_to_json(p), plan_to_json(q));
 }
 
+TEST(PlanFormat, DiscardDeadIsOptionalAndRoundTrips) {
+  const Plan old = parse_plan(kPlan);
+  EXPECT_FALSE(old.discard_dead);  // absent: every offload writes
+  EXPECT_EQ(plan_to_json(old).find("discard_dead"), std::string::npos);
+  Plan p = old;
+  p.discard_dead = true;
+  const std::string text = plan_to_json(p);
+  EXPECT_NE(text.find("\"discard_dead\": true"), std::string::npos);
+  EXPECT_NE(text.find("\"version\": 1"), std::string::npos);  // still v1: older readers ignore it
+  const Plan q = parse_plan(text);
+  EXPECT_TRUE(q.discard_dead);
+  EXPECT_TRUE(q.extra.size() == old.extra.size()) << "a known field, not kept as extra";
+  EXPECT_EQ(plan_to_json(q), text);
+  std::string msg;
+  try {
+    parse_plan(with(text, "\"discard_dead\": true", "\"discard_dead\": 1"), "p.json");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("p.json: discard_dead"), std::string::npos) << msg;
+}
+
 TEST(PlanFormat, BothWaysBandwidthIsOptionalAndRoundTrips) {
   // Older plans have no duplex_gbps: independent directions (0), and writing them back adds none.
   const Plan old = parse_plan(kPlan);
