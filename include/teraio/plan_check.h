@@ -64,6 +64,14 @@ struct PlanCheck {
   std::vector<uint64_t> tier_peak_bytes;  // per tier: most bytes held at once
 };
 
+// True when the pair's offload is a discard (docs/formats.md, "discard_dead"): the plan's runner
+// discards dead tensors (Plan::discard_dead) and this is the tail of a transient tensor, an offload
+// no prefetch follows before the tensor dies. It writes nothing and no tier holds it (check_plan,
+// the simulator's Note [Dead tensors], teraio plan's bytes written).
+inline bool is_discard(const Trace& trace, const Plan& plan, const MovePair& pair) {
+  return plan.discard_dead && pair.one_way() && !pair.idle && !trace.tensors[pair.tensor].persistent;
+}
+
 // Checks every rule of docs/formats.md: indices and tiers in range, offload/prefetch pairing,
 // no use of a tensor while it is away, non-persistent tensors not moved outside their lifetime,
 // offloads without a prefetch only where nothing uses the tensor again, recomputes only of

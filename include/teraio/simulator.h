@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "teraio/plan.h"
-#include "teraio/plan_check.h"
 #include "teraio/trace.h"
 
 namespace teraio {
@@ -94,11 +93,6 @@ struct SimResult {
 };
 
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
-
-// True when the pair's offload is a discard (Note [Dead tensors] in simulator.cpp): the plan's
-// runner discards dead tensors (Plan::discard_dead) and this is the tail of a transient tensor, an
-// offload no prefetch follows before the tensor dies. It writes nothing and holds no tier space.
-bool is_discard(const Trace& trace, const Plan& plan, const MovePair& pair);
 
 // "parameter 6.55 GiB out / 6.55 GiB in, optimizer_state ..." for the kinds that moved, most bytes
 // first; "nothing" when nothing moved. And the same as a JSON object {"parameter": {"offload_bytes":

@@ -382,19 +382,23 @@ bool Engine::make_usable_locked(Entry& e, std::span<const LogicalId> spare) {
   return false;
 }
 
+std::string Engine::unfreeable_locked(const Entry& e) const {
+  if (e.loc != Location::kResident) return std::string(to_string(e.loc));
+  if (e.pins > 0) return "in use";
+  if (e.permanent) return "pinned";
+  return {};
+}
+
 bool Engine::drop_locked(Entry& e, std::string* why) {
-  if (e.loc != Location::kResident) {
-    *why = std::string(to_string(e.loc));
-  } else if (e.pins > 0) {
-    *why = "in use";
-  } else if (e.permanent) {
-    *why = "pinned";
-  } else if (!e.memory->alive()) {
-    *why = "dead";
-  } else if (!e.recipe) {
-    *why = "no recipe";
-  } else {
-    *why = e.recipe->stale();
+  *why = unfreeable_locked(e);
+  if (why->empty()) {
+    if (!e.memory->alive()) {
+      *why = "dead";
+    } else if (!e.recipe) {
+      *why = "no recipe";
+    } else {
+      *why = e.recipe->stale();
+    }
   }
   if (!why->empty()) return false;
   e.memory->detach();
@@ -407,13 +411,7 @@ bool Engine::drop_locked(Entry& e, std::string* why) {
 
 // Note [Dead tensors] (engine.h).
 bool Engine::discard_locked(Entry& e, std::string* why) {
-  if (e.loc != Location::kResident) {
-    *why = std::string(to_string(e.loc));
-  } else if (e.pins > 0) {
-    *why = "in use";
-  } else if (e.permanent) {
-    *why = "pinned";
-  }
+  *why = unfreeable_locked(e);
   if (!why->empty()) return false;
   release_clean_copy_locked(e);
   e.memory->detach();
@@ -1157,7 +1155,15 @@ void Engine::after_operator(uint32_t k) {
   }
   for (LogicalId id : op.offload_due)
     if (Entry* e = find(id)) complete_offload_locked(*e, /*wait=*/true);
-  for (LogicalId id : op.drop_after) {
+  free_after_locked(op.drop_after, &Engine::drop_locked, "skipped-drop");
+  free_after_locked(op.discard_after, &Engine::discard_locked, "skipped-discard");
+}
+
+// The planned frees after an operator (recompute drops, discards): a tensor that died before its
+// free is forgotten; one that cannot be freed now is a skipped move, logged with why.
+void Engine::free_after_locked(std::span<const LogicalId> ids, bool (Engine::*free)(Entry&, std::string*),
+                               std::string_view skipped) {
+  for (LogicalId id : ids) {
     Entry* e = find(id);
     if (!e || e->loc == Location::kUnbound) continue;  // died before it: nothing to free
     if (!e->memory->alive() && e->pins == 0) {
@@ -1165,26 +1171,11 @@ void Engine::after_operator(uint32_t k) {
       continue;
     }
     std::string why;
-    if (drop_locked(*e, &why)) {
+    if ((this->*free)(*e, &why)) {
       stats_.plan_moves++;
     } else {
       stats_.skipped_moves++;
-      event(fmt::format("skipped-drop({})", why), *e);
-    }
-  }
-  for (LogicalId id : op.discard_after) {
-    Entry* e = find(id);
-    if (!e || e->loc == Location::kUnbound) continue;  // died before it: nothing to free
-    if (!e->memory->alive() && e->pins == 0) {
-      forget_locked(*e);
-      continue;
-    }
-    std::string why;
-    if (discard_locked(*e, &why)) {
-      stats_.plan_moves++;
-    } else {
-      stats_.skipped_moves++;
-      event(fmt::format("skipped-discard({})", why), *e);
+      event(fmt::format("{}({})", skipped, why), *e);
     }
   }
 }

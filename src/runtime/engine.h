@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -389,10 +390,14 @@ class Engine {
   // Dropped -> resident by the tensor's recipe; false (a Fault recorded, the tensor lost) when it
   // cannot be made. `urgent`: a use the plan did not expect.
   bool recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> spare = {});
+  // Why a tensor cannot be freed now ("" when it can): not resident, in use, or pinned.
+  std::string unfreeable_locked(const Entry& e) const;
   bool drop_locked(Entry& e, std::string* why);
   // Frees a dead tensor without writing it (Note [Dead tensors]); false with `why` when it is not
   // resident, in use or pinned.
   bool discard_locked(Entry& e, std::string* why);
+  void free_after_locked(std::span<const LogicalId> ids, bool (Engine::*free)(Entry&, std::string*),
+                         std::string_view skipped);
   enum class Wait { kRead, kWrite };
   // Counts now - since_us as stall, of what and of that tier.
   void add_stall_locked(Wait what, double since_us, uint32_t tier);

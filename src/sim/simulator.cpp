@@ -338,10 +338,6 @@ std::vector<uint8_t> clean_offloads(const Trace& trace, const PlanCheck& check) 
 // alone (last_iteration_us) is closer to the steady state but is a difference of two start times,
 // and that difference can grow with bandwidth while the pipeline warms up (a faster iteration 0
 // leaves more transfers running into iteration 1).
-bool is_discard(const Trace& trace, const Plan& plan, const MovePair& pair) {
-  return plan.discard_dead && pair.one_way() && !pair.idle && !trace.tensors[pair.tensor].persistent;
-}
-
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts) {
   TERAIO_CHECK(opts.iterations >= 1 && opts.iterations <= 1000,
                "simulate: iterations must be in [1, 1000], got {}", opts.iterations);

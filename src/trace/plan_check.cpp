@@ -438,9 +438,7 @@ PlanCheck Checker::run() {
       continue;
     }
     add_cyclic(diff, n_, p.start + p.offload_done + 1, p.prefetch_begin - p.offload_done - 1, -b);
-    // A discard (the plan's discard_dead, a transient tensor's tail) is written nowhere: no tier
-    // holds it (docs/formats.md, "discard_dead").
-    if (plan_.discard_dead && p.one_way() && !trace_.tensors[p.tensor].persistent) continue;
+    if (is_discard(trace_, plan_, p)) continue;  // written nowhere: no tier holds it
     add_cyclic(tier_diff[p.tier], n_, p.start + 1, p.prefetch_deadline - 1, b);
   }
   for (const RecomputeMove& r : out_.recomputes) {

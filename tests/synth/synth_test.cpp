@@ -153,6 +153,11 @@ KernelIndex nth_kernel(const Trace& trace, std::string_view name, int n) {
   return 0;
 }
 
+// The optimizer step's first kernel: AdamW's first multiply, per parameter or foreach.
+KernelIndex optimizer_start(const Trace& trace, bool foreach) {
+  return nth_kernel(trace, foreach ? "aten::_foreach_mul_" : "aten::mul_", 0);
+}
+
 // Under amp every persistent tensor stays fp32, each projection's weight gets a bf16 copy made in
 // the forward and read by the backward, and the attention reads the grouped K and V as they are.
 TEST(Synth, AmpKeepsFp32StateAndSavesBf16Copies) {
@@ -319,8 +324,7 @@ TEST(Synth, AdamwTouchesEveryParameterAndItsStates) {
     Trace trace = synthesize(o);
     const Lifetimes life(trace);
     const auto names = by_name(trace);
-    const KernelIndex opt_start = foreach ? nth_kernel(trace, "aten::_foreach_mul_", 0)
-                                          : nth_kernel(trace, "aten::mul_", 0);
+    const KernelIndex opt_start = optimizer_start(trace, foreach);
     int params = 0;
     for (TensorId p = 0; p < trace.num_tensors(); ++p) {
       if (trace.tensors[p].kind != TensorKind::parameter) continue;
@@ -362,8 +366,7 @@ TEST(Synth, ParametersAreWrittenOnlyByTheOptimizer) {
       ASSERT_TRUE(trace.writes_recorded);
       ASSERT_EQ(trace.meta_value("micro_batches"), "2");
       const auto names = by_name(trace);
-      const KernelIndex opt_start = foreach ? nth_kernel(trace, "aten::_foreach_mul_", 0)
-                                            : nth_kernel(trace, "aten::mul_", 0);
+      const KernelIndex opt_start = optimizer_start(trace, foreach);
       int params = 0;
       for (TensorId p = 0; p < trace.num_tensors(); ++p) {
         if (trace.tensors[p].kind != TensorKind::parameter) continue;
