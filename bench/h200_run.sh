@@ -261,7 +261,8 @@ recompute)
   # issue 15: teraio with and without recompute at fractions of the Ideal footprint (host tier,
   # measured bandwidth), traces and plans kept (the simulator's prediction). RC_MODEL (llama-1b),
   # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"; each mode is a
-  # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors"); the footprint
+  # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors", "step-in-backward"
+  # for "Optimizer steps in backward"); the footprint
   # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
   m=${RC_MODEL:-llama-1b}
   for dt in ${RC_DTYPES:-fp32 amp}; do
@@ -289,6 +290,9 @@ real)
   bench ideal-8b-amp-b2-fused 300 --system ideal --model $m --dtype amp --batch 2 --seq 2048 --adamw fused
   bench teraio-host-8b-amp 540 --system teraio "${a8[@]}" --budget 110GiB --tiers host --host-gib 96 \
     --host-gbps 0 --trace-out "$R/trace-teraio-host-8b-amp.json" --plan-out "$R/plan-teraio-host-8b-amp.json"
+  bench teraio-host-inbwd-8b-amp 540 --system teraio "${a8[@]}" --budget 110GiB --tiers host --host-gib 96 \
+    --host-gbps 0 --step-in-backward --trace-out "$R/trace-teraio-host-inbwd-8b-amp.json" \
+    --plan-out "$R/plan-teraio-host-inbwd-8b-amp.json"
   bench teraio-host130-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host --host-gib 96 \
     --host-gbps 0 --trace-out "$R/trace-teraio-host130-8b-amp.json" --plan-out "$R/plan-teraio-host130-8b-amp.json"
   bench teraio-hostdisk-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host+disk --host-gib 96 \

@@ -76,45 +76,52 @@ def llama_factory(hidden, layers, vocab=32000):
     return Llama, batch
 
 
-def train_step(model, opt, batch, session=None, amp=False):
+def train_step(model, opt, batch, session=None, amp=False, zero_after=False):
     """One timed training step (CUDA-synchronised on both ends): (detached loss, seconds). `amp`:
-    the forward under bf16 autocast (fp32 parameters and AdamW states), as users train."""
+    the forward under bf16 autocast (fp32 parameters and AdamW states), as users train.
+    `zero_after`: gradients freed right after optimizer.step() (so dead once the optimizer read
+    them: the Session discards them) instead of before the forward."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with (session.step() if session is not None else _null()):
-        opt.zero_grad()
+        if not zero_after:
+            opt.zero_grad()
         with (torch.autocast(dev.type, dtype=torch.bfloat16) if amp else _null()):
             out = model(*batch[:-1])
         loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), batch[-1].reshape(-1))
         loss.backward()
         opt.step()
+        if zero_after:
+            opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     return loss.detach(), time.perf_counter() - t0
 
 
-def run(make_model, make_batch, steps, session=None, lr=1e-3, peak_from=None, amp=False):
+def run(make_model, make_batch, steps, session=None, lr=1e-3, peak_from=None, amp=False,
+        zero_after=False, in_backward=False):
     """Trains `steps` steps. Returns (losses, model, optimizer, step times, peak, per-step Session
     counters): with `peak_from`, the allocator's peak is reset before that step, so `peak` is the
-    later steps' max_memory_allocated."""
+    later steps' max_memory_allocated. `in_backward`: watch(..., step_in_backward=True)."""
     torch.manual_seed(0)
     model = make_model().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
     if session is not None:
-        session.watch(model, opt)
+        session.watch(model, opt, step_in_backward=in_backward)
     g = torch.Generator().manual_seed(1)
     losses, times, per_step = [], [], []
     for i in range(steps):
         if peak_from is not None and i == peak_from:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        loss, seconds = train_step(model, opt, [t.to(dev) for t in make_batch(g)], session, amp)
+        loss, seconds = train_step(model, opt, [t.to(dev) for t in make_batch(g)], session, amp,
+                                   zero_after)
         times.append(seconds)
         losses.append(loss.clone())
         if session is not None:  # per-step counters, to see which steps leave the plan
             st = session.stats()
             per_step.append({k: st[k] for k in ("mode", "step_peak_resident_bytes", "urgent_fetches", "evictions",
                                                 "skipped_moves", "aligned_moves", "plan_moves", "recomputes", "clean_offloads",
-                                                "stream_ordered_offloads")})
+                                                "stream_ordered_offloads", "discards")})
     return losses, model, opt, times, torch.cuda.max_memory_allocated(), per_step
 
 
@@ -154,11 +161,17 @@ def main(out_path):
     llama, llama_batch = llama_factory(512, 4, vocab=4096)
     # llama-amp: bf16 autocast over fp32 parameters and states (recompute and clean offloads are
     # the Session's defaults, so the planned modes exercise both)
-    cases = [("mlp", mlp, mlp_batch, False), ("cnn", CNN, cnn_batch, False), ("llama", llama, llama_batch, False),
-             ("llama-amp", llama, llama_batch, True)]
-    for name, mf, bf, amp in cases:
+    # llama-amp-dead: gradients freed right after optimizer.step(), so dead tensors (discards) run;
+    # llama-amp-inbwd: that, with each parameter's AdamW update run in backward
+    # (watch(..., step_in_backward=True)); both in the Session's default mode only
+    all_modes = (("reactive", False, False), ("planned", True, False), ("planned-sof", True, True))
+    cases = [("mlp", mlp, mlp_batch, False, {}), ("cnn", CNN, cnn_batch, False, {}),
+             ("llama", llama, llama_batch, False, {}), ("llama-amp", llama, llama_batch, True, {}),
+             ("llama-amp-dead", llama, llama_batch, True, dict(zero_after=True)),
+             ("llama-amp-inbwd", llama, llama_batch, True, dict(zero_after=True, in_backward=True))]
+    for name, mf, bf, amp, opts in cases:
         # planned-sof: Session(stream_ordered_offloads=True), offloads due waited for on the GPU
-        for mode, planning, sof in (("reactive", False, False), ("planned", True, False), ("planned-sof", True, True)):
+        for mode, planning, sof in (all_modes if not opts else all_modes[2:]):
             key = f"{name}-{mode}"
             s = None
             try:
@@ -167,7 +180,7 @@ def main(out_path):
                 # as used outside its tensors
                 gc.collect()
                 torch.cuda.empty_cache()
-                ref = to_cpu(run(mf, bf, 6, amp=amp))
+                ref = to_cpu(run(mf, bf, 6, amp=amp, zero_after=opts.get("zero_after", False)))
                 fp, largest = footprint(mf)
                 # below the footprint, above what one AdamW operator needs (addcdiv_: 3 tensors),
                 # plus room for what is not a tracked tensor (cuBLAS/cuDNN workspaces, the batch:
@@ -178,7 +191,7 @@ def main(out_path):
                 s = teraio.Session(budget=budget, tiers=[teraio.HostTier(fp // 2), teraio.FileTier([tmp], 4 * fp)],
                                    planning=planning, min_tensor_bytes=65536, stream_ordered_offloads=sof)
                 # 2 profiling steps, then planned ones: the planned steps' peak must fit the budget
-                got = run(mf, bf, 6, session=s, peak_from=3 if planning else None, amp=amp)
+                got = run(mf, bf, 6, session=s, peak_from=3 if planning else None, amp=amp, **opts)
                 st = s.stats()
                 peak, per_step = got[4], got[5]
                 s.fetch_all()

@@ -119,6 +119,9 @@ const Registration kSynth{{
           "--grad-set-to-none", [args](int64_t) { args->options.persistent_gradients = false; },
           "gradients are freed after the optimizer (zero_grad(set_to_none=True)) instead "
           "of persistent");
+      sub.add_flag("--step-in-backward", args->options.step_in_backward,
+                   "each parameter's AdamW update runs in the backward once its gradient is "
+                   "complete (Session.watch(..., step_in_backward=True)); one micro-batch");
       sub.add_flag(
           "--no-recompute-info", [args](int64_t) { args->options.recomputable = false; },
           "write no producers and mark nothing recomputable (a teraio.trace v1 file)");

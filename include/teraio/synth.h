@@ -94,6 +94,9 @@ struct SynthOptions {
   // Gradients exist across iterations (zero_grad(set_to_none=False)). When false they are
   // allocated by the first backward and freed after the optimizer (set_to_none=True).
   bool persistent_gradients = true;
+  // Each parameter's AdamW update runs in the backward right after its gradient is complete
+  // (Session.watch(..., step_in_backward=True)) instead of after the backward; one micro-batch.
+  bool step_in_backward = false;
   // Record each non-persistent tensor's producer and mark activations made by cheap, memory-bound
   // kernels recomputable (teraio.trace v2; docs/synth.md). false: a v1 trace without producers.
   bool recomputable = true;

@@ -267,7 +267,8 @@ class Session:
                                 clean_offloads=clean_offloads, discard_dead=discard_dead)
         self._budget_bytes = budget_bytes
         self._watched = []
-        self._split = []  # optimizers whose steps run in parts (watch)
+        self._split = []  # optimizers whose steps teraio wraps (watch)
+        self._names = None  # id(parameter) -> name in a watched model (_param_name)
         _session_opened()
         global _active
         _active = weakref.ref(self)
@@ -310,24 +311,49 @@ class Session:
 
     def watch(self, model: Optional[torch.nn.Module] = None,
               optimizer: Optional[torch.optim.Optimizer] = None, *,
-              split_steps: bool = True) -> "Session":
+              split_steps: bool = True, step_in_backward: bool = False) -> "Session":
         """Names parameters and optimizer states in the trace (parameter name, state key), and runs
         each optimizer.step() of a foreach or fused torch.optim optimizer in parts that fit the
-        budget (split_steps; bitwise the same result; docs/pytorch.md, "Optimizers"). The optimizer
-        gets its step() back when the Session closes."""
-        if not isinstance(split_steps, bool):
-            raise Error(f"Session.watch: split_steps must be True or False, got {split_steps!r}")
+        budget (split_steps; bitwise the same result; docs/pytorch.md, "Optimizers").
+
+        step_in_backward: each parameter's update runs during backward, as soon as its gradient is
+        complete, so that the optimizer states move while backward computes (docs/pytorch.md,
+        "Optimizer steps in backward"). Bitwise the same result for a loop that calls
+        optimizer.step() once after each backward and changes neither the gradients nor the
+        optimizer's group values in between (no gradient clipping or accumulation); anything else
+        raises teraio.Error. The optimizer gets its step() back when the Session closes."""
+        for name, flag in (("split_steps", split_steps), ("step_in_backward", step_in_backward)):
+            if not isinstance(flag, bool):
+                raise Error(f"Session.watch: {name} must be True or False, got {flag!r}")
         self._require()
+        if step_in_backward:
+            if optimizer is None:
+                raise Error("Session.watch: step_in_backward=True needs the optimizer "
+                            "(session.watch(model, optimizer, step_in_backward=True))")
+            import torch.distributed as dist
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                raise Error("Session.watch: step_in_backward=True updates each parameter from its "
+                            "local gradient during backward, before data-parallel training "
+                            "averages the gradients across ranks; use step_in_backward=False "
+                            "with DDP or FSDP")
         self._watched.append((model, optimizer))
-        if optimizer is not None and split_steps:
-            self._split_steps(optimizer)
+        self._names = None
+        if optimizer is not None and (split_steps or step_in_backward):
+            self._split_steps(optimizer, split_steps, step_in_backward)
         return self
 
-    def _split_steps(self, optimizer) -> None:
+    def _split_steps(self, optimizer, split: bool = True, in_backward: bool = False) -> None:
         from . import optim
+        optim._install(optimizer, self, split, in_backward)
         if optimizer not in self._split:
-            optim._install(optimizer, self)
             self._split.append(optimizer)
+
+    def _param_name(self, p: torch.Tensor) -> Optional[str]:
+        """The name of a watched model's parameter (None if no watched model has it)."""
+        if getattr(self, "_names", None) is None:
+            self._names = {id(q): name for model, _ in self._watched if model is not None
+                           for name, q in model.named_parameters()}
+        return self._names.get(id(p))
 
     def _part_bytes(self) -> int:
         from .optim import PART_OF_BUDGET

@@ -101,44 +101,209 @@ def _split(items: List, sizes: List[int], limit: int) -> List[List]:
     return parts
 
 
-def _sub_groups(optimizer, limit: int):
-    """[(group, [sub-group, ...])] or None when every group fits as it is."""
-    out, split = [], False
-    for group in optimizer.param_groups:
-        params = list(group["params"])
+def _sub_groups(optimizer, limit: Optional[int], views=None):
+    """[(group, [sub-group, ...])] or None when every group runs as it is. views: [(group, the
+    group's dict or a copy listing only some of its parameters)], by default every group whole.
+    limit None: no group is split (each view is one part)."""
+    if views is None:
+        views = [(group, group) for group in optimizer.param_groups]
+    out, changed = [], False
+    for group, view in views:
+        params = list(view["params"])
+        if limit is None or len(params) < 2 or not _multi_tensor(view):
+            out.append((group, [view]))
+            changed = changed or view is not group
+            continue
         sizes = [_param_bytes(optimizer, p) for p in params]
-        if sum(sizes) <= limit or len(params) < 2 or not _multi_tensor(group):
-            out.append((group, [group]))
+        if sum(sizes) <= limit:
+            out.append((group, [view]))
+            changed = changed or view is not group
             continue
         subs = []
         for part in _split(params, sizes, limit):
-            sub = dict(group)  # the group's values, shared; its own list of parameters
+            sub = dict(view)  # the group's values, shared; its own list of parameters
             sub["params"] = part
             subs.append(sub)
         out.append((group, subs))
-        split = split or len(subs) > 1
-    return out if split else None
+        changed = True
+    return out if changed else None
+
+
+def _copy_back(group: dict, sub: dict) -> None:
+    """Keeps on the group any value a step set on one of its sub-groups."""
+    if sub is group:
+        return
+    for key, value in sub.items():
+        if key != "params" and (key not in group or group[key] is not value):
+            group[key] = value
+
+
+def _same_value(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and bool(torch.equal(a, b.to(a.device))))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+# Note [Steps in backward]: with watch(..., step_in_backward=True) each parameter's update runs as
+# soon as backward has accumulated its gradient (a post-accumulate-grad hook on the parameter, as
+# PyTorch's "optimizer step in backward" recipe does), through the optimizer's own step over a
+# sub-group holding that parameter alone (Note [Steps in parts]: the same bytes as the whole step).
+# Without it the optimizer's state traffic of an offloaded step happens between backward and the
+# next forward, where no compute hides it; in backward it overlaps the backward's kernels, and each
+# gradient is dead once read. The optimizer.step() the loop calls then steps only the parameters no
+# hook stepped (none, usually: its hooks and an LR scheduler's counter still run once). The update
+# is the one optimizer.step() would make only if nothing changes the gradients or the group's values
+# between backward and optimizer.step(), and if each backward is followed by one optimizer.step():
+# gradient clipping, GradScaler's unscale_, DDP's averaging, a scheduler stepped in between, or
+# gradient accumulation over several backward passes would be silently lost. So optimizer.step()
+# checks that every gradient a hook used is the same tensor at the same version and every group
+# value the same, and a second gradient before optimizer.step() raises from the hook: each raises
+# teraio.Error naming the parameter and saying to use step_in_backward=False.
 
 
 class _Splitter:
-    """The state of one optimizer whose step() is split: the Session that gives the budget."""
+    """The state of one optimizer whose step() teraio wraps: the Session that gives the budget, and
+    the parameters stepped in backward (Note [Steps in backward])."""
 
-    def __init__(self, inner: Callable, own_attr: bool):
+    def __init__(self, inner: Callable, own_attr: bool, opt):
         self.session_ref: Callable = lambda: None
         self.inner = inner  # the step() that was there (bound method or a scheduler's wrapper)
         self.own_attr = own_attr  # the optimizer had its own `step` attribute before
         self.bound = None
         self.parts = 0  # parts of the last split step (0: it ran whole)
+        self.split = True  # split steps that do not fit the budget (watch's split_steps)
+        self.opt_ref = weakref.ref(opt)
+        self.in_backward = False
+        self.hooks = {}  # id(parameter) -> its post-accumulate-grad hook's handle
+        self.group_of = {}  # id(parameter) -> its group (rebuilt at each step())
+        self.stepped = {}  # id(parameter) -> (parameter, gradient, its version) since step()
+        self.values = {}  # id(group) -> (group, its values after the first update in backward)
+        self.backward_updates = 0  # parameters stepped in backward at the last step()
+
+    def _param_name(self, p) -> str:
+        session = self.session_ref()
+        name_of = getattr(session, "_param_name", None)
+        name = name_of(p) if name_of is not None else None
+        return name or f"parameter of shape {tuple(p.shape)}"
+
+    def _index_groups(self, opt) -> None:
+        self.group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+
+    def sync_hooks(self, opt) -> None:
+        """A hook on every parameter of the optimizer while stepping in backward, none otherwise."""
+        if not self.in_backward:
+            for handle in self.hooks.values():
+                handle.remove()
+            self.hooks = {}
+            self.stepped, self.values = {}, {}
+            return
+        self._index_groups(opt)
+        splitter_ref = weakref.ref(self)
+
+        def hook(p):
+            splitter = splitter_ref()
+            if splitter is not None:
+                splitter.step_one(p)
+
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if id(p) not in self.hooks and p.requires_grad:
+                    self.hooks[id(p)] = p.register_post_accumulate_grad_hook(hook)
+
+    def step_one(self, p) -> None:
+        """One parameter's update, from backward (Note [Steps in backward])."""
+        opt = self.opt_ref()
+        if opt is None or not self.in_backward or self.session_ref() is None or p.grad is None:
+            return
+        from . import Error
+        if id(p) in self.stepped:
+            # The loop is not one this mode fits: start over at its next optimizer.step().
+            self.stepped, self.values = {}, {}
+            raise Error(
+                f"teraio: '{self._param_name(p)}' got a second gradient before "
+                f"optimizer.step(): with Session.watch(..., step_in_backward=True) each backward "
+                f"pass updates the parameters as it goes, so every backward must be followed by "
+                f"one optimizer.step() (no gradient accumulation over several backward passes, no "
+                f"skipped steps); the parameters already took the earlier gradient. Watch the "
+                f"optimizer with step_in_backward=False for such a loop")
+        group = self.group_of.get(id(p))
+        if group is None or not any(g is group for g in opt.param_groups):
+            self._index_groups(opt)
+            group = self.group_of.get(id(p))
+            if group is None:
+                return  # no longer the optimizer's
+        sub = dict(group)
+        sub["params"] = [p]
+        original = opt.param_groups
+        opt.param_groups = [sub]
+        try:
+            _raw_step(opt)
+        finally:
+            opt.param_groups = original
+            _copy_back(group, sub)
+        self.stepped[id(p)] = (p, p.grad, p.grad._version if p.grad is not None else None)
+        if id(group) not in self.values:
+            self.values[id(group)] = (group, {k: v for k, v in group.items() if k != "params"})
+
+    def take_stepped(self) -> set:
+        """The parameters stepped in backward since the last step(), after checking that the update
+        they took is the one this step() would make; raises teraio.Error otherwise."""
+        stepped, self.stepped = self.stepped, {}
+        values, self.values = self.values, {}
+        self.backward_updates = len(stepped)
+        from . import Error
+        for p, grad, version in stepped.values():
+            if p.grad is not grad or (grad is not None and grad._version != version):
+                raise Error(
+                    f"teraio: the gradient of '{self._param_name(p)}' changed between backward and "
+                    f"optimizer.step() (gradient clipping, GradScaler.unscale_, zero_grad, a "
+                    f"data-parallel all-reduce, ...), but with Session.watch(..., "
+                    f"step_in_backward=True) the optimizer already applied it during backward. "
+                    f"Watch the optimizer with step_in_backward=False when the loop changes "
+                    f"gradients after backward")
+        for group, before in values.values():
+            for key, value in before.items():
+                if key not in group or not _same_value(group[key], value):
+                    raise Error(
+                        f"teraio: the optimizer's parameter group value '{key}' changed between "
+                        f"backward and optimizer.step() (an LR scheduler stepped before "
+                        f"optimizer.step()?), but with Session.watch(..., step_in_backward=True) "
+                        f"the parameters were already updated during backward with the value "
+                        f"before. Change group values after optimizer.step(), or watch the "
+                        f"optimizer with step_in_backward=False")
+        return set(stepped)
 
 
-def _install(optimizer, session) -> None:
-    """Makes optimizer.step() run in parts while `session` is open (Note [Steps in parts])."""
+def _raw_step(opt) -> None:
+    """The optimizer class's step() without torch's step hooks and profiler wrapper (they run once,
+    in the step() the loop calls)."""
+    step = type(opt).step
+    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+        step = step.__wrapped__
+    step(opt)
+
+
+def _install(optimizer, session, split: bool = True, in_backward: bool = False) -> None:
+    """Makes optimizer.step() run in parts while `session` is open (Note [Steps in parts]), and
+    with in_backward each parameter's update run from backward (Note [Steps in backward])."""
     opt = _unwrap(optimizer)
     if type(opt) not in _SPLITTABLE:
+        if in_backward:
+            from . import Error
+            raise Error(f"Session.watch: step_in_backward=True steps one parameter at a time, which "
+                        f"teraio does only for torch.optim's per-parameter optimizers (Adam, AdamW, "
+                        f"SGD, Adagrad, Adamax, NAdam, RAdam, RMSprop, Adadelta, Rprop, ASGD; "
+                        f"docs/pytorch.md, \"Optimizers\"), not {type(opt).__name__}")
         return
     splitter = opt.__dict__.get("_teraio_splitter")
     if splitter is None:
-        splitter = _Splitter(opt.step, "step" in opt.__dict__)
+        splitter = _Splitter(opt.step, "step" in opt.__dict__, opt)
 
         # The wrapper reads splitter.inner at each call and holds nothing else of the optimizer:
         # _uninstall drops splitter.inner, so that no reference cycle keeps the optimizer (and its
@@ -147,25 +312,36 @@ def _install(optimizer, session) -> None:
         def step(self, *args, **kwargs):
             inner = splitter.inner
             session = splitter.session_ref()
-            limit = session._part_bytes() if session is not None else None
-            groups = _sub_groups(self, limit) if limit else None
+            views = None
+            if session is not None and splitter.in_backward:
+                splitter.sync_hooks(self)  # parameters added since (add_param_group)
+                done = splitter.take_stepped()
+                if done:
+                    views = []
+                    for group in self.param_groups:
+                        rest = [p for p in group["params"] if id(p) not in done]
+                        if len(rest) == len(group["params"]):
+                            views.append((group, group))
+                        else:
+                            view = dict(group)
+                            view["params"] = rest
+                            views.append((group, view))
+            limit = session._part_bytes() if session is not None and splitter.split else None
+            groups = _sub_groups(self, limit, views) if session is not None else None
             if groups is None:
                 splitter.parts = 0
                 return inner(*args, **kwargs)
             original = self.param_groups
             self.param_groups = [sub for _, subs in groups for sub in subs]
-            splitter.parts = len(self.param_groups)
+            splitter.parts = (len(self.param_groups)
+                              if any(len(subs) > 1 for _, subs in groups) else 0)
             try:
                 return inner(*args, **kwargs)
             finally:
                 self.param_groups = original
                 for group, subs in groups:
                     for sub in subs:
-                        if sub is group:
-                            continue
-                        for key, value in sub.items():  # what the step set on the group
-                            if key != "params" and (key not in group or group[key] is not value):
-                                group[key] = value
+                        _copy_back(group, sub)
 
         # An LR scheduler made before wrapped step() to see that it is called (and warns when
         # step() is replaced): the mark stays visible. A method, not a function: a scheduler made
@@ -176,16 +352,22 @@ def _install(optimizer, session) -> None:
         opt.step = splitter.bound
         opt._teraio_splitter = splitter
     splitter.session_ref = weakref.ref(session)
+    splitter.split = split
+    splitter.in_backward = in_backward
+    splitter.sync_hooks(opt)
 
 
 def _uninstall(optimizer, session) -> None:
     """Puts step() back when nothing wrapped it since; otherwise the wrapper stays, passing
-    through (its Session is gone), until the next Session watches the optimizer."""
+    through (its Session is gone), until the next Session watches the optimizer. Removes the hooks
+    of step_in_backward."""
     opt = _unwrap(optimizer)
     splitter = opt.__dict__.get("_teraio_splitter")
     if splitter is None or splitter.session_ref() is not session:
         return
     splitter.session_ref = lambda: None
+    splitter.in_backward = False
+    splitter.sync_hooks(opt)
     if opt.__dict__.get("step") is splitter.bound:
         if splitter.own_attr:
             opt.step = splitter.inner

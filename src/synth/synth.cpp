@@ -26,6 +26,8 @@ struct Param {
   TensorId param = 0, grad = 0, exp_avg = 0, exp_avg_sq = 0;
   uint64_t bytes = 0;
   bool grad_written = false;  // this iteration's backward already produced a gradient
+  uint32_t grad_kernels = 0;  // kernels producing its gradient per micro-batch (2 when tied)
+  uint32_t grads_made = 0;    // of them, run so far in this micro-batch
 };
 
 struct LayerParams {
@@ -91,7 +93,7 @@ class Builder {
         kernels_per_layer * shape_.layers * micro_batches() * 4);
     zero_grad();
     for (uint32_t m = 0; m < micro_batches(); ++m) micro_batch(m);
-    optimizer_step();
+    if (!opt_.step_in_backward) optimizer_step();
     if (!opt_.persistent_gradients) {
       // zero_grad(set_to_none=True) after optimizer.step() frees the gradients, so each one is
       // held to the end of the iteration, past its last use in the optimizer.
@@ -247,6 +249,9 @@ class Builder {
       ew("aten::add_", {p.grad, g});
     }
     p.grad_written = true;
+    // Session.watch(..., step_in_backward=True): the parameter's update runs from its
+    // post-accumulate-grad hook once its gradient is complete (one micro-batch: checked).
+    if (opt_.step_in_backward && ++p.grads_made == p.grad_kernels) adamw_update(p);
   }
 
   // Backward of a projection y = x·Wᵀ with x of `in` and y of `out` features: the input gradient
@@ -312,6 +317,7 @@ class Builder {
     p.grad = tensor(name + ".grad", p.bytes, TensorKind::gradient, opt_.persistent_gradients);
     p.exp_avg = tensor(name + ".exp_avg", p.bytes, TensorKind::optimizer_state, true);
     p.exp_avg_sq = tensor(name + ".exp_avg_sq", p.bytes, TensorKind::optimizer_state, true);
+    p.grad_kernels = 1;
     params_.push_back(p);  // pointers into params_ are taken once it stops growing
   }
 
@@ -340,6 +346,7 @@ class Builder {
     }
     final_norm_ = &params_[1 + 9 * shape_.layers];
     lm_head_ = shape_.tied_embeddings ? embed_ : &params_[2 + 9 * shape_.layers];
+    if (shape_.tied_embeddings) embed_->grad_kernels = 2;  // the LM head's and the embedding's
     inv_freq_ = tensor("rope.inv_freq", head_dim_ / 2 * 4, TensorKind::other, true);
   }
 
@@ -769,25 +776,37 @@ class Builder {
       return;
     }
     // torch.optim.AdamW(foreach=False): _single_tensor_adamw, one parameter at a time.
-    for (const Param& p : params_) {
-      const std::string& name = trace_.tensors[p.param].name;
-      written({p.param});
-      ew("aten::mul_", {p.param});  // decoupled weight decay
-      written({p.exp_avg});
-      ew("aten::lerp_", {p.exp_avg, p.grad});
-      written({p.exp_avg_sq});
-      ew("aten::mul_", {p.exp_avg_sq});
-      written({p.exp_avg_sq});
-      ew("aten::addcmul_", {p.exp_avg_sq, p.grad});
-      TensorId root = tensor(name + ".exp_avg_sq_sqrt", p.bytes, TensorKind::temporary);
-      ew("aten::sqrt", {p.exp_avg_sq, root});
-      TensorId denom = tensor(name + ".denom", p.bytes, TensorKind::temporary);
+    for (const Param& p : params_) adamw_update(p);
+  }
+
+  // One parameter's AdamW update: _single_tensor_adamw's 8 operators, or with --foreach the 8
+  // foreach operators over that parameter alone (a step_in_backward hook's sub-group; foreach=False
+  // computes the square root into a new tensor, foreach as well).
+  void adamw_update(const Param& p) {
+    const std::string& name = trace_.tensors[p.param].name;
+    const bool fe = opt_.foreach;
+    written({p.param});
+    ew(fe ? "aten::_foreach_mul_" : "aten::mul_", {p.param});  // decoupled weight decay
+    written({p.exp_avg});
+    ew(fe ? "aten::_foreach_lerp_" : "aten::lerp_", {p.exp_avg, p.grad});
+    written({p.exp_avg_sq});
+    ew(fe ? "aten::_foreach_mul_" : "aten::mul_", {p.exp_avg_sq});
+    written({p.exp_avg_sq});
+    ew(fe ? "aten::_foreach_addcmul_" : "aten::addcmul_", {p.exp_avg_sq, p.grad});
+    TensorId root = tensor(name + ".exp_avg_sq_sqrt", p.bytes, TensorKind::temporary);
+    ew(fe ? "aten::_foreach_sqrt" : "aten::sqrt", {p.exp_avg_sq, root});
+    TensorId denom = root;
+    if (!fe) {
+      denom = tensor(name + ".denom", p.bytes, TensorKind::temporary);
       ew("aten::div", {root, denom});
+    } else {
       written({denom});
-      ew("aten::add_", {denom});
-      written({p.param});
-      ew("aten::addcdiv_", {p.param, p.exp_avg, denom});
+      ew("aten::_foreach_div_", {denom});
     }
+    written({denom});
+    ew(fe ? "aten::_foreach_add_" : "aten::add_", {denom});
+    written({p.param});
+    ew(fe ? "aten::_foreach_addcdiv_" : "aten::addcdiv_", {p.param, p.exp_avg, denom});
   }
 
  private:
@@ -957,6 +976,10 @@ Trace synthesize(const SynthOptions& options) {
   }
   if (o.seq == 0) o.seq = shape.default_seq;
   if (o.micro_batches == 0) o.micro_batches = std::min(shape.default_micro_batches, o.batch);
+  TERAIO_CHECK(!o.step_in_backward || o.micro_batches == 1,
+               "--step-in-backward updates each parameter during its backward, so it needs one "
+               "micro-batch (gradient accumulation over {} is not possible); use --micro-batches 1",
+               o.micro_batches);
   TERAIO_CHECK(o.batch % o.micro_batches == 0, "--batch {} is not a multiple of --micro-batches {}",
                o.batch, o.micro_batches);
   TERAIO_CHECK(o.gpu_tflops >= 0 && std::isfinite(o.gpu_tflops),
@@ -983,6 +1006,7 @@ Trace synthesize(const SynthOptions& options) {
   trace.set_meta("optimizer", quoted("adamw"));
   trace.set_meta("foreach", o.foreach ? "true" : "false");
   trace.set_meta("persistent_gradients", o.persistent_gradients ? "true" : "false");
+  if (o.step_in_backward) trace.set_meta("step_in_backward", "true");
   double tflops = o.gpu_tflops > 0
                       ? o.gpu_tflops
                       : (o.dtype == SynthDtype::fp32 ? kFp32Tflops : kTensorCoreTflops);

@@ -260,3 +260,23 @@ def test_a_discarded_tensor_used_after_all_raises_and_the_session_goes_on():
         assert torch.isfinite(loss)
         with s.resident():
             assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_steps_in_backward_llama_bitwise(foreach):
+    """Session.watch(..., step_in_backward=True) on HF Llama with recompute and dead tensors on:
+    each parameter is updated while backward runs (its gradient is then dead, so discarded), and
+    parameters and AdamW states are bitwise those of the loop without teraio."""
+    steps = 6
+    ref = train(TinyLlama, token_batch(4, 16), steps, foreach=foreach, lr=1e-3, zero_grad_after=True)
+    with teraio.Session(budget="160KiB", tiers=[teraio.HostTier("4MiB")],
+                        min_tensor_bytes=1024) as s:
+        got = train(TinyLlama, token_batch(4, 16), steps, session=s, foreach=foreach, lr=1e-3,
+                    zero_grad_after=True, step_in_backward=True)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["drift_events"] == 0, st
+        assert st["bytes_offloaded"] > 0 and st["discards"] > 0 and st["lost_tensors"] == 0, st
+        n = len(list(got[1].parameters()))
+        assert got[2]._teraio_splitter.backward_updates == n
+        with s.resident():
+            assert_bitwise(ref, got)

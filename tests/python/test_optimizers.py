@@ -313,3 +313,130 @@ def test_a_parameter_larger_than_the_budget_says_raise_the_budget(tmp_path):
     msg = str(info.value)
     assert "_fused_adamw" in msg and "raise the budget" in msg, msg
     assert "session.watch(optimizer" not in msg, msg
+
+
+# --- steps in backward (Note [Steps in backward]) ---------------------------------------------
+
+def run_in_backward(make_opt, s, steps=STEPS, between=None, accumulate=False):
+    """run() with watch(..., step_in_backward=True); between(model, opt, sched) runs between
+    backward and optimizer.step(); accumulate: gradients of two half batches per step."""
+    torch.manual_seed(0)
+    model = deep_mlp()
+    opt = make_opt(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.7 ** i)
+    s.watch(model, opt, step_in_backward=True)
+    losses, lrs = [], []
+    for x, y in batches(STEPS)[:steps]:
+        with s.step():
+            opt.zero_grad()
+            if accumulate:
+                torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
+                x, y = x[8:], y[8:]
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            if between is not None:
+                between(model, opt, sched)
+            opt.step()
+            sched.step()
+            losses.append(loss.detach().clone())
+        lrs.append(opt.param_groups[0]["lr"])
+    return losses, model, opt, lrs
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_steps_in_backward_are_bitwise(tmp_path, name):
+    ref = run(OPTIMIZERS[name])
+    with session(tmp_path) as s:
+        got = run_in_backward(OPTIMIZERS[name], s)
+        opt = got[2]
+        # Every parameter was updated from its hook; optimizer.step() had nothing left to do.
+        assert opt._teraio_splitter.backward_updates == 14
+        st = s.stats()
+        assert st["mode"] == "planned" and st["drift_events"] == 0, st
+        assert st["bytes_offloaded"] > 0, st
+        with s.resident():
+            assert_same(ref, got)
+            assert opt.state_dict()["param_groups"] == ref[2].state_dict()["param_groups"]
+    # Closed: step() and the parameters' hooks are gone; a backward no longer updates.
+    assert not hasattr(opt, "_teraio_splitter") and opt.step._wrapped_by_lr_sched
+    model = got[1]
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batches(1)[0]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_parameters_update_during_backward_and_tied_weights_once():
+    # No Session: the mechanism alone. A weight used twice in the forward (tied embedding and
+    # output layer) gets one update, from its summed gradient, as optimizer.step() gives it.
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 16)
+            self.mid = torch.nn.Linear(16, 16)
+
+        def forward(self, ids):
+            return torch.nn.functional.linear(torch.tanh(self.mid(self.emb(ids))), self.emb.weight)
+
+    def train(in_backward):
+        torch.manual_seed(0)
+        model = Tied()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        fake = FakeSession(1 << 30)
+        if in_backward:
+            teraio_optim._install(opt, fake, in_backward=True)
+        g = torch.Generator().manual_seed(2)
+        for _ in range(3):
+            ids = torch.randint(0, 50, (4, 8), generator=g)
+            loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, 50), ids.reshape(-1))
+            before = model.emb.weight.detach().clone()
+            loss.backward()
+            assert torch.equal(before, model.emb.weight) != in_backward  # updated by backward
+            opt.step()
+            opt.zero_grad()
+        return model, opt
+
+    ref, got = train(False), train(True)
+    for (n, p), q in zip(ref[0].named_parameters(), got[0].parameters()):
+        assert torch.equal(p, q), n
+    assert got[1]._teraio_splitter.backward_updates == 3
+    assert ref[1].state[ref[0].emb.weight]["step"] == got[1].state[got[0].emb.weight]["step"] == 3
+
+
+def clip(model, opt, sched):
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+
+
+def sched_first(model, opt, sched):
+    sched.step()
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+@pytest.mark.parametrize("case, message", [
+    (dict(between=clip), r"gradient of '12\.bias' changed between backward and optimizer\.step\(\)"),
+    (dict(between=sched_first), r"group value 'lr' changed between backward and optimizer.step"),
+    (dict(accumulate=True), r"'12\.bias' got a second gradient before optimizer\.step\(\)"),
+])
+def test_step_in_backward_refuses_a_loop_it_would_change(tmp_path, case, message):
+    # Clipping, a scheduler stepped before optimizer.step(), gradient accumulation: the update made
+    # in backward would differ from optimizer.step()'s, so teraio says so at once and how to fix
+    # it. The Session goes on: the next steps, done right, train.
+    with session(tmp_path) as s:
+        with pytest.raises(teraio.Error, match=message) as info:
+            run_in_backward(OPTIMIZERS["adamw-foreach"], s, steps=1, **case)
+        assert "step_in_backward=False" in str(info.value)
+        _, model, opt, _ = run_in_backward(OPTIMIZERS["adamw-foreach"], s, steps=2)
+        assert opt._teraio_splitter.backward_updates == 14
+        with s.resident():
+            assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_step_in_backward_needs_a_per_parameter_optimizer(tmp_path):
+    model = torch.nn.Linear(4, 4)
+    with session(tmp_path) as s:
+        with pytest.raises(teraio.Error, match="LBFGS"):
+            s.watch(model, torch.optim.LBFGS(model.parameters()), step_in_backward=True)
+        with pytest.raises(teraio.Error, match="needs the optimizer"):
+            s.watch(model, step_in_backward=True)
+        with pytest.raises(teraio.Error, match="step_in_backward must be True or False"):
+            s.watch(model, step_in_backward=1)

@@ -11,6 +11,8 @@
 #include <map>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/synth.h"
@@ -347,6 +349,63 @@ TEST(Synth, AdamwTouchesEveryParameterAndItsStates) {
     }
     EXPECT_EQ(params, 9 * 2 + 3);
   }
+}
+
+// --step-in-backward: each parameter's 8 AdamW kernels follow the last kernel of its gradient (a
+// tied embedding's second one), inside the backward; the same kernels as the step after it.
+TEST(Synth, StepInBackwardUpdatesEachParameterOnceItsGradientIsComplete) {
+  for (const char* model : {"tiny", "llama-1b"}) {
+    for (bool foreach : {false, true}) {
+      for (SynthDtype dtype : {SynthDtype::fp32, SynthDtype::amp}) {
+        SCOPED_TRACE(fmt::format("{} foreach={} amp={}", model, foreach, dtype == SynthDtype::amp));
+        SynthOptions o = tiny();
+        o.model = model;
+        o.layers = 1;
+        o.batch = 1;
+        o.seq = 16;
+        o.micro_batches = 1;
+        o.foreach = foreach;
+        o.dtype = dtype;
+        o.persistent_gradients = false;
+        const Trace after = synthesize(o);
+        o.step_in_backward = true;
+        const Trace trace = synthesize(o);
+        trace.validate();
+        EXPECT_EQ(trace.meta_value("step_in_backward"), "true");
+        const Lifetimes life(trace);
+        const auto names = by_name(trace);
+        KernelIndex embedding_backward = 0;
+        for (KernelIndex k = 0; k < trace.num_kernels(); ++k)
+          if (trace.kernel_name(k) == "aten::embedding_dense_backward") embedding_backward = k;
+        int params = 0, tied = 0;
+        for (TensorId p = 0; p < trace.num_tensors(); ++p) {
+          if (trace.tensors[p].kind != TensorKind::parameter) continue;
+          ++params;
+          const std::string& n = trace.tensors[p].name;
+          const auto g = life.uses(names.at(n + ".grad"));
+          ASSERT_GE(g.size(), 3u) << n;  // made (once, or twice when tied), lerp_, addcmul_
+          tied += g.size() == 4;
+          const KernelIndex made = g[g.size() - 3];
+          // Weight decay right after the gradient is complete, the update 7 kernels later.
+          ASSERT_EQ(trace.tensors[p].written_at.size(), 2u) << n;
+          EXPECT_EQ(trace.tensors[p].written_at.front(), made + 1) << n;
+          EXPECT_EQ(trace.tensors[p].written_at.back(), made + 8) << n;
+          EXPECT_EQ(life.first_use(names.at(n + ".exp_avg")), made + 2) << n;
+          // Inside the backward: before the embedding's gradient, except the embedding's update.
+          if (n != "embed") {
+            EXPECT_LT(made, embedding_backward) << n;
+          }
+        }
+        EXPECT_EQ(params, std::string(model) == "tiny" ? 9 + 3 : 9 + 2);
+        EXPECT_EQ(tied, std::string(model) == "tiny" ? 0 : 1);
+        // The kernels of the step after the backward (foreach: 8 over the group instead).
+        EXPECT_EQ(trace.num_kernels(), after.num_kernels() + (foreach ? 8 * (params - 1) : 0));
+      }
+    }
+  }
+  SynthOptions o = tiny();  // two micro-batches
+  o.step_in_backward = true;
+  EXPECT_THROW(synthesize(o), Error);
 }
 
 // Note [Writes in place in synth]: the trace records writes; parameters and AdamW states are
