@@ -285,3 +285,32 @@ def test_callback_arguments_are_checked_before_training(tmp_path):
 def test_import_teraio_does_not_import_transformers():
     code = "import sys, teraio; assert 'transformers' not in sys.modules, 'transformers imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+def test_steps_in_backward_under_the_trainer(tmp_path):
+    # TeraioCallback(step_in_backward=True) with the Trainer's fused AdamW, no clipping: bitwise the
+    # losses and parameters of the Trainer without teraio, every parameter updated in backward.
+    ref_trainer, ref_model = train(tmp_path / "ref", optimizer=False, save_strategy="no",
+                                   max_grad_norm=0.0)
+    class Updates(transformers.TrainerCallback):
+        seen = []
+
+        def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+            self.seen.append(optimizer.optimizer._teraio_splitter.backward_updates)
+
+    cb = callback(tmp_path / "tier", budget="300KiB", step_in_backward=True)
+    got_trainer, got_model = train(tmp_path / "got", callbacks=[Updates(), cb], optimizer=False,
+                                   save_strategy="no", max_grad_norm=0.0)
+    for key in ("loss", "learning_rate"):
+        assert logged(got_trainer, key) == logged(ref_trainer, key), key
+    assert_same_parameters(ref_model, got_model)
+    st = cb.stats()
+    assert st["iteration"] == STEPS and st["mode"] == "planned" and st["drift_events"] == 0, st
+    assert Updates.seen == [len(list(got_model.parameters()))] * STEPS
+    assert "_teraio_splitter" not in got_trainer.optimizer.optimizer.__dict__  # closed
+    assert st["bytes_offloaded"] > 0, st
+    # The Trainer's defaults (clipping) would change the update: refused before training.
+    cb = callback(tmp_path / "tier", step_in_backward=True)
+    with pytest.raises(teraio.Error, match=r"max_grad_norm=1.0 \(clipping\).*max_grad_norm=0"):
+        train(tmp_path / "clip", callbacks=[cb], save_strategy="no")
+    assert no_session_open()

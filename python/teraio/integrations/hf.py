@@ -56,6 +56,9 @@ class TeraioCallback(TrainerCallback):
     and how much of them, is the user's choice). watch: name parameters and optimizer states in the
     trace (Session.watch). Whatever `watch` says, the optimizer's steps run in parts that fit the
     budget and the gradient norm is taken in parts (teraio.clip_grad_norm_), bitwise as without.
+    step_in_backward: each parameter's update runs during backward (Session.watch(...,
+    step_in_backward=True)); needs TrainingArguments with max_grad_norm=0 (no clipping) and
+    gradient_accumulation_steps=1, checked when training begins.
     A new Session is opened by every train() and closed when it ends; errors of the Session
     (teraio.IoError, a budget that cannot be met) propagate out of train() after the Session has
     been closed. When train() raises from the model's own code the Trainer calls no callback: use
@@ -65,7 +68,7 @@ class TeraioCallback(TrainerCallback):
 
     def __init__(self, budget: teraio.Size,
                  tiers: Iterable[Union[teraio.HostTier, teraio.FileTier]], *, watch: bool = True,
-                 **session_options):
+                 step_in_backward: bool = False, **session_options):
         teraio.parse_size(budget, "TeraioCallback budget")  # fail here, not at train()
         given, kinds = tiers, (teraio.HostTier, teraio.FileTier)
         try:
@@ -84,7 +87,11 @@ class TeraioCallback(TrainerCallback):
                                f"teraio.Session takes budget, tiers, {', '.join(_SESSION_OPTIONS)}")
         self._budget = budget
         self._tiers = tiers
+        if not isinstance(step_in_backward, bool):
+            raise teraio.Error(f"TeraioCallback: step_in_backward must be True or False, got "
+                               f"{step_in_backward!r}")
         self._watch = watch
+        self._in_backward = step_in_backward
         self._options = session_options
         self._session: Optional[teraio.Session] = None
         self._step = None  # the open Session.step() context of the running optimizer step
@@ -111,12 +118,24 @@ class TeraioCallback(TrainerCallback):
             raise teraio.Error("TeraioCallback: DeepSpeed places and offloads the model's memory "
                                "itself and cannot run under teraio; remove `deepspeed` from the "
                                "TrainingArguments or the callback")
+        if self._in_backward:
+            wrong = []
+            if getattr(args, "max_grad_norm", 0) and args.max_grad_norm > 0:
+                wrong.append(f"max_grad_norm={args.max_grad_norm} (clipping)")
+            if getattr(args, "gradient_accumulation_steps", 1) != 1:
+                wrong.append(f"gradient_accumulation_steps={args.gradient_accumulation_steps}")
+            if wrong:
+                raise teraio.Error(
+                    f"TeraioCallback(step_in_backward=True): the optimizer updates each parameter "
+                    f"during backward, which the Trainer's {' and '.join(wrong)} would change; set "
+                    f"max_grad_norm=0 and gradient_accumulation_steps=1 in the TrainingArguments, "
+                    f"or use step_in_backward=False")
         self.close()  # a Session a train() that raised left open
         self._session = teraio.Session(self._budget, self._tiers, **self._options)
         if self._watch:
-            self._session.watch(model, optimizer)
+            self._session.watch(model, optimizer, step_in_backward=self._in_backward)
         elif optimizer is not None:
-            self._session._split_steps(optimizer)
+            self._session._split_steps(optimizer, True, self._in_backward)
         self._clip_patch = _optim._patch_torch_clip()
 
     def on_step_begin(self, args, state, control, **kwargs):
