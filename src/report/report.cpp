@@ -685,6 +685,21 @@ void summary(std::string& out, const Context& c) {
   row(out, "stall", c.plan ? format_us(c.sim.stall_us) : format_us(0),
       run ? format_us(run->stall_us) : none);
   if (c.plan) row(out, "overlap (transfers hidden by kernels)", format_us(c.sim.overlap_us), none);
+  if (c.plan) {
+    // What the plan frees without moving bytes over a link (docs/planner.md): recomputes, clean
+    // offloads (the tier's copy kept) and discards (dead tensors).
+    row(out, "recomputes per iteration",
+        fmt::format("{} ({} of kernels rerun)", c.sim.recomputes, format_us(c.sim.recompute_us)),
+        none);
+    row(out, "clean offloads per iteration",
+        fmt::format("{} ({} not written)", c.sim.clean_offloads,
+                    bytes_text(static_cast<double>(c.sim.clean_offload_bytes))),
+        none);
+    row(out, "discards per iteration",
+        fmt::format("{} ({} not written)", c.sim.discards,
+                    bytes_text(static_cast<double>(c.sim.discarded_bytes))),
+        none);
+  }
   row(out, "peak resident",
       bytes_text(static_cast<double>(c.plan ? c.check.peak_bytes : s.peak_bytes)),
       run ? bytes_text(static_cast<double>(run->peak_bytes)) : none);

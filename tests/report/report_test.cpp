@@ -1,6 +1,7 @@
 // Tests of the HTML report (include/teraio/report.h): phase inference on synthetic traces, the
 // teraio.run reader, every chart present with data, nothing fetched from the network, and the
 // aggregation that keeps a 250k-kernel trace's page small.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -200,6 +201,32 @@ TEST(Report, EveryChartHasDataAndNothingIsFetched) {
   EXPECT_NE(html.find(format_us(run.iteration_us)), std::string::npos);
   EXPECT_NE(html.find("nvme-extra traffic per iteration"), std::string::npos);
   EXPECT_NE(html.find("66.7%"), std::string::npos);  // measured % of Ideal = 1 / 1.5
+}
+
+// The summary says what the plan frees without moving bytes: recomputes, clean offloads, discards
+// (gradients set to none after the optimizer are dead tensors).
+TEST(Report, SummaryCountsRecomputesCleanOffloadsAndDiscards) {
+  SynthOptions o;
+  o.model = "tiny";
+  o.persistent_gradients = false;
+  const Trace trace = synthesize(o);
+  const TraceStats s = compute_trace_stats(trace);
+  PlannerOptions po;
+  po.budget_bytes = s.peak_bytes / 2;
+  po.tiers = {parse_tier_spec("host:1GiB:2:2")};
+  po.min_tensor_bytes = 0;
+  po.discard_dead = true;
+  const Plan plan = make_plan(trace, po);
+  const SimResult sim = simulate(trace, plan);
+  ASSERT_GT(sim.discards, 0u);
+  ReportOptions opt;
+  opt.sweep_steps = 0;
+  const std::string html = render_report(trace, &plan, nullptr, opt);
+  EXPECT_NE(html.find(fmt::format("<th>discards per iteration</th><td class=\"num\">{} (",
+                                  sim.discards)),
+            std::string::npos);
+  EXPECT_NE(html.find("<th>recomputes per iteration</th>"), std::string::npos);
+  EXPECT_NE(html.find("<th>clean offloads per iteration</th>"), std::string::npos);
 }
 
 TEST(Report, WithoutPlanLeavesOutThePlanCharts) {
