@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Predicted step time with and without optimizer steps in backward (docs/pytorch.md, "Optimizer
-# steps in backward"; docs/benchmarks.md, "Optimizer steps in backward, predicted"): `teraio synth`
-# (with and without --step-in-backward) + `teraio plan --search --session-budget` + `teraio
-# simulate --iterations 8`, no GPU. Each case is the shape a bench/h200_run.sh run trains, the
-# budget what its Session is given, the host link as the Session's probe measured it on the H200.
+# steps in backward"; docs/benchmarks.md, "Optimizer steps in backward, predicted"), no GPU:
+# 1. synthetic: `teraio synth` (with and without --step-in-backward) + `teraio plan --search
+#    --session-budget` + `teraio simulate --iterations 8`. Each case is the shape a bench/h200_run.sh
+#    run trains, the budget what its Session is given, the host link as the Session's probe measured
+#    it on the H200 (LINK).
+# 2. profiled: each H200 run's own trace and plan in PROFILES (bench/results), the trace as recorded
+#    and as `teraio transform --step-in-backward` rewrites it, both planned (`--search`) with that
+#    run's planner budget and measured link (read from its plan) and simulated (8 iterations).
 # Usage: bash bench/predict_step_in_backward.sh [TERAIO_BIN] (default build/bin/teraio)
-# Env: LINK (host tier spec, default host:96GiB:54.5:54.5:49), WORK (scratch dir, default a temp dir)
+# Env: LINK (host tier spec, default host:96GiB:54.5:54.5:49), WORK (scratch dir, default a temp
+# dir), PROFILES (space-separated trace files, .json or .json.xz, each with its plan beside it as
+# plan-*; default the H200 runs of bench/results/h200-2026-12-04d)
 set -euo pipefail
 T=${1:-build/bin/teraio}
 LINK=${LINK:-host:96GiB:54.5:54.5:49}
@@ -33,5 +39,39 @@ for c in "${cases[@]}"; do
       'import json,sys; print("%.1f" % (json.load(sys.stdin)["iteration_us"] / 1e3))')
   done
   printf '| %-20s | %12s | %12s | %+7.1f%% |\n' "$name" "${ms[after]}" "${ms[inbwd]}" \
+    "$(python3 -c "print(100 * (${ms[inbwd]} / ${ms[after]} - 1))")"
+done
+
+echo
+echo "profiled (the H200 runs' own traces; planner budget and link as each run's plan records them)"
+R=bench/results/h200-2026-12-04d
+PROFILES=${PROFILES:-"$R/call3/recompute/trace-recompute-1of4-llama-1b-fp32.json.xz
+  $R/call4/recompute/trace-recompute-1of2-llama-1b-amp.json.xz
+  $R/call3/recompute/trace-recompute-1of4-llama-1b-amp.json.xz
+  $R/call2/recompute/trace-recompute-1of2-llama-3b-fp32.json.xz
+  $R/call2/recompute/trace-recompute-1of4-llama-3b-fp32.json.xz
+  $R/call4/real/trace-teraio-host-8b-amp.json.xz"}
+printf '| %-40s | %-12s | %-12s | %-8s |\n' trace "after (ms)" "in bwd (ms)" change
+for f in $PROFILES; do
+  base=$(basename "$f"); base=${base%.xz}; base=${base%.json}
+  plan_file="$(dirname "$f")/plan-${base#trace-}.json"; [[ -f $plan_file ]] || plan_file+=.xz
+  unpack() { if [[ $1 == *.xz ]]; then xz -dc "$1" > "$2"; else cp "$1" "$2"; fi; }
+  unpack "$f" "$WORK/$base.json"
+  unpack "$plan_file" "$WORK/$base.recorded-plan.json"
+  read -r budget tier < <(python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1])); t = p["tiers"][0]
+print(p["budget_bytes"], "host:%d:%r:%r:%r" % (t["capacity_bytes"], t["read_gbps"], t["write_gbps"],
+                                               t.get("duplex_gbps", min(t["read_gbps"], t["write_gbps"]))))
+' "$WORK/$base.recorded-plan.json")
+  "$T" transform "$WORK/$base.json" --step-in-backward -o "$WORK/$base-inbwd.json" >/dev/null
+  declare -A ms=()
+  for mode in after inbwd; do
+    trace="$WORK/$base.json"; [[ $mode == inbwd ]] && trace="$WORK/$base-inbwd.json"
+    "$T" plan "$trace" --budget "${budget}B" --tier "$tier" --search -o "$trace.plan" >/dev/null
+    ms[$mode]=$("$T" simulate "$trace" "$trace.plan" --iterations 8 --json | python3 -c \
+      'import json,sys; print("%.1f" % (json.load(sys.stdin)["iteration_us"] / 1e3))')
+  done
+  printf '| %-40s | %12s | %12s | %+7.1f%% |\n' "${base#trace-}" "${ms[after]}" "${ms[inbwd]}" \
     "$(python3 -c "print(100 * (${ms[inbwd]} / ${ms[after]} - 1))")"
 done

@@ -793,7 +793,8 @@ class Builder {
     ew(fe ? "aten::_foreach_mul_" : "aten::mul_", {p.exp_avg_sq});
     written({p.exp_avg_sq});
     ew(fe ? "aten::_foreach_addcmul_" : "aten::addcmul_", {p.exp_avg_sq, p.grad});
-    TensorId root = tensor(name + ".exp_avg_sq_sqrt", p.bytes, TensorKind::temporary);
+    // foreach: the square root is the denominator, divided and added to in place.
+    TensorId root = tensor(name + (fe ? ".denom" : ".exp_avg_sq_sqrt"), p.bytes, TensorKind::temporary);
     ew(fe ? "aten::_foreach_sqrt" : "aten::sqrt", {p.exp_avg_sq, root});
     TensorId denom = root;
     if (!fe) {

@@ -100,6 +100,7 @@ TEST_F(Cli, EveryCommandHandlesTracesWithoutKernelsOrTensors) {
         "report " + t + " --plan " + p + " -o " + path("r.html"),
         "exact " + t + " --budget 1GiB --tier ssd:1TiB:1:1 -o " + path("e.json"),
         "exact " + t + " --budget 1GiB --tier ssd:1TiB:1:1 -o " + path("e.json") + " --json",
+        "transform " + t + " --step-in-backward -o " + path("x.json"),
     };
     for (const std::string& c : commands) {
       r = run_teraio(c);
@@ -240,6 +241,25 @@ TEST_F(Cli, SessionBudgetPlansForTheSessionsShare) {
   }
 }
 
+// teraio transform (docs/transform.md): the rewritten trace plans and simulates; the change must be
+// named; a trace already rewritten is refused.
+TEST_F(Cli, TransformWritesATraceThatPlansAndRefusesMisuse) {
+  const std::string x = path("x.json"), p = path("x.plan.json");
+  CmdResult r = run_teraio("transform " + trace_ + " --step-in-backward -o " + x);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("the updates of 21 parameters moved into the backward (0 kept after it)"),
+            std::string::npos)
+      << r.out;
+  r = run_teraio("plan " + x + " --budget 1536KiB --tier ssd:1TiB:1:1 -o " + p);
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run_teraio("simulate " + x + " " + p + " --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  expect_one_line_error(run_teraio("transform " + trace_ + " -o " + x),
+                        "transform: say which change to make", "transform");
+  expect_one_line_error(run_teraio("transform " + x + " --step-in-backward -o " + path("y.json")),
+                        "already runs each parameter's update in the backward", "transform");
+}
+
 // Each command's output file, written under a file size limit of 0 bytes: the write fails (EFBIG),
 // the old file stays whole and no temporary file is left.
 TEST_F(Cli, AFailedWriteLeavesTheOldOutputWholeAndNoTemporaryFile) {
@@ -249,6 +269,7 @@ TEST_F(Cli, AFailedWriteLeavesTheOldOutputWholeAndNoTemporaryFile) {
       "plan " + trace_ + " --budget 1536KiB --tier ssd:1TiB:1:1 -o " + out,
       "exact " + trace_ + " --budget 4GiB --tier ssd:1TiB:1:1 --time-limit 10 -o " + out,
       "report " + trace_ + " --sweep-steps 0 -o " + out,
+      "transform " + trace_ + " --step-in-backward -o " + out,
       "study gap --instances 1 --max-layers 1 --time-limit 10 --json " + out,
       "study sensitivity --budget-fractions 0.5 --scales 1 --noise-seeds 0 --json " + out,
   };
@@ -302,6 +323,7 @@ TEST_F(Cli, EveryCommandChecksItsStandardOutput) {
       "report " + trace_ + " --sweep-steps 0 -o " + path("r.html"),
       "synth --list",
       "synth --model tiny -o " + path("s.json"),
+      "transform " + trace_ + " --step-in-backward -o " + path("x.json"),
       "exact " + trace_ + " --budget 4GiB --tier ssd:1TiB:1:1 --time-limit 10 -o " + path("e.json"),
       "study gap --instances 1 --max-layers 1 --time-limit 10",
       "study sensitivity --budget-fractions 0.5 --scales 1 --noise-seeds 0",

@@ -10,6 +10,7 @@ declare -A page=(
   [analyze]=docs/analyze.md [plan]=docs/planner.md [synth]=docs/synth.md
   [simulate]=docs/simulator.md [iobench]=docs/storage.md [report]=docs/report.md
   [exact]=docs/exact.md [study]=docs/exact.md [train]=docs/train.md [clean]=docs/clean.md
+  [transform]=docs/transform.md
 )
 check() {  # $1: subcommand words, $2: doc page
   local help
