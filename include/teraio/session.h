@@ -127,6 +127,11 @@ struct SessionStats {
   // iterations 2 to 7; the plan file's `predicted` is the 2-iteration mean of `teraio simulate`).
   // 0 before a plan.
   double predicted_iteration_us = 0;
+  // The same for the same loop with each optimizer update run in the backward
+  // (Session::set_predict_step_in_backward; docs/pytorch.md, "Optimizer steps in backward"): the
+  // profile rewritten as that loop records it, planned and replayed alike. 0 when not asked for,
+  // before a plan, or when the profile cannot be rewritten.
+  double predicted_step_in_backward_us = 0;
   // How the last profile's operators were timed: "CUPTI" (the GPU time of each operator's kernels,
   // copies and memsets), "CUDA events (why not CUPTI)", or "host clock" (CPU). Their sum is
   // profiled_kernel_us; profiled_event_us is the same operators timed with CUDA events, which also
@@ -213,6 +218,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("plan_budget_bytes", &S::plan_budget_bytes, K::kGauge);
   f("plan_variant", &S::plan_variant, K::kText);
   f("predicted_iteration_us", &S::predicted_iteration_us, K::kGauge);
+  f("predicted_step_in_backward_us", &S::predicted_step_in_backward_us, K::kGauge);
   f("kernel_timing", &S::kernel_timing, K::kText);
   f("profiled_kernel_us", &S::profiled_kernel_us, K::kGauge);
   f("profiled_event_us", &S::profiled_event_us, K::kGauge);
@@ -328,6 +334,10 @@ class Session {
   // fail as `rule` says, from now on; clear_faults() removes every rule.
   void inject_fault(size_t tier, const storage::FaultRule& rule);
   void clear_faults();
+  // Whether the next plans also predict the step with each optimizer update in the backward
+  // (SessionStats::predicted_step_in_backward_us). The Python Session asks for it when it watches
+  // a per-parameter torch.optim optimizer whose steps do not already run in backward.
+  void set_predict_step_in_backward(bool on);
   // Names a tensor (parameter name, "<param>.<state key>") and its kind for the trace.
   void name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind);
 

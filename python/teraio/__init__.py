@@ -36,11 +36,21 @@ STATS_FIELDS = tuple(_C.STATS_FIELDS)
 STATS_COUNTERS = tuple(_C.STATS_COUNTERS)
 TIER_STATS_FIELDS = tuple(_C.TIER_STATS_FIELDS)
 
-__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "parse_size", "parse_tiers",
+__all__ = ["Session", "HostTier", "FileTier", "Error", "IoError", "PerformanceHint", "parse_size",
+           "parse_tiers",
            "clip_grad_norm_", "get_total_norm", "clip_grads_with_norm_", "SESSION_OPTIONS",
            "STATS_FIELDS", "STATS_COUNTERS", "TIER_STATS_FIELDS"]
 
 _MAX_BYTES = 2**64 - 1
+
+
+class PerformanceHint(UserWarning):
+    """teraio's advice that a change to the training loop is predicted to make it faster (given
+    once per Session; silence with warnings.filterwarnings("ignore", category=teraio.PerformanceHint))."""
+
+
+# The smallest predicted gain (a fraction of the step) worth a PerformanceHint.
+HINT_GAIN = 0.05
 
 Size = Union[int, str]
 
@@ -269,6 +279,8 @@ class Session:
         self._watched = []
         self._split = []  # optimizers whose steps teraio wraps (watch)
         self._names = None  # id(parameter) -> name in a watched model (_param_name)
+        self._predict_in_backward = False  # plans predict steps in backward (watch)
+        self._hinted = False  # the PerformanceHint about steps in backward was given
         _session_opened()
         global _active
         _active = weakref.ref(self)
@@ -308,6 +320,28 @@ class Session:
             if refined is None:
                 raise
             raise Error(refined) from e
+        if self._predict_in_backward and not self._hinted:
+            self._hint_steps_in_backward(impl.stats())  # once, after the first plan
+
+    def _hint_steps_in_backward(self, st: dict) -> None:
+        """Once a plan exists: a PerformanceHint when the same loop with its optimizer updates in
+        the backward is predicted at least HINT_GAIN faster (docs/pytorch.md, "Optimizer steps in
+        backward")."""
+        now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
+        if self._hinted or st["mode"] != "planned" or now <= 0:
+            return
+        self._hinted = True
+        if 0 < moved <= now * (1 - HINT_GAIN):
+            import warnings
+            warnings.warn(PerformanceHint(
+                f"teraio: the simulator predicts {moved / 1e3:.1f} ms per step for this loop with "
+                f"each optimizer update run in the backward, against {now / 1e3:.1f} ms as it runs "
+                f"({100 * (1 - moved / now):.0f}% less): session.watch(model, optimizer, "
+                f"step_in_backward=True) does that when the loop neither clips nor accumulates "
+                f"gradients (under the Hugging Face Trainer: TeraioCallback(..., "
+                f"step_in_backward=True) with max_grad_norm=0; docs/pytorch.md, \"Optimizer steps "
+                f"in backward\"); "
+                f"stats()['predicted_step_in_backward_us'] keeps the number"), stacklevel=4)
 
     def watch(self, model: Optional[torch.nn.Module] = None,
               optimizer: Optional[torch.optim.Optimizer] = None, *,
@@ -340,6 +374,12 @@ class Session:
         self._names = None
         if optimizer is not None and (split_steps or step_in_backward):
             self._split_steps(optimizer, split_steps, step_in_backward)
+        if optimizer is not None:
+            # Note [Predicting steps in backward] (src/offload/controller.cpp): only for an
+            # optimizer whose updates could run in backward and do not yet.
+            from . import optim
+            self._predict_in_backward = optim.splits_steps(optimizer) and not step_in_backward
+            self._require().set_predict_step_in_backward(self._predict_in_backward)
         return self
 
     def _split_steps(self, optimizer, split: bool = True, in_backward: bool = False) -> None:

@@ -10,6 +10,7 @@
 #include "teraio/error.h"
 #include "teraio/simulator.h"
 #include "teraio/sweep.h"
+#include "teraio/transform.h"
 #include "teraio/units.h"
 
 namespace teraio::offload {
@@ -328,6 +329,39 @@ void Controller::end_operator(uint32_t k, const char* name, std::span<const Logi
   collect_faults();
 }
 
+Plan Controller::plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const {
+  if (options_.plan_search) {
+    BestPlan best = plan_best(trace, po, kFirstIterations);
+    *variant = best.variant;
+    return std::move(best.plan);
+  }
+  *variant = "default";
+  return issue_in_deadline_order(trace, make_plan(trace, po));
+}
+
+// Note [Steady-state prediction]: the plan's own `predicted` is `teraio simulate`'s default (the
+// mean of 2 iterations, the first starting with nothing in flight), which the plan file keeps.
+// What a user compares with the steps they measure is a step of a long run, which carries the
+// transfers the step before left running: the Session reports the mean of simulated iterations
+// 2 to kSteadyIterations - 1, from the totals through kFirstIterations (2: plan_best's replay)
+// and through kSteadyIterations (a mean, not the last iteration alone, which is not monotonic in
+// bandwidth: docs/simulator.md, "Which iteration is reported"). On the H200's llama-1b plans that
+// is 3-5% above the 2-iteration mean.
+double Controller::steady_iteration_us(const Trace& trace, const Plan& plan) const {
+  try {
+    SimOptions so;
+    so.iterations = kFirstIterations;  // plan_best's replay already is this one
+    const double first = kFirstIterations * (options_.plan_search
+                                                 ? plan.predicted.iteration_us
+                                                 : simulate(trace, plan, so).iteration_us);
+    so.iterations = kSteadyIterations;
+    const double all = kSteadyIterations * simulate(trace, plan, so).iteration_us;
+    return (all - first) / (kSteadyIterations - kFirstIterations);
+  } catch (const std::exception&) {
+    return plan.predicted.iteration_us;
+  }
+}
+
 void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
                                        StepBinding& binding) {
   Recording rec = recorder_.build_trace(engine_, binding);
@@ -351,14 +385,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   po.discard_dead = options_.discard_dead;
   Plan plan;
   try {
-    if (options_.plan_search) {
-      BestPlan best = plan_best(rec.trace, po, kFirstIterations);
-      plan = std::move(best.plan);
-      plan_variant_ = best.variant;
-    } else {
-      plan = issue_in_deadline_order(rec.trace, make_plan(rec.trace, po));
-      plan_variant_ = "default";
-    }
+    plan = plan_for(rec.trace, po, &plan_variant_);
   } catch (const Error& e) {
     if (budget_.planner_reserve_bytes() == 0) throw;
     throw Error(fmt::format(
@@ -367,25 +394,21 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
         e.what(), format_bytes(double(budget_.budget_bytes)),
         format_bytes(double(budget_.untracked_bytes))));
   }
-  // Note [Steady-state prediction]: the plan's own `predicted` is `teraio simulate`'s default (the
-  // mean of 2 iterations, the first starting with nothing in flight), which the plan file keeps.
-  // What a user compares with the steps they measure is a step of a long run, which carries the
-  // transfers the step before left running: the Session reports the mean of simulated iterations
-  // 2 to kSteadyIterations - 1, from the totals through kFirstIterations (2: plan_best's replay)
-  // and through kSteadyIterations (a mean,
-  // not the last iteration alone, which is not monotonic in bandwidth: docs/simulator.md, "Which
-  // iteration is reported"). On the H200's llama-1b plans that is 3-5% above the 2-iteration mean.
-  try {
-    SimOptions so;
-    so.iterations = kFirstIterations;  // plan_best's replay already is this one
-    const double first = kFirstIterations * (options_.plan_search
-                                                 ? plan.predicted.iteration_us
-                                                 : simulate(rec.trace, plan, so).iteration_us);
-    so.iterations = kSteadyIterations;
-    const double all = kSteadyIterations * simulate(rec.trace, plan, so).iteration_us;
-    predicted_iteration_us_ = (all - first) / (kSteadyIterations - kFirstIterations);
-  } catch (const std::exception&) {
-    predicted_iteration_us_ = plan.predicted.iteration_us;
+  predicted_iteration_us_ = steady_iteration_us(rec.trace, plan);
+  // Note [Predicting steps in backward]: the same profile rewritten as the loop would record it
+  // with each optimizer update in the backward (teraio transform --step-in-backward), planned and
+  // replayed the same way, so that the Python Session can say when that loop would be faster
+  // (docs/pytorch.md, "Optimizer steps in backward"). 0 when not asked for or not possible (no
+  // watched optimizer states, a parameter read after its gradient is complete, a planner error).
+  predicted_in_backward_us_ = 0;
+  if (predict_in_backward_) {
+    try {
+      const Trace moved = move_optimizer_into_backward(rec.trace);
+      std::string variant;
+      predicted_in_backward_us_ = steady_iteration_us(moved, plan_for(moved, po, &variant));
+    } catch (const std::exception&) {
+      predicted_in_backward_us_ = 0;
+    }
   }
   if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);
   CachedPlan cp;
@@ -407,6 +430,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->plan_budget_bytes = plan_budget_bytes_;
   r->plan_variant = plan_variant_;
   r->predicted_iteration_us = predicted_iteration_us_;
+  r->predicted_step_in_backward_us = predicted_in_backward_us_;
   r->profiled_kernel_us = profiled_kernel_us_;
   r->resident_bytes = e.resident_bytes;
   r->pinned_bytes = e.pinned_bytes;

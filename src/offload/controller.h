@@ -147,6 +147,10 @@ class Controller {
   const std::string& last_error() const { return last_error_; }
   void set_last_error(std::string what) { last_error_ = std::move(what); }
 
+  // Whether each plan also predicts the step of the same loop with the optimizer's updates in the
+  // backward (SessionStats::predicted_step_in_backward_us; Note [Predicting steps in backward]).
+  void set_predict_step_in_backward(bool on) { predict_in_backward_ = on; }
+
   // The controller's and the engine's fields of SessionStats (the binding adds tracked_tensors
   // and tiers).
   void fill_stats(const runtime::EngineStats& engine, SessionStats* stats) const;
@@ -159,6 +163,8 @@ class Controller {
   void note_drift(uint32_t k, StepBinding& binding);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
+  Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const;
+  double steady_iteration_us(const Trace& trace, const Plan& plan) const;
   void install(const CachedPlan* p);
   void uninstall(Mode mode);
 
@@ -202,6 +208,9 @@ class Controller {
   std::string plan_variant_;           // which of the planner's variants the last plan is
   double profiled_kernel_us_ = 0;  // the last trace's operator times, summed
   double predicted_iteration_us_ = 0;  // the last plan's steady-state step in the simulator
+  // Note [Predicting steps in backward] in controller.cpp: whether to predict, and the prediction.
+  bool predict_in_backward_ = false;
+  double predicted_in_backward_us_ = 0;
   static constexpr int kFirstIterations = 2;   // Note [Steady-state prediction]
   static constexpr int kSteadyIterations = 8;
   uint64_t last_operators_ = 0;

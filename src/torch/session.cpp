@@ -1293,6 +1293,11 @@ void Session::fetch_all() {
     throw IoError(fmt::format("fetch_all: {} tensor(s) could not be brought back: {}", failed, first));
 }
 
+void Session::set_predict_step_in_backward(bool on) {
+  std::lock_guard lock(impl_->mu);
+  impl_->ctl->set_predict_step_in_backward(on);
+}
+
 void Session::name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind) {
   TensorKind k;
   TERAIO_CHECK(parse_tensor_kind(kind, &k), "name_tensor: unknown kind '{}'", kind);

@@ -4,6 +4,7 @@ learning rates and state_dict() are bitwise those of the same optimizer without 
 gradient norm in parts (teraio.clip_grad_norm_) is bitwise torch's (docs/pytorch.md,
 "Optimizers")."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -440,3 +441,43 @@ def test_step_in_backward_needs_a_per_parameter_optimizer(tmp_path):
             s.watch(model, step_in_backward=True)
         with pytest.raises(teraio.Error, match="step_in_backward must be True or False"):
             s.watch(model, step_in_backward=1)
+
+
+def test_plans_predict_steps_in_backward(tmp_path):
+    # A watched per-parameter optimizer whose updates run after backward: each plan also predicts
+    # the loop with them in the backward (Note [Predicting steps in backward]); a PerformanceHint
+    # says so once when that is at least teraio.HINT_GAIN faster. Stepping in backward already,
+    # nothing is predicted.
+    loop = lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False)  # noqa: E731
+    with session(tmp_path) as s:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run(loop, s)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["predicted_iteration_us"] > 0, st
+        assert st["predicted_step_in_backward_us"] > 0, st
+        hints = [w for w in caught if issubclass(w.category, teraio.PerformanceHint)]
+        faster = st["predicted_step_in_backward_us"] <= (1 - teraio.HINT_GAIN) * st["predicted_iteration_us"]
+        assert len(hints) == int(faster), (hints, st)
+    with session(tmp_path) as s:
+        run_in_backward(loop, s)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["predicted_step_in_backward_us"] == 0, st
+
+
+def test_the_hint_names_the_fix_and_comes_once(tmp_path):
+    with session(tmp_path) as s:
+        s._predict_in_backward = True
+        st = {"mode": "planned", "predicted_iteration_us": 1000.0,
+              "predicted_step_in_backward_us": 960.0}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            s._hint_steps_in_backward(st)  # 4% less: no hint, and none later
+            assert not caught and s._hinted
+            s._hinted = False
+            s._hint_steps_in_backward({**st, "predicted_step_in_backward_us": 700.0})
+            s._hint_steps_in_backward({**st, "predicted_step_in_backward_us": 500.0})
+        assert len(caught) == 1 and issubclass(caught[0].category, teraio.PerformanceHint)
+        msg = str(caught[0].message)
+        assert "0.7 ms per step" in msg and "1.0 ms as it runs (30% less)" in msg, msg
+        assert "step_in_backward=True" in msg and "clips" in msg, msg
