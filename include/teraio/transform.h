@@ -23,12 +23,14 @@ struct StepInBackwardInfo {
 // docs/report.md's phases find it (from the first kernel touching an optimizer state, with the
 // parameter-only kernels before it); its kernels are given to parameters by the tensors they touch
 // (a gradient or state belongs to the parameter whose name it extends by one component: "w.grad",
-// "w.exp_avg"; a temporary to the parameter whose kernel made it, or by name). A kernel over several
-// parameters (a foreach or fused step) is split into one per parameter, its time shared by bytes.
+// "w.exp_avg"; an unnamed gradient to the parameter whose update reads it; a temporary to the
+// parameter whose kernel made it, or by name, or, made by a foreach kernel over several parameters,
+// the j-th to the j-th parameter when the sizes agree). A kernel over several parameters (a
+// foreach or fused step) is split into one per parameter, its time shared by bytes.
 // Kernels of no parameter stay at the end. Tensors stay the same; producers, alive_until and writes
 // in place follow their kernels, and a tensor whose producer's input is now written before its
 // last use is no longer recomputable. Throws teraio::Error naming the cause when the trace has no
-// named optimizer states, a temporary of a multi-parameter kernel belongs to no parameter, a
+// named optimizer states, a multi-parameter kernel makes tensors it cannot give to parameters, a
 // parameter is used after its gradient is complete, or the trace already updates in backward.
 Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info = nullptr);
 

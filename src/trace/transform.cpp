@@ -121,15 +121,33 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
     }
     if (owners.empty()) continue;
     kernel_owner[k] = owners.size() == 1 ? owners[0] : kSeveral;
+    std::vector<TensorId> made;
     for (TensorId t : trace.kernel_tensors(k)) {
-      if (owner[t] != kNone || trace.tensors[t].persistent || first[t] != k) continue;
-      TERAIO_CHECK(owners.size() == 1,
-                   "kernel {} ({}) updates {} parameters at once and makes tensor {} ('{}'), "
-                   "which belongs to none of them by name; only a per-parameter optimizer's trace "
-                   "(foreach=False) can be rewritten",
-                   k, trace.kernel_name(k), owners.size(), t, trace.tensors[t].name);
-      owner[t] = owners[0];
+      if (owner[t] == kNone && !trace.tensors[t].persistent && first[t] == k) made.push_back(t);
     }
+    if (owners.size() == 1) {
+      for (TensorId t : made) owner[t] = owners[0];
+      continue;
+    }
+    // A foreach operator over several parameters returns one tensor per list entry, in the
+    // order of its inputs (_foreach_sqrt of the second moments): the j-th tensor it makes belongs
+    // to the j-th parameter it touches, if their sizes agree.
+    const bool one_each = made.empty() || (made.size() == owners.size() &&
+                                           [&] {
+                                             for (size_t j = 0; j < made.size(); ++j) {
+                                               const auto p = static_cast<size_t>(owners[j]);
+                                               if (trace.tensors[made[j]].bytes != trace.tensors[p].bytes)
+                                                 return false;
+                                             }
+                                             return true;
+                                           }());
+    TERAIO_CHECK(one_each,
+                 "kernel {} ({}) updates {} parameters at once and makes {} tensors that cannot be "
+                 "given to them (by name, or one of a parameter's size per parameter in order), "
+                 "such as tensor {} ('{}'); such a trace cannot be rewritten",
+                 k, trace.kernel_name(k), owners.size(), made.size(), made.front(),
+                 trace.tensors[made.front()].name);
+    for (size_t j = 0; j < made.size(); ++j) owner[made[j]] = owners[j];
   }
 
   // Where each parameter's update goes: after the last kernel before the optimizer that touches

@@ -443,12 +443,14 @@ def test_step_in_backward_needs_a_per_parameter_optimizer(tmp_path):
             s.watch(model, step_in_backward=1)
 
 
-def test_plans_predict_steps_in_backward(tmp_path):
-    # A watched per-parameter optimizer whose updates run after backward: each plan also predicts
+@pytest.mark.parametrize("foreach", [False, True])
+def test_plans_predict_steps_in_backward(tmp_path, foreach):
+    # A watched per-parameter optimizer whose updates run after backward (foreach: in parts, its
+    # _foreach_sqrt's unnamed outputs given to parameters by position): each plan also predicts
     # the loop with them in the backward (Note [Predicting steps in backward]); a PerformanceHint
     # says so once when that is at least teraio.HINT_GAIN faster. Stepping in backward already,
     # nothing is predicted.
-    loop = lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False)  # noqa: E731
+    loop = lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=foreach)  # noqa: E731
     with session(tmp_path) as s:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -85,6 +85,42 @@ TEST(StepInBackward, UnnamedGradientsBelongToTheUpdateThatReadsThem) {
   }
 }
 
+// PyTorch's default optimizer on CUDA is foreach: its _foreach_sqrt returns one unnamed tensor per
+// parameter, in the order of its inputs, and the rewrite gives each to its parameter by position.
+TEST(StepInBackward, UnnamedForeachTemporariesGoToTheirParameterByPosition) {
+  for (SynthDtype dtype : {SynthDtype::fp32, SynthDtype::amp}) {
+    SynthOptions o = one_micro_batch("llama-1b", true, dtype);
+    Trace after = synthesize(o);
+    const Trace want = move_optimizer_into_backward(after);
+    size_t renamed = 0;
+    for (TensorId t = 0; t < after.num_tensors(); ++t) {
+      if (after.tensors[t].name.ends_with(".denom")) {
+        after.tensors[t].name = fmt::format("op{}.out{}", t, t % 7);
+        ++renamed;
+      }
+    }
+    ASSERT_EQ(renamed, 2u * 9 + 2);
+    StepInBackwardInfo info;
+    const Trace got = move_optimizer_into_backward(after, &info);
+    EXPECT_EQ(info.split_kernels, 8u);
+    ASSERT_EQ(got.num_kernels(), want.num_kernels());
+    for (KernelIndex k = 0; k < got.num_kernels(); ++k) {
+      ASSERT_EQ(got.kernel_name(k), want.kernel_name(k)) << k;
+      const auto a = got.kernel_tensors(k), b = want.kernel_tensors(k);
+      EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << k;
+    }
+    // Sizes that do not match the parameters in order cannot be given: an error, not a guess.
+    Trace wrong = after;
+    for (TensorId t = 0; t < wrong.num_tensors(); ++t) {
+      if (wrong.tensors[t].name.starts_with("op") && wrong.tensors[t].bytes > 4096) {
+        wrong.tensors[t].bytes += 4;
+        break;
+      }
+    }
+    EXPECT_THROW(move_optimizer_into_backward(wrong), Error);
+  }
+}
+
 // A hand-made iteration: W makes A in the forward, W's gradient G is complete at kernel 1, A is
 // used after that (kernel 2), then AdamW: weight decay, lerp_ on M with G, the update of W.
 Trace hand_made(bool use_w_late) {
