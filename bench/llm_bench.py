@@ -197,6 +197,9 @@ def parse_args(argv=None):
                    help="teraio: Session.watch(..., step_in_backward=True): each parameter's AdamW update runs "
                         "during backward as soon as its gradient is complete, so the optimizer states move while "
                         "backward computes")
+    g.add_argument("--step-in-backward-auto", action="store_true",
+                   help="teraio: Session.watch(..., step_in_backward='auto'): the Session turns steps in backward on "
+                        "after its first plan if it predicts them faster")
     g.add_argument("--stream-ordered-offloads", action=argparse.BooleanOptionalAction, default=True,
                    help="teraio: Session(stream_ordered_offloads=...): offloads due before an operator are "
                         "waited for on the GPU, not the CPU (the Session's default); --no-... waits on the CPU")
@@ -533,7 +536,8 @@ class Teraio(Ideal):
                                       trace_path=a.trace_out, plan_path=a.plan_out,
                                       stream_ordered_offloads=a.stream_ordered_offloads,
                                       verify=a.verify, recompute=a.recompute, discard_dead=a.discard_dead)
-        self.session.watch(self.model, self.opt, step_in_backward=a.step_in_backward)
+        self.session.watch(self.model, self.opt,
+                           step_in_backward="auto" if a.step_in_backward_auto else a.step_in_backward)
 
     def step(self, ids):
         ids = ids.to(self.device, non_blocking=True)

@@ -280,7 +280,9 @@ class Session:
         self._split = []  # optimizers whose steps teraio wraps (watch)
         self._names = None  # id(parameter) -> name in a watched model (_param_name)
         self._predict_in_backward = False  # plans predict steps in backward (watch)
-        self._hinted = False  # the PerformanceHint about steps in backward was given
+        self._hinted = False  # the PerformanceHint about steps in backward was given (or decided)
+        self._auto_in_backward = []  # (optimizer, split_steps) watched with step_in_backward="auto"
+        self._steps_in_backward = False
         _session_opened()
         global _active
         _active = weakref.ref(self)
@@ -323,15 +325,35 @@ class Session:
         if self._predict_in_backward and not self._hinted:
             self._hint_steps_in_backward(impl.stats())  # once, after the first plan
 
+    def _predicted_gain(self, st: dict) -> Optional[float]:
+        """The fraction of the step that steps in backward are predicted to save, once a plan
+        exists (None before; 0 or less when not faster or not predicted)."""
+        now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
+        if st["mode"] != "planned" or now <= 0:
+            return None
+        return 1 - moved / now if moved > 0 else 0.0
+
     def _hint_steps_in_backward(self, st: dict) -> None:
         """Once a plan exists: a PerformanceHint when the same loop with its optimizer updates in
         the backward is predicted at least HINT_GAIN faster (docs/pytorch.md, "Optimizer steps in
         backward")."""
-        now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
-        if self._hinted or st["mode"] != "planned" or now <= 0:
+        gain = self._predicted_gain(st)
+        if self._hinted or gain is None:
             return
         self._hinted = True
-        if 0 < moved <= now * (1 - HINT_GAIN):
+        now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
+        if self._auto_in_backward:
+            # step_in_backward="auto": the user accepted the loop's conditions; act instead of
+            # advising. The next step drifts from the plan (its operators move) and is profiled
+            # again, so the plan after it is made for the new loop.
+            if gain >= HINT_GAIN:
+                from . import optim
+                for optimizer, split in self._auto_in_backward:
+                    optim._install(optimizer, self, split, True)
+                self._require().set_predict_step_in_backward(False)
+                self._steps_in_backward = True
+            return
+        if gain >= HINT_GAIN:
             import warnings
             warnings.warn(PerformanceHint(
                 f"teraio: the simulator predicts {moved / 1e3:.1f} ms per step for this loop with "
@@ -345,7 +367,8 @@ class Session:
 
     def watch(self, model: Optional[torch.nn.Module] = None,
               optimizer: Optional[torch.optim.Optimizer] = None, *,
-              split_steps: bool = True, step_in_backward: bool = False) -> "Session":
+              split_steps: bool = True,
+              step_in_backward: Union[bool, str] = False) -> "Session":
         """Names parameters and optimizer states in the trace (parameter name, state key), and runs
         each optimizer.step() of a foreach or fused torch.optim optimizer in parts that fit the
         budget (split_steps; bitwise the same result; docs/pytorch.md, "Optimizers").
@@ -355,15 +378,25 @@ class Session:
         "Optimizer steps in backward"). Bitwise the same result for a loop that calls
         optimizer.step() once after each backward and changes neither the gradients nor the
         optimizer's group values in between (no gradient clipping or accumulation); anything else
-        raises teraio.Error. The optimizer gets its step() back when the Session closes."""
-        for name, flag in (("split_steps", split_steps), ("step_in_backward", step_in_backward)):
-            if not isinstance(flag, bool):
-                raise Error(f"Session.watch: {name} must be True or False, got {flag!r}")
+        raises teraio.Error. "auto": the same conditions accepted, the Session turns it on after
+        its first plan when it predicts the step at least HINT_GAIN faster that way
+        (session.steps_in_backward says whether it did). The optimizer gets its step() back when
+        the Session closes."""
+        if not isinstance(split_steps, bool):
+            raise Error(f"Session.watch: split_steps must be True or False, got {split_steps!r}")
+        if not isinstance(step_in_backward, bool) and step_in_backward != "auto":
+            raise Error(f"Session.watch: step_in_backward must be True, False or 'auto', got "
+                        f"{step_in_backward!r}")
+        auto = step_in_backward == "auto"
         self._require()
         if step_in_backward:
             if optimizer is None:
-                raise Error("Session.watch: step_in_backward=True needs the optimizer "
-                            "(session.watch(model, optimizer, step_in_backward=True))")
+                raise Error(f"Session.watch: step_in_backward={step_in_backward!r} needs the "
+                            f"optimizer (session.watch(model, optimizer, "
+                            f"step_in_backward={step_in_backward!r}))")
+            from . import optim
+            if not optim.splits_steps(optimizer):
+                optim._install(optimizer, self, split_steps, True)  # raises, naming the class
             import torch.distributed as dist
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 raise Error("Session.watch: step_in_backward=True updates each parameter from its "
@@ -373,14 +406,25 @@ class Session:
         self._watched.append((model, optimizer))
         self._names = None
         if optimizer is not None and (split_steps or step_in_backward):
-            self._split_steps(optimizer, split_steps, step_in_backward)
+            self._split_steps(optimizer, split_steps, step_in_backward is True)
         if optimizer is not None:
             # Note [Predicting steps in backward] (src/offload/controller.cpp): only for an
             # optimizer whose updates could run in backward and do not yet.
             from . import optim
-            self._predict_in_backward = optim.splits_steps(optimizer) and not step_in_backward
+            self._predict_in_backward = (optim.splits_steps(optimizer)
+                                         and step_in_backward is not True)
             self._require().set_predict_step_in_backward(self._predict_in_backward)
+            self._steps_in_backward = step_in_backward is True
+            if auto:
+                self._auto_in_backward.append((optimizer, split_steps))
+                self._hinted = False
         return self
+
+    @property
+    def steps_in_backward(self) -> bool:
+        """Whether the watched optimizer's updates run in backward (step_in_backward=True, or
+        "auto" once the Session turned it on)."""
+        return self._steps_in_backward
 
     def _split_steps(self, optimizer, split: bool = True, in_backward: bool = False) -> None:
         from . import optim

@@ -439,7 +439,7 @@ def test_step_in_backward_needs_a_per_parameter_optimizer(tmp_path):
             s.watch(model, torch.optim.LBFGS(model.parameters()), step_in_backward=True)
         with pytest.raises(teraio.Error, match="needs the optimizer"):
             s.watch(model, step_in_backward=True)
-        with pytest.raises(teraio.Error, match="step_in_backward must be True or False"):
+        with pytest.raises(teraio.Error, match="step_in_backward must be True, False or .auto."):
             s.watch(model, step_in_backward=1)
 
 
@@ -483,3 +483,40 @@ def test_the_hint_names_the_fix_and_comes_once(tmp_path):
         msg = str(caught[0].message)
         assert "0.7 ms per step" in msg and "1.0 ms as it runs (30% less)" in msg, msg
         assert "step_in_backward=True" in msg and "clips" in msg, msg
+
+
+@pytest.mark.parametrize("switch", [True, False])
+def test_step_in_backward_auto_turns_it_on_when_predicted_faster(tmp_path, monkeypatch, switch):
+    # step_in_backward="auto": after the first plan the Session turns steps in backward on when it
+    # predicts them HINT_GAIN faster (forced here either way: the prediction on a loaded CPU varies),
+    # the next step drifts and is profiled again; training stays bitwise and no hint is given.
+    monkeypatch.setattr(teraio, "HINT_GAIN", -10.0 if switch else 10.0)
+    loop = lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False)  # noqa: E731
+    ref = run(loop)
+    with session(tmp_path) as s:
+        torch.manual_seed(0)
+        model = deep_mlp()
+        opt = loop(model.parameters())
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.7 ** i)
+        s.watch(model, opt, step_in_backward="auto")
+        assert not s.steps_in_backward
+        losses, lrs = [], []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for x, y in batches(STEPS):
+                with s.step():
+                    opt.zero_grad()
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                    losses.append(loss.detach().clone())
+                lrs.append(opt.param_groups[0]["lr"])
+        assert not [w for w in caught if issubclass(w.category, teraio.PerformanceHint)]
+        st = s.stats()
+        assert s.steps_in_backward == switch
+        assert opt._teraio_splitter.backward_updates == (14 if switch else 0)
+        assert (st["drift_events"] > 0) == switch, st  # the loop's operators moved once
+        assert st["predicted_step_in_backward_us"] == 0 if switch else st["predicted_step_in_backward_us"] > 0
+        with s.resident():
+            assert_same(ref, (losses, model, opt, lrs))

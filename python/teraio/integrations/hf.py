@@ -57,8 +57,9 @@ class TeraioCallback(TrainerCallback):
     trace (Session.watch). Whatever `watch` says, the optimizer's steps run in parts that fit the
     budget and the gradient norm is taken in parts (teraio.clip_grad_norm_), bitwise as without.
     step_in_backward: each parameter's update runs during backward (Session.watch(...,
-    step_in_backward=True)); needs TrainingArguments with max_grad_norm=0 (no clipping) and
-    gradient_accumulation_steps=1, checked when training begins.
+    step_in_backward=True), or "auto": when the Session predicts it faster); needs
+    TrainingArguments with max_grad_norm=0 (no clipping) and gradient_accumulation_steps=1, checked
+    when training begins.
     A new Session is opened by every train() and closed when it ends; errors of the Session
     (teraio.IoError, a budget that cannot be met) propagate out of train() after the Session has
     been closed. When train() raises from the model's own code the Trainer calls no callback: use
@@ -68,7 +69,7 @@ class TeraioCallback(TrainerCallback):
 
     def __init__(self, budget: teraio.Size,
                  tiers: Iterable[Union[teraio.HostTier, teraio.FileTier]], *, watch: bool = True,
-                 step_in_backward: bool = False, **session_options):
+                 step_in_backward: Union[bool, str] = False, **session_options):
         teraio.parse_size(budget, "TeraioCallback budget")  # fail here, not at train()
         given, kinds = tiers, (teraio.HostTier, teraio.FileTier)
         try:
@@ -87,9 +88,12 @@ class TeraioCallback(TrainerCallback):
                                f"teraio.Session takes budget, tiers, {', '.join(_SESSION_OPTIONS)}")
         self._budget = budget
         self._tiers = tiers
-        if not isinstance(step_in_backward, bool):
-            raise teraio.Error(f"TeraioCallback: step_in_backward must be True or False, got "
-                               f"{step_in_backward!r}")
+        if not isinstance(step_in_backward, bool) and step_in_backward != "auto":
+            raise teraio.Error(f"TeraioCallback: step_in_backward must be True, False or 'auto', "
+                               f"got {step_in_backward!r}")
+        if step_in_backward == "auto" and not watch:
+            raise teraio.Error("TeraioCallback: step_in_backward='auto' needs watch=True (the "
+                               "Session predicts from the optimizer states watch names)")
         self._watch = watch
         self._in_backward = step_in_backward
         self._options = session_options
@@ -126,8 +130,9 @@ class TeraioCallback(TrainerCallback):
                 wrong.append(f"gradient_accumulation_steps={args.gradient_accumulation_steps}")
             if wrong:
                 raise teraio.Error(
-                    f"TeraioCallback(step_in_backward=True): the optimizer updates each parameter "
-                    f"during backward, which the Trainer's {' and '.join(wrong)} would change; set "
+                    f"TeraioCallback(step_in_backward={self._in_backward!r}): the optimizer updates "
+                    f"each parameter during backward, which the Trainer's {' and '.join(wrong)} "
+                    f"would change; set "
                     f"max_grad_norm=0 and gradient_accumulation_steps=1 in the TrainingArguments, "
                     f"or use step_in_backward=False")
         self.close()  # a Session a train() that raised left open
@@ -135,7 +140,7 @@ class TeraioCallback(TrainerCallback):
         if self._watch:
             self._session.watch(model, optimizer, step_in_backward=self._in_backward)
         elif optimizer is not None:
-            self._session._split_steps(optimizer, True, self._in_backward)
+            self._session._split_steps(optimizer, True, self._in_backward is True)
         self._clip_patch = _optim._patch_torch_clip()
 
     def on_step_begin(self, args, state, control, **kwargs):
