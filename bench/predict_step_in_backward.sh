@@ -25,21 +25,30 @@ cases=(
   "llama-1b amp 1/4|--model llama-1b-v32k --batch 4 --seq 1024 --dtype amp|6379231872B"
   "llama-8b amp 110GiB|--model llama3-8b --batch 4 --seq 2048 --dtype amp|110GiB"
 )
-printf '| %-20s | %-12s | %-12s | %-8s |\n' case "after (ms)" "in bwd (ms)" change
+# predict TRACE PLAN_ARGS...: plans TRACE (--search and the given options) and prints the simulated
+# step (mean of 8 iterations) in ms.
+predict() {
+  local trace=$1; shift
+  "$T" plan "$trace" "$@" --search -o "$trace.plan" >/dev/null
+  "$T" simulate "$trace" "$trace.plan" --iterations 8 --json | python3 -c \
+    'import json,sys; print("%.1f" % (json.load(sys.stdin)["iteration_us"] / 1e3))'
+}
+# row NAME AFTER_MS INBWD_MS
+row() {
+  printf '| %-40s | %12s | %12s | %+7.1f%% |\n' "$1" "$2" "$3" "$(python3 -c "print(100 * ($3 / $2 - 1))")"
+}
+header() { printf '| %-40s | %-12s | %-12s | %-8s |\n' "$1" "after (ms)" "in bwd (ms)" change; }
+
+header case
 for c in "${cases[@]}"; do
   IFS='|' read -r name opts budget <<<"$c"
-  declare -A ms=()
-  for mode in after inbwd; do
-    flag=""; [[ $mode == inbwd ]] && flag=--step-in-backward
-    base=$(tr " /" "__" <<<"$name"); trace="$WORK/$base-$mode.json"; plan="$WORK/$base-$mode.plan.json"
-    # shellcheck disable=SC2086
-    "$T" synth $opts --micro-batches 1 --grad-set-to-none $flag -o "$trace" >/dev/null
-    "$T" plan "$trace" --budget "$budget" --session-budget --tier "$LINK" --search -o "$plan" >/dev/null
-    ms[$mode]=$("$T" simulate "$trace" "$plan" --iterations 8 --json | python3 -c \
-      'import json,sys; print("%.1f" % (json.load(sys.stdin)["iteration_us"] / 1e3))')
-  done
-  printf '| %-20s | %12s | %12s | %+7.1f%% |\n' "$name" "${ms[after]}" "${ms[inbwd]}" \
-    "$(python3 -c "print(100 * (${ms[inbwd]} / ${ms[after]} - 1))")"
+  base=$(tr " /" "__" <<<"$name")
+  # shellcheck disable=SC2086
+  "$T" synth $opts --micro-batches 1 --grad-set-to-none -o "$WORK/$base.json" >/dev/null
+  # shellcheck disable=SC2086
+  "$T" synth $opts --micro-batches 1 --grad-set-to-none --step-in-backward -o "$WORK/$base-inbwd.json" >/dev/null
+  row "$name" "$(predict "$WORK/$base.json" --budget "$budget" --session-budget --tier "$LINK")" \
+    "$(predict "$WORK/$base-inbwd.json" --budget "$budget" --session-budget --tier "$LINK")"
 done
 
 echo
@@ -51,7 +60,7 @@ PROFILES=${PROFILES:-"$R/call3/recompute/trace-recompute-1of4-llama-1b-fp32.json
   $R/call2/recompute/trace-recompute-1of2-llama-3b-fp32.json.xz
   $R/call2/recompute/trace-recompute-1of4-llama-3b-fp32.json.xz
   $R/call4/real/trace-teraio-host-8b-amp.json.xz"}
-printf '| %-40s | %-12s | %-12s | %-8s |\n' trace "after (ms)" "in bwd (ms)" change
+header trace
 for f in $PROFILES; do
   base=$(basename "$f"); base=${base%.xz}; base=${base%.json}
   plan_file="$(dirname "$f")/plan-${base#trace-}.json"; [[ -f $plan_file ]] || plan_file+=.xz
@@ -65,13 +74,6 @@ print(p["budget_bytes"], "host:%d:%r:%r:%r" % (t["capacity_bytes"], t["read_gbps
                                                t.get("duplex_gbps", min(t["read_gbps"], t["write_gbps"]))))
 ' "$WORK/$base.recorded-plan.json")
   "$T" transform "$WORK/$base.json" --step-in-backward -o "$WORK/$base-inbwd.json" >/dev/null
-  declare -A ms=()
-  for mode in after inbwd; do
-    trace="$WORK/$base.json"; [[ $mode == inbwd ]] && trace="$WORK/$base-inbwd.json"
-    "$T" plan "$trace" --budget "${budget}B" --tier "$tier" --search -o "$trace.plan" >/dev/null
-    ms[$mode]=$("$T" simulate "$trace" "$trace.plan" --iterations 8 --json | python3 -c \
-      'import json,sys; print("%.1f" % (json.load(sys.stdin)["iteration_us"] / 1e3))')
-  done
-  printf '| %-40s | %12s | %12s | %+7.1f%% |\n' "${base#trace-}" "${ms[after]}" "${ms[inbwd]}" \
-    "$(python3 -c "print(100 * (${ms[inbwd]} / ${ms[after]} - 1))")"
+  row "${base#trace-}" "$(predict "$WORK/$base.json" --budget "${budget}B" --tier "$tier")" \
+    "$(predict "$WORK/$base-inbwd.json" --budget "${budget}B" --tier "$tier")"
 done

@@ -16,6 +16,7 @@
 #include "teraio/analysis.h"
 #include "teraio/error.h"
 #include "teraio/synth.h"
+#include "one_micro_batch.h"
 
 namespace teraio {
 namespace {
@@ -358,15 +359,7 @@ TEST(Synth, StepInBackwardUpdatesEachParameterOnceItsGradientIsComplete) {
     for (bool foreach : {false, true}) {
       for (SynthDtype dtype : {SynthDtype::fp32, SynthDtype::amp}) {
         SCOPED_TRACE(fmt::format("{} foreach={} amp={}", model, foreach, dtype == SynthDtype::amp));
-        SynthOptions o = tiny();
-        o.model = model;
-        o.layers = 1;
-        o.batch = 1;
-        o.seq = 16;
-        o.micro_batches = 1;
-        o.foreach = foreach;
-        o.dtype = dtype;
-        o.persistent_gradients = false;
+        SynthOptions o = one_micro_batch(model, foreach, dtype, 1);
         const Trace after = synthesize(o);
         o.step_in_backward = true;
         const Trace trace = synthesize(o);

@@ -14,6 +14,7 @@
 #include "teraio/error.h"
 #include "teraio/synth.h"
 #include "teraio/transform.h"
+#include "one_micro_batch.h"
 
 namespace teraio {
 namespace {
@@ -29,19 +30,6 @@ std::vector<std::string> kernels_by_name(const Trace& trace) {
     out.push_back(fmt::format("{}({})", trace.kernel_name(k), fmt::join(names, ",")));
   }
   return out;
-}
-
-SynthOptions one_micro_batch(const char* model, bool foreach, SynthDtype dtype) {
-  SynthOptions o;
-  o.model = model;
-  o.layers = 2;
-  o.batch = 1;
-  o.seq = 16;
-  o.micro_batches = 1;
-  o.foreach = foreach;
-  o.dtype = dtype;
-  o.persistent_gradients = false;
-  return o;
 }
 
 TEST(StepInBackward, RewriteIsWhatSynthWritesForThatLoop) {
