@@ -783,7 +783,7 @@ class Builder {
   // foreach operators over that parameter alone (a step_in_backward hook's sub-group; foreach=False
   // computes the square root into a new tensor, foreach as well).
   void adamw_update(const Param& p) {
-    const std::string& name = trace_.tensors[p.param].name;
+    const std::string name = trace_.tensors[p.param].name;  // a copy: tensor() below may reallocate
     const bool fe = opt_.foreach;
     written({p.param});
     ew(fe ? "aten::_foreach_mul_" : "aten::mul_", {p.param});  // decoupled weight decay
