@@ -18,6 +18,7 @@ import contextlib
 import errno as _errno
 import math
 import os
+import time
 import weakref
 from typing import Iterable, Optional, Sequence, Union
 
@@ -281,7 +282,7 @@ class Session:
         self._names = None  # id(parameter) -> name in a watched model (_param_name)
         self._predict_in_backward = False  # plans predict steps in backward (watch)
         self._hinted = False  # the PerformanceHint about steps in backward was given (or decided)
-        self._auto_in_backward = []  # (optimizer, split_steps) watched with step_in_backward="auto"
+        self._auto: Optional[_AutoInBackward] = None  # watch(..., step_in_backward="auto")
         self._steps_in_backward = False
         _session_opened()
         global _active
@@ -322,7 +323,9 @@ class Session:
             if refined is None:
                 raise
             raise Error(refined) from e
-        if self._predict_in_backward and not self._hinted:
+        if self._auto is not None:
+            self._auto.after_step(self, impl.stats(), _clock())
+        elif self._predict_in_backward and not self._hinted:
             self._hint_steps_in_backward(impl.stats())  # once, after the first plan
 
     def _predicted_gain(self, st: dict) -> Optional[float]:
@@ -342,17 +345,6 @@ class Session:
             return
         self._hinted = True
         now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
-        if self._auto_in_backward:
-            # step_in_backward="auto": the user accepted the loop's conditions; act instead of
-            # advising. The next step drifts from the plan (its operators move) and is profiled
-            # again, so the plan after it is made for the new loop.
-            if gain >= HINT_GAIN:
-                from . import optim
-                for optimizer, split in self._auto_in_backward:
-                    optim._install(optimizer, self, split, True)
-                self._require().set_predict_step_in_backward(False)
-                self._steps_in_backward = True
-            return
         if gain >= HINT_GAIN:
             import warnings
             warnings.warn(PerformanceHint(
@@ -378,10 +370,11 @@ class Session:
         "Optimizer steps in backward"). Bitwise the same result for a loop that calls
         optimizer.step() once after each backward and changes neither the gradients nor the
         optimizer's group values in between (no gradient clipping or accumulation); anything else
-        raises teraio.Error. "auto": the same conditions accepted, the Session turns it on after
-        its first plan when it predicts the step at least HINT_GAIN faster that way
-        (session.steps_in_backward says whether it did). The optimizer gets its step() back when
-        the Session closes."""
+        raises teraio.Error. "auto": the same conditions accepted, the Session tries it after its
+        first plan when it predicts the step at least HINT_GAIN faster that way, and keeps it if
+        the steps it times agree (Note [Auto steps in backward]; session.steps_in_backward,
+        session.step_in_backward_decision). The optimizer gets its step() back when the Session
+        closes."""
         if not isinstance(split_steps, bool):
             raise Error(f"Session.watch: split_steps must be True or False, got {split_steps!r}")
         if not isinstance(step_in_backward, bool) and step_in_backward != "auto":
@@ -416,9 +409,25 @@ class Session:
             self._require().set_predict_step_in_backward(self._predict_in_backward)
             self._steps_in_backward = step_in_backward is True
             if auto:
-                self._auto_in_backward.append((optimizer, split_steps))
-                self._hinted = False
+                if self._auto is None:
+                    self._auto = _AutoInBackward()
+                self._auto.optimizers.append((optimizer, split_steps))
         return self
+
+    def _set_steps_in_backward(self, on: bool) -> None:
+        """Turns the "auto" optimizers' steps in backward on or off (between steps)."""
+        from . import optim
+        for optimizer, split in self._auto.optimizers:
+            optim._install(optimizer, self, split, on)
+        self._require().set_predict_step_in_backward(False)
+        self._steps_in_backward = on
+
+    @property
+    def step_in_backward_decision(self) -> Optional[dict]:
+        """watch(..., step_in_backward="auto"): what the Session predicted and measured and whether
+        it kept steps in backward (None without "auto"; docs/pytorch.md, "Optimizer steps in
+        backward")."""
+        return None if self._auto is None else dict(self._auto.decision)
 
     @property
     def steps_in_backward(self) -> bool:
@@ -576,6 +585,65 @@ class Session:
             self.close()
         except Exception:
             pass
+
+
+_clock = time.perf_counter  # step ends, for step_in_backward="auto" (tests replace it)
+
+# Planned steps without drift timed on each side of an "auto" switch.
+AUTO_STEPS = 3
+
+
+class _AutoInBackward:
+    """Note [Auto steps in backward]: watch(..., step_in_backward="auto") means the user accepts the
+    loop's conditions for steps in backward and lets the Session choose. The choice is measured,
+    not only predicted: once the first plan predicts steps in backward at least HINT_GAIN faster,
+    AUTO_STEPS planned steps are timed (the time between consecutive step ends: the pace of a long
+    run, whatever the CPU runs ahead), steps in backward are turned on (the next step drifts from
+    the plan, the one after is profiled and planned again), and once planned steps without drift
+    run again, AUTO_STEPS more are timed. Steps in backward stay only if those are faster; otherwise
+    they are turned off, and the first plan (cached for that loop's signature) comes back after one
+    step that drifts. Either way the decision is final and `decision` says what was seen."""
+
+    def __init__(self):
+        self.optimizers = []  # (optimizer, split_steps)
+        self.phase = "predict"  # -> "before" -> "settle" -> "after" -> "done"
+        self.times = []  # step periods (s) of the phase being timed
+        self.last_end = None  # the last step's end (clock)
+        self.last_drift = None  # drift_events after the last step
+        self.decision = {"predicted_gain": None, "before_s": None, "after_s": None, "kept": False}
+
+    def after_step(self, session: "Session", st: dict, now: float) -> None:
+        period = None if self.last_end is None else now - self.last_end
+        steady = (st["mode"] == "planned" and self.last_drift is not None
+                  and st["drift_events"] == self.last_drift)
+        self.last_end, self.last_drift = now, st["drift_events"]
+        if self.phase == "predict":
+            gain = session._predicted_gain(st)
+            if gain is None:
+                return
+            self.decision["predicted_gain"] = gain
+            self.phase = "before" if gain >= HINT_GAIN else "done"
+            if self.phase == "done":
+                session._require().set_predict_step_in_backward(False)
+        elif self.phase in ("before", "after") and steady and period is not None:
+            self.times.append(period)
+            if len(self.times) < AUTO_STEPS:
+                return
+            mean = sum(self.times) / len(self.times)
+            self.times = []
+            if self.phase == "before":
+                self.decision["before_s"] = mean
+                session._set_steps_in_backward(True)
+                self.phase = "settle"
+            else:
+                self.decision["after_s"] = mean
+                keep = mean < self.decision["before_s"]
+                self.decision["kept"] = keep
+                if not keep:
+                    session._set_steps_in_backward(False)
+                self.phase = "done"
+        elif self.phase == "settle" and steady:
+            self.phase = "after"  # planned for the new loop: time the steps from here on
 
 
 from .optim import clip_grad_norm_, clip_grads_with_norm_, get_total_norm  # noqa: E402

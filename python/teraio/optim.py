@@ -202,6 +202,7 @@ class _Splitter:
                 handle.remove()
             self.hooks = {}
             self.stepped, self.values = {}, {}
+            self.backward_updates = 0
             return
         self._index_groups(opt)
         splitter_ref = weakref.ref(self)
