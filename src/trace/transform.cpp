@@ -83,11 +83,18 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
   }
 
   // First and last use of every tensor in the original order.
+  // made_before: used before the optimizer by a kernel with other tensors (a gradient's kernel
+  // in backward, not zero_grad's zero_ at the step's start, which touches gradients alone).
   std::vector<KernelIndex> first(nt, kNoKernel), last_before(nt, kNoKernel);
+  std::vector<uint8_t> made_before(nt, 0);
   for (KernelIndex k = 0; k < n; ++k) {
-    for (TensorId t : trace.kernel_tensors(k)) {
+    const auto ts = trace.kernel_tensors(k);
+    for (TensorId t : ts) {
       if (first[t] == kNoKernel) first[t] = k;
-      if (k < opt) last_before[t] = k;
+      if (k < opt) {
+        last_before[t] = k;
+        made_before[t] |= ts.size() > 1;
+      }
     }
   }
 
@@ -151,10 +158,12 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
   }
 
   // Where each parameter's update goes: after the last kernel before the optimizer that touches
-  // its gradient. Nothing else of the parameter may be used between there and the optimizer.
+  // its gradient, if backward made one (a parameter whose gradient only zero_grad touched got none
+  // this step: no hook runs for it, optimizer.step() updates it). Nothing else of the parameter
+  // may be used between there and the optimizer.
   std::vector<KernelIndex> insert_after(nt, kNoKernel);
   for (TensorId t = 0; t < nt; ++t) {
-    if (trace.tensors[t].kind != TensorKind::gradient || owner[t] < 0) continue;
+    if (trace.tensors[t].kind != TensorKind::gradient || owner[t] < 0 || !made_before[t]) continue;
     const auto p = static_cast<TensorId>(owner[t]);
     if (last_before[t] != kNoKernel &&
         (insert_after[p] == kNoKernel || last_before[t] > insert_after[p])) {

@@ -64,6 +64,7 @@ struct Args {
   bool batch_given = false, seq_given = false, lr_given = false, warmup_given = false;
   double weight_decay = 0.1;
   double grad_clip = 1.0;
+  bool step_in_backward = false;
   std::string dtype = "fp32";
   std::string device = "cpu";
   uint64_t seed = 1;
@@ -404,14 +405,71 @@ uint64_t tensor_bytes(const torch::Tensor& t) {
   return t.defined() ? uint64_t(t.numel()) * t.element_size() : 0;
 }
 
+// The run's AdamW: one optimizer over every parameter, or with --step-in-backward one per
+// parameter, each stepped from its parameter's post-accumulate-grad hook as soon as backward has
+// accumulated the gradient (docs/train.md; the Python side's Note [Steps in backward]). libtorch's
+// AdamW updates each parameter from its own gradient and state (its step count included), so one
+// optimizer per parameter gives bitwise the same parameters.
+class Optimizers {
+ public:
+  Optimizers(Llama& model, const torch::optim::AdamWOptions& options, bool in_backward) {
+    if (!in_backward) {
+      all_.push_back(std::make_unique<torch::optim::AdamW>(model->parameters(), options));
+      return;
+    }
+    for (const torch::Tensor& p : model->parameters()) {
+      all_.push_back(std::make_unique<torch::optim::AdamW>(std::vector<torch::Tensor>{p}, options));
+      torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<StepHook>(all_.back().get()));
+      hooked_.push_back(p);
+    }
+    in_backward_ = true;
+  }
+  ~Optimizers() {  // the hooks point at the optimizers
+    for (const torch::Tensor& p : hooked_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  }
+  Optimizers(const Optimizers&) = delete;
+  Optimizers& operator=(const Optimizers&) = delete;
+  void set_lr(double lr) {
+    for (auto& opt : all_)
+      for (auto& group : opt->param_groups())
+        static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+  void zero_grad() {
+    for (auto& opt : all_) opt->zero_grad();
+  }
+  // The update, where backward has not made it already.
+  void step() {
+    if (!in_backward_) all_.front()->step();
+  }
+  // The AdamW state of parameter p, or nullptr before its first step.
+  const torch::optim::AdamWParamState* state(const torch::Tensor& p) const {
+    for (const auto& opt : all_) {
+      auto it = opt->state().find(p.unsafeGetTensorImpl());
+      if (it != opt->state().end())
+        return &static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    }
+    return nullptr;
+  }
+
+ private:
+  struct StepHook : torch::autograd::PostAccumulateGradHook {
+    explicit StepHook(torch::optim::AdamW* opt) : opt_(opt) {}
+    void operator()(const torch::autograd::Variable&) override { opt_->step(); }
+    torch::optim::AdamW* opt_;
+  };
+  std::vector<std::unique_ptr<torch::optim::AdamW>> all_;
+  std::vector<torch::Tensor> hooked_;
+  bool in_backward_ = false;
+};
+
 // Parameters, gradients and AdamW states, counted from shapes (valid while tensors are offloaded).
-uint64_t model_state_bytes(Llama& model, torch::optim::AdamW& opt) {
+uint64_t model_state_bytes(Llama& model, const Optimizers& opt) {
   uint64_t bytes = 0;
-  for (const auto& p : model->parameters()) bytes += tensor_bytes(p) + tensor_bytes(p.grad());
-  for (const auto& [key, state] : opt.state()) {
-    const auto& s = static_cast<const torch::optim::AdamWParamState&>(*state);
-    bytes +=
-        tensor_bytes(s.exp_avg()) + tensor_bytes(s.exp_avg_sq()) + tensor_bytes(s.max_exp_avg_sq());
+  for (const auto& p : model->parameters()) {
+    bytes += tensor_bytes(p) + tensor_bytes(p.grad());
+    if (const torch::optim::AdamWParamState* s = opt.state(p))
+      bytes += tensor_bytes(s->exp_avg()) + tensor_bytes(s->exp_avg_sq()) +
+               tensor_bytes(s->max_exp_avg_sq());
   }
   return bytes;
 }
@@ -476,6 +534,9 @@ int run(Args args) {
                "--weight-decay {}: must be a number >= 0", args.weight_decay);
   TERAIO_CHECK(std::isfinite(args.grad_clip) && args.grad_clip >= 0,
                "--grad-clip {}: must be a number >= 0 (0: off)", args.grad_clip);
+  TERAIO_CHECK(!args.step_in_backward || args.grad_clip == 0,
+               "--step-in-backward updates each parameter during backward, before a gradient "
+               "norm over all of them exists, so it cannot clip: add --grad-clip 0");
   TERAIO_CHECK(args.threads >= 0 && args.threads <= 4096,
                "--threads {}: must be in [0, 4096] (0: PyTorch's default)", args.threads);
   TERAIO_CHECK(args.dtype == "fp32" || args.dtype == "bf16" || args.dtype == "bf16-pure",
@@ -514,10 +575,10 @@ int run(Args args) {
 
   Llama model(config);
   model->to(device, dtype);
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(args.lr)
-                                                   .betas({0.9, 0.95})
-                                                   .eps(1e-8)
-                                                   .weight_decay(args.weight_decay));
+  Optimizers opt(model,
+                 torch::optim::AdamWOptions(args.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(
+                     args.weight_decay),
+                 args.step_in_backward);
   Offload offload(args);
   for (const auto& p : model->named_parameters()) offload.name(p.value(), p.key(), "parameter");
 
@@ -551,9 +612,7 @@ int run(Args args) {
     const double lr = args.warmup_steps > 0
                           ? args.lr * std::min(1.0, double(step) / double(args.warmup_steps))
                           : args.lr;
-    for (auto& group : opt.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
+    opt.set_lr(lr);
     offload.begin_step(step);
     double loss_value = 0;
     try {
@@ -589,11 +648,10 @@ int run(Args args) {
     const double time_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (step == 1) {
       for (const auto& p : model->named_parameters()) {
-        auto it = opt.state().find(p.value().unsafeGetTensorImpl());
-        if (it == opt.state().end()) continue;
-        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-        offload.name(s.exp_avg(), p.key() + ".exp_avg", "optimizer_state");
-        offload.name(s.exp_avg_sq(), p.key() + ".exp_avg_sq", "optimizer_state");
+        const torch::optim::AdamWParamState* s = opt.state(p.value());
+        if (s == nullptr) continue;
+        offload.name(s->exp_avg(), p.key() + ".exp_avg", "optimizer_state");
+        offload.name(s->exp_avg_sq(), p.key() + ".exp_avg_sq", "optimizer_state");
       }
     }
     const OffloadCounters after = offload.counters();
@@ -729,6 +787,7 @@ int run(Args args) {
         {"warmup_steps", args.warmup_steps},
         {"weight_decay", args.weight_decay},
         {"grad_clip", args.grad_clip},
+        {"step_in_backward", args.step_in_backward},
         {"dtype", args.dtype},
         {"device", args.device},
         {"threads", torch::get_num_threads()},
@@ -808,6 +867,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--grad-clip", a.grad_clip, "clip the global gradient norm (0: off)")
       ->capture_default_str();
+  app.add_flag("--step-in-backward", a.step_in_backward,
+               "update each parameter during backward as soon as its gradient is complete (needs "
+               "--grad-clip 0)");
   app.add_option("--dtype", a.dtype,
                  "fp32, bf16 (mixed: fp32 parameters, gradients and AdamW states, bf16 compute) or "
                  "bf16-pure (everything in bf16)")

@@ -109,8 +109,8 @@ TEST(StepInBackward, UnnamedForeachTemporariesGoToTheirParameterByPosition) {
   }
 }
 
-// A hand-made iteration: W makes A in the forward, W's gradient G is complete at kernel 1, A is
-// used after that (kernel 2), then AdamW: weight decay, lerp_ on M with G, the update of W.
+// A hand-made iteration: W makes A in the forward, W's gradient G is made from A at kernel 1, A is
+// used again after that (kernel 2), then AdamW: weight decay, lerp_ on M with G, the update of W.
 Trace hand_made(bool use_w_late) {
   Trace t;
   t.writes_recorded = true;
@@ -126,7 +126,7 @@ Trace hand_made(bool use_w_late) {
   set(2, "op7.out0", TensorKind::gradient, false);
   set(3, "w.exp_avg", TensorKind::optimizer_state, true);
   t.add_kernel("fwd", 10, std::vector<TensorId>{0, 1});
-  t.add_kernel("grad", 10, std::vector<TensorId>{2});
+  t.add_kernel("grad", 10, std::vector<TensorId>{2, 1});  // G from A (and the output's gradient)
   t.add_kernel("late", 10, use_w_late ? std::vector<TensorId>{1, 0} : std::vector<TensorId>{1});
   t.add_kernel("aten::mul_", 1, std::vector<TensorId>{0});
   t.add_kernel("aten::lerp_", 1, std::vector<TensorId>{3, 2});
@@ -152,6 +152,41 @@ TEST(StepInBackward, RecomputeIsWithdrawnWhereAnInputIsNowWrittenEarlier) {
   EXPECT_FALSE(got.tensors[1].recomputable);
   EXPECT_EQ(info.recompute_cleared, 1u);
   EXPECT_EQ(got.tensors[1].producer, 0u);
+}
+
+// A parameter whose gradient only zero_grad touched (zero_ at the step's start, no gradient from
+// this backward) gets no hook call: its update stays after the backward.
+TEST(StepInBackward, AParameterWithoutAGradientThisStepKeepsItsUpdateAfter) {
+  Trace t;
+  t.tensors.resize(7);
+  const char* names[] = {"w", "a", "op2.out0", "w.exp_avg", "v", "v.grad", "v.exp_avg"};
+  const TensorKind kinds[] = {TensorKind::parameter,       TensorKind::activation,
+                              TensorKind::gradient,        TensorKind::optimizer_state,
+                              TensorKind::parameter,       TensorKind::gradient,
+                              TensorKind::optimizer_state};
+  for (TensorId i = 0; i < 7; ++i) {
+    t.tensors[i].name = names[i];
+    t.tensors[i].kind = kinds[i];
+    t.tensors[i].persistent = i != 1 && i != 2;
+    t.tensors[i].bytes = 1024;
+  }
+  t.add_kernel("aten::zero_", 1, std::vector<TensorId>{5});
+  t.add_kernel("fwd", 10, std::vector<TensorId>{0, 1});
+  t.add_kernel("grad", 10, std::vector<TensorId>{2, 1});
+  t.add_kernel("aten::mul_", 1, std::vector<TensorId>{0});
+  t.add_kernel("aten::lerp_", 1, std::vector<TensorId>{3, 2});
+  t.add_kernel("aten::mul_", 1, std::vector<TensorId>{4});
+  t.add_kernel("aten::lerp_", 1, std::vector<TensorId>{6, 5});
+  t.validate();
+  StepInBackwardInfo info;
+  const Trace got = move_optimizer_into_backward(t, &info);
+  EXPECT_EQ(info.parameters, 1u);
+  EXPECT_EQ(info.kept_after, 1u);
+  ASSERT_EQ(got.num_kernels(), 7u);
+  EXPECT_EQ(got.kernel_name(2), "grad");
+  EXPECT_EQ(got.kernel_name(3), "aten::mul_");  // w's weight decay right after its gradient
+  EXPECT_EQ(got.kernel_tensors(3)[0], 0u);
+  EXPECT_EQ(got.kernel_tensors(5)[0], 4u);  // v's update still last, after w's
 }
 
 TEST(StepInBackward, MisuseIsAnErrorNamingTheCause) {

@@ -120,6 +120,24 @@ assert hist != fp32, "bf16 autocast computed exactly what fp32 did: autocast is 
 print("bf16 mixed precision: falling loss, bitwise with offloading, fp32 parameters: ok")
 PY
 
+# 5b. Optimizer steps in backward (docs/train.md): one AdamW per parameter stepped from its
+#     post-accumulate-grad hook, under a Session: the losses are bitwise those of the plain run
+#     without clipping (with clipping it is refused below).
+"$train" "${common[@]}" --grad-clip 0 --step-in-backward --budget 6MiB \
+  --tier "file:$work/tier:256MiB" --report "$work/inbwd.json" > "$work/inbwd.log"
+"$train" "${common[@]}" --grad-clip 0 --report "$work/noclip-plain.json" > "$work/noclip-plain.log"
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+run, plain = json.load(open(f"{work}/inbwd.json")), json.load(open(f"{work}/noclip-plain.json"))
+hist = run["loss"]["history"]
+assert hist == plain["loss"]["history"], (hist, plain["loss"]["history"])
+assert hist[-1] < hist[0] - 0.5, f"loss did not fall: {hist}"
+assert run["config"]["step_in_backward"] and not plain["config"]["step_in_backward"]
+assert run["session"]["mode"] == "planned" and run["session"]["drift_events"] == 0, run["session"]
+print("steps in backward: bitwise with the plain run, planned, no drift: ok")
+PY
+
 # 6. Argument errors: exit 1 with a message naming the argument, before any training.
 expect_error() {
   local pattern=$1; shift
@@ -131,6 +149,7 @@ expect_error '--tier needs --budget' --tier host:1GiB
 expect_error '--tier "disk:1GiB": expected host:CAPACITY' --budget 8MiB --tier disk:1GiB
 expect_error '--tier "ssd:1GiB:2:2": a Session.s tier is host:CAPACITY' --budget 8MiB --tier ssd:1GiB:2:2
 expect_error '--tier "host:1GiB:2": a host tier is' --budget 8MiB --tier host:1GiB:2
+expect_error '--step-in-backward .* cannot clip: add --grad-clip 0' --step-in-backward
 expect_error 'unknown model' --model llama-9b
 expect_error '--dtype "fp16": expected fp32, bf16 (mixed precision) or bf16-pure' --dtype fp16
 expect_error 'cannot open the file' --data "$work/missing.txt"
