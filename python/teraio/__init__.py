@@ -350,7 +350,7 @@ class Session:
             warnings.warn(PerformanceHint(
                 f"teraio: the simulator predicts {moved / 1e3:.1f} ms per step for this loop with "
                 f"each optimizer update run in the backward, against {now / 1e3:.1f} ms as it runs "
-                f"({100 * (1 - moved / now):.0f}% less): session.watch(model, optimizer, "
+                f"({100 * gain:.0f}% less): session.watch(model, optimizer, "
                 f"step_in_backward=True) does that when the loop neither clips nor accumulates "
                 f"gradients (under the Hugging Face Trainer: TeraioCallback(..., "
                 f"step_in_backward=True) with max_grad_norm=0; docs/pytorch.md, \"Optimizer steps "

@@ -248,7 +248,7 @@ class _Splitter:
         finally:
             opt.param_groups = original
             _copy_back(group, sub)
-        self.stepped[id(p)] = (p, p.grad, p.grad._version if p.grad is not None else None)
+        self.stepped[id(p)] = (p, p.grad, p.grad._version)
         if id(group) not in self.values:
             self.values[id(group)] = (group, {k: v for k, v in group.items() if k != "params"})
 
@@ -260,7 +260,7 @@ class _Splitter:
         self.backward_updates = len(stepped)
         from . import Error
         for p, grad, version in stepped.values():
-            if p.grad is not grad or (grad is not None and grad._version != version):
+            if p.grad is not grad or grad._version != version:
                 raise Error(
                     f"teraio: the gradient of '{self._param_name(p)}' changed between backward and "
                     f"optimizer.step() (gradient clipping, GradScaler.unscale_, zero_grad, a "

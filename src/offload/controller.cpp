@@ -407,7 +407,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
       std::string variant;
       predicted_in_backward_us_ = steady_iteration_us(moved, plan_for(moved, po, &variant));
     } catch (const std::exception&) {
-      predicted_in_backward_us_ = 0;
+      // not possible for this profile: stays 0
     }
   }
   if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);

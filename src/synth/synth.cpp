@@ -26,7 +26,7 @@ struct Param {
   TensorId param = 0, grad = 0, exp_avg = 0, exp_avg_sq = 0;
   uint64_t bytes = 0;
   bool grad_written = false;  // this iteration's backward already produced a gradient
-  uint32_t grad_kernels = 0;  // kernels producing its gradient per micro-batch (2 when tied)
+  uint32_t grad_kernels = 1;  // kernels producing its gradient per micro-batch (2 when tied)
   uint32_t grads_made = 0;    // of them, run so far in this micro-batch
 };
 
@@ -317,7 +317,6 @@ class Builder {
     p.grad = tensor(name + ".grad", p.bytes, TensorKind::gradient, opt_.persistent_gradients);
     p.exp_avg = tensor(name + ".exp_avg", p.bytes, TensorKind::optimizer_state, true);
     p.exp_avg_sq = tensor(name + ".exp_avg_sq", p.bytes, TensorKind::optimizer_state, true);
-    p.grad_kernels = 1;
     params_.push_back(p);  // pointers into params_ are taken once it stops growing
   }
 
@@ -780,8 +779,7 @@ class Builder {
   }
 
   // One parameter's AdamW update: _single_tensor_adamw's 8 operators, or with --foreach the 8
-  // foreach operators over that parameter alone (a step_in_backward hook's sub-group; foreach=False
-  // computes the square root into a new tensor, foreach as well).
+  // foreach operators over that parameter alone (a step_in_backward hook's sub-group).
   void adamw_update(const Param& p) {
     const std::string name = trace_.tensors[p.param].name;  // a copy: tensor() below may reallocate
     const bool fe = opt_.foreach;

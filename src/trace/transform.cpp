@@ -10,13 +10,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "teraio/analysis.h"
 #include "teraio/error.h"
 
 namespace teraio {
 namespace {
 
 constexpr int64_t kNone = -1;
-constexpr int64_t kSeveral = -2;
 constexpr KernelIndex kNoKernel = std::numeric_limits<KernelIndex>::max();
 
 // The optimizer part: from the first kernel touching an optimizer state, moved back over the
@@ -115,9 +115,8 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
     }
   }
 
-  // Each optimizer kernel's owner: one parameter, several (split), or none (stays at the end). A
+  // Each optimizer kernel's owners: one parameter, several (split), or none (stays at the end). A
   // temporary the optimizer makes belongs to the parameter of the kernel that made it.
-  std::vector<int64_t> kernel_owner(n, kNone);
   std::vector<std::vector<int64_t>> kernel_owners(n);
   for (KernelIndex k = opt; k < n; ++k) {
     std::vector<int64_t>& owners = kernel_owners[k];
@@ -127,7 +126,6 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
       }
     }
     if (owners.empty()) continue;
-    kernel_owner[k] = owners.size() == 1 ? owners[0] : kSeveral;
     std::vector<TensorId> made;
     for (TensorId t : trace.kernel_tensors(k)) {
       if (owner[t] == kNone && !trace.tensors[t].persistent && first[t] == k) made.push_back(t);
@@ -139,15 +137,9 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
     // A foreach operator over several parameters returns one tensor per list entry, in the
     // order of its inputs (_foreach_sqrt of the second moments): the j-th tensor it makes belongs
     // to the j-th parameter it touches, if their sizes agree.
-    const bool one_each = made.empty() || (made.size() == owners.size() &&
-                                           [&] {
-                                             for (size_t j = 0; j < made.size(); ++j) {
-                                               const auto p = static_cast<size_t>(owners[j]);
-                                               if (trace.tensors[made[j]].bytes != trace.tensors[p].bytes)
-                                                 return false;
-                                             }
-                                             return true;
-                                           }());
+    bool one_each = made.empty() || made.size() == owners.size();
+    for (size_t j = 0; one_each && j < made.size(); ++j)
+      one_each = trace.tensors[made[j]].bytes == trace.tensors[static_cast<size_t>(owners[j])].bytes;
     TERAIO_CHECK(one_each,
                  "kernel {} ({}) updates {} parameters at once and makes {} tensors that cannot be "
                  "given to them (by name, or one of a parameter's size per parameter in order), "
@@ -189,11 +181,11 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
   StepInBackwardInfo out_info;
   std::vector<uint8_t> moved_param(nt, 0), kept_param(nt, 0);
   for (KernelIndex k = opt; k < n; ++k) {
-    if (kernel_owner[k] == kNone) {
+    if (kernel_owners[k].empty()) {
       tail.push_back({k, kNone});
       continue;
     }
-    const bool split = kernel_owner[k] == kSeveral;
+    const bool split = kernel_owners[k].size() > 1;
     out_info.split_kernels += split;
     bool moved = false;
     for (int64_t q : kernel_owners[k]) {
@@ -227,6 +219,7 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
   Trace out;
   out.meta = trace.meta;
   out.tensors = trace.tensors;
+  for (TensorInfo& ti : out.tensors) ti.alive_until.reset();  // remapped below, once uses are known
   out.writes_recorded = trace.writes_recorded;
   out.set_meta("step_in_backward", "true");
   size_t uses = 0;
@@ -266,23 +259,19 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
     }
     return at.back();
   };
-  std::vector<KernelIndex> new_first(nt, kNoKernel), new_last(nt, kNoKernel);
-  for (KernelIndex k = 0; k < out.num_kernels(); ++k) {
-    for (TensorId t : out.kernel_tensors(k)) {
-      if (new_first[t] == kNoKernel) new_first[t] = k;
-      new_last[t] = k;
-    }
-  }
+  const Lifetimes life(out);  // uses only: alive_until is not set yet
   for (TensorId t = 0; t < nt; ++t) {
     TensorInfo& ti = out.tensors[t];
     for (KernelIndex& w : ti.written_at) w = remap(w, t);
     std::sort(ti.written_at.begin(), ti.written_at.end());
     ti.written_at.erase(std::unique(ti.written_at.begin(), ti.written_at.end()),
                         ti.written_at.end());
-    if (ti.alive_until) ti.alive_until = std::max(remap(*ti.alive_until, t), new_last[t]);
+    // A tensor with alive_until or a producer is used (the input trace is valid).
+    if (const auto until = trace.tensors[t].alive_until)
+      ti.alive_until = std::max(remap(*until, t), life.last_use(t));
     if (ti.producer) {
       ti.producer = remap(*ti.producer, t);
-      if (*ti.producer != new_first[t]) {  // no longer made first: unknown
+      if (*ti.producer != life.first_use(t)) {  // no longer made first: unknown
         ti.producer.reset();
         ti.recomputable = false;
       }
@@ -296,7 +285,7 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
   for (TensorId t = 0; t < nt; ++t) written[t] = out.tensors[t].written_at;
   if (!out.writes_recorded) {
     for (KernelIndex k = opt; k < n; ++k) {
-      if (kernel_owner[k] == kNone) continue;
+      if (kernel_owners[k].empty()) continue;
       for (KernelIndex m : new_at[k]) {
         for (TensorId t : out.kernel_tensors(m)) written[t].push_back(m);
       }
@@ -306,11 +295,9 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
     TensorInfo& ti = out.tensors[t];
     if (!ti.recomputable) continue;
     const KernelIndex made = *ti.producer;
-    const KernelIndex until = new_last[t];
+    const KernelIndex until = life.last_use(t);
     bool stale = false;
-    for (TensorId x : out.kernel_tensors(made)) {
-      const bool input = x != t && (out.tensors[x].persistent || new_first[x] < made);
-      if (!input) continue;
+    for (TensorId x : kernel_inputs(out, life, made)) {
       for (KernelIndex w : written[x]) stale |= w > made && w <= until;
     }
     if (stale) {

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include <unistd.h>
@@ -420,6 +421,7 @@ class Optimizers {
     for (const torch::Tensor& p : model->parameters()) {
       all_.push_back(std::make_unique<torch::optim::AdamW>(std::vector<torch::Tensor>{p}, options));
       torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<StepHook>(all_.back().get()));
+      index_.emplace(p.unsafeGetTensorImpl(), hooked_.size());
       hooked_.push_back(p);
     }
     in_backward_ = true;
@@ -443,12 +445,16 @@ class Optimizers {
   }
   // The AdamW state of parameter p, or nullptr before its first step.
   const torch::optim::AdamWParamState* state(const torch::Tensor& p) const {
-    for (const auto& opt : all_) {
-      auto it = opt->state().find(p.unsafeGetTensorImpl());
-      if (it != opt->state().end())
-        return &static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    size_t i = 0;  // its optimizer
+    if (in_backward_) {
+      auto at = index_.find(p.unsafeGetTensorImpl());
+      if (at == index_.end()) return nullptr;
+      i = at->second;
     }
-    return nullptr;
+    auto it = all_[i]->state().find(p.unsafeGetTensorImpl());
+    return it == all_[i]->state().end()
+               ? nullptr
+               : &static_cast<const torch::optim::AdamWParamState&>(*it->second);
   }
 
  private:
@@ -458,7 +464,8 @@ class Optimizers {
     torch::optim::AdamW* opt_;
   };
   std::vector<std::unique_ptr<torch::optim::AdamW>> all_;
-  std::vector<torch::Tensor> hooked_;
+  std::vector<torch::Tensor> hooked_;  // with in_backward: parameter i is all_[i]'s
+  std::unordered_map<const c10::TensorImpl*, size_t> index_;  // parameter -> its index in hooked_
   bool in_backward_ = false;
 };
 
