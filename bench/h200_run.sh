@@ -5,9 +5,11 @@
 #   1b       HF llama-1b: Ideal, teraio (host tier) at 1/2 (also with CPU-waited offloads) and 1/4
 #            of the footprint and at the GPU memory FSDP2 + CPU offload took
 #   3b       HF llama-3b: the same
-#   peers1b  FSDP2 with CPU offload and DeepSpeed ZeRO-Offload on llama-1b
+#   peers1b  FSDP2 with CPU offload and DeepSpeed ZeRO-Offload on llama-1b, each also with activation
+#            checkpointing, and teraio (with and without steps in backward) at the GPU memory each
+#            of those took (pick with the name filter: e.g. `peers1b -ac-`)
 #   disk     teraio host+disk and disk-only, DeepSpeed ZeRO-Infinity (NVMe) on llama-1b
-#   peers3b  FSDP2 and ZeRO-Offload on llama-3b
+#   peers3b  the same on llama-3b
 #   faults   issue 13 and issue 16's probe: storage GPU tests, checksum speed, iobench quick probe and
 #            full passes (file tier with and without checksums), bench/faults_gpu.py (CUDA faults),
 #            torch_gpu.py (bitwise), llama-1b at 1/2 with the measured host bandwidth (no knob), and
@@ -27,7 +29,9 @@
 #            tier 96 GiB, no bandwidth given) in autocast at 4 x 2048 (110 GiB; 130 GiB with the host
 #            alone and with a 50 GiB disk tier), fp32 at 1 x 4096 (host + disk), FSDP2 + CPUOffloadPolicy with and without
 #            activation checkpointing, ZeRO-Offload with and without it, ZeRO-Infinity, and the
-#            largest model predicted to fit (REAL_LAYERS, default 61 layers: host tier only). Each run
+#            largest model predicted to fit (REAL_LAYERS, default 61 layers: host tier only;
+#            REAL_LAYERS_INBWD, default 64, with steps in backward: bench/largest_model.sh with
+#            SYNTH_ARGS=--step-in-backward); the teraio runs named inbwd run the optimizer steps in backward (--step-in-backward). Each run
 #            takes minutes: pick a few per call with the name filter (ideal, teraio, fsdp2, ds-,
 #            largest; e.g. `bash bench/h200_run.sh real teraio-host-8b`); the peers need .whl/
 #            carried (bash bench/peer_wheels.sh, where there is network)
@@ -113,6 +117,17 @@ else:
 EOF
 }
 fraction() { echo $(( $1 / $2 ))B; }  # bytes / n, as a size teraio parses
+# peak_allocated NAME: torch.cuda.max_memory_allocated() of run NAME of this call (0 if none)
+peak_allocated() {
+  $PY - "$R/$1.json" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+    print(r["memory"]["cuda_max_allocated_bytes"] if r.get("ok") else 0)
+except (OSError, ValueError, KeyError):
+    print(0)
+EOF
+}
 
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
@@ -172,6 +187,19 @@ peers1b | peers3b)
   ensure_peers
   bench fsdp2-offload-$m 240 --system fsdp2-offload --model $m
   bench ds-offload-$m 300 --system ds-offload --model $m --disk-dir "$DISK"
+  # issue 15's peers at tight memory: activation checkpointing of every decoder layer, then teraio
+  # at the GPU memory each took (its max allocated), with steps in backward and without
+  bench fsdp2-offload-ac-$m 240 --system fsdp2-offload --model $m --grad-ckpt
+  bench ds-offload-ac-$m 300 --system ds-offload --model $m --disk-dir "$DISK" --grad-ckpt
+  for peer in fsdp2-offload-ac ds-offload-ac; do
+    mem=$(peak_allocated "$peer-$m")
+    (( mem > 0 )) || { echo "no memory figure for $peer-$m: teraio at its memory skipped"; continue; }
+    for mode in step-in-backward no-step-in-backward; do
+      bench teraio-$mode-at-$peer-$m 300 --system teraio --model $m --tiers host --budget "${mem}B" \
+        --host-gbps 0 --adamw loop --$mode --trace-out "$R/trace-$mode-at-$peer-$m.json" \
+        --plan-out "$R/plan-$mode-at-$peer-$m.json"
+    done
+  done
   ;;
 disk)
   fp=$(footprint llama-1b)
@@ -302,6 +330,9 @@ real)
   bench teraio-host-inbwd-8b-amp 540 --system teraio "${a8[@]}" --budget 110GiB --tiers host --host-gib 96 \
     --host-gbps 0 --step-in-backward --trace-out "$R/trace-teraio-host-inbwd-8b-amp.json" \
     --plan-out "$R/plan-teraio-host-inbwd-8b-amp.json"
+  bench teraio-host130-inbwd-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host --host-gib 96 \
+    --host-gbps 0 --step-in-backward --trace-out "$R/trace-teraio-host130-inbwd-8b-amp.json" \
+    --plan-out "$R/plan-teraio-host130-inbwd-8b-amp.json"
   bench teraio-host130-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host --host-gib 96 \
     --host-gbps 0 --trace-out "$R/trace-teraio-host130-8b-amp.json" --plan-out "$R/plan-teraio-host130-8b-amp.json"
   bench teraio-hostdisk-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host+disk --host-gib 96 \
@@ -310,6 +341,13 @@ real)
   bench teraio-hostdisk-8b-fp32-s4096 580 --system teraio --model $m --dtype fp32 --batch 1 --seq 4096 \
     --budget 130GiB --tiers host+disk --host-gib 96 --disk-gib 50 --host-gbps 0 --disk-gbps 0 --disk-dir "$DISK" \
     --trace-out "$R/trace-teraio-hostdisk-8b-fp32-s4096.json" --plan-out "$R/plan-teraio-hostdisk-8b-fp32-s4096.json"
+  bench teraio-inbwd-hostdisk-8b-fp32-s4096 580 --system teraio --model $m --dtype fp32 --batch 1 --seq 4096 \
+    --budget 130GiB --tiers host+disk --host-gib 96 --disk-gib 50 --host-gbps 0 --disk-gbps 0 --disk-dir "$DISK" \
+    --step-in-backward --trace-out "$R/trace-teraio-inbwd-hostdisk-8b-fp32-s4096.json" \
+    --plan-out "$R/plan-teraio-inbwd-hostdisk-8b-fp32-s4096.json"
+  bench teraio-largest-inbwd-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS_INBWD:-64}" --dtype amp \
+    --batch 1 --seq 2048 --budget 130GiB --tiers host --host-gib 96 --host-gbps 0 --warmup 2 --steps 2 \
+    --step-in-backward
   bench teraio-largest-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS:-61}" --dtype amp \
     --batch 1 --seq 2048 --budget 130GiB --tiers host --host-gib 96 --host-gbps 0 --warmup 2 --steps 2
   peer_bench fsdp2-8b-amp 480 --system fsdp2-offload "${a8[@]}"

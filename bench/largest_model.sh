@@ -11,6 +11,8 @@
 # Usage: bench/largest_model.sh [options]   (defaults: the H200 machine of docs/benchmarks.md)
 #   MODEL=llama3.1-8b DTYPE=amp BATCH=4 SEQ=2048 BUDGET=130GiB ATTENTION=auto \
 #   TIERS="host:96GiB:54.5:54.5:49 disk=file:/tmp:50GiB:1.65:3:1.04" MIN=1 MAX=256 TERAIO=build/bin/teraio
+# SYNTH_ARGS: more `teraio synth` options, e.g. SYNTH_ARGS=--step-in-backward (the optimizer steps in
+# backward: each gradient is freed at its update, docs/synth.md).
 # TIERS are `teraio plan --tier` specs (docs/formats.md, "Tier specs"), space-separated: by default
 # what the Session's own probe measured on the GPU machine (2026-12-04, docs/benchmarks.md): the
 # host link 54.5 GB/s each way and 49 both ways, the disk 1.65 GB/s read, 3.0 write, 1.04 both ways.
@@ -36,7 +38,7 @@ for t in $TIERS; do tier_args+=(--tier "$t"); done
 try() {
   local n=$1 trace=$work/trace.json plan=$work/plan.json out
   "$T" synth --model "$MODEL" --layers "$n" --batch "$BATCH" --seq "$SEQ" --micro-batches 1 \
-    --grad-set-to-none --dtype "$DTYPE" --attention "$ATTENTION" -o "$trace" >/dev/null
+    --grad-set-to-none --dtype "$DTYPE" --attention "$ATTENTION" ${SYNTH_ARGS:-} -o "$trace" >/dev/null
   if ! out=$("$T" plan "$trace" --budget "$BUDGET" --session-budget "${tier_args[@]}" --search -o "$plan" 2>&1); then
     echo "layers $n: does not fit ($(printf '%s\n' "$out" | grep -m1 'error' | sed 's/^teraio: error: //'))" >&2
     return 1
