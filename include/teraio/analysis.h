@@ -79,6 +79,12 @@ std::vector<uint64_t> memory_curve(const Trace& trace, const Lifetimes& lifetime
 // or first used by an earlier kernel). The others are made by k (docs/formats.md, "Recompute").
 std::vector<TensorId> kernel_inputs(const Trace& trace, const Lifetimes& lifetimes, KernelIndex k);
 
+// What a recompute of recomputable tensor t reads and costs: its recompute_inputs and recompute_us
+// when the trace gives them (an operator nested in the producer, rerun alone), else the producer's
+// inputs (kernel_inputs) and kernel time.
+std::vector<TensorId> recompute_reads(const Trace& trace, const Lifetimes& lifetimes, TensorId t);
+double recompute_time_us(const Trace& trace, TensorId t);
+
 // Whether some kernel from `first_kernel` through `last_kernel` (both included) writes tensor t in
 // place (TensorInfo::written_at). first_kernel > last_kernel wraps around the iteration's end (a
 // persistent tensor's gap): first_kernel .. N-1, then 0 .. last_kernel. True whenever the trace

@@ -47,7 +47,7 @@ struct RecomputeMove {
   KernelIndex start = 0;
   KernelIndex deadline = 0;
   KernelIndex producer = 0;
-  double time_us = 0;  // the producer's kernel time
+  double time_us = 0;  // recompute_time_us(): the producer's kernel time, or the nested part's
 };
 
 struct PlanCheck {

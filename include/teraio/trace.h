@@ -44,6 +44,14 @@ struct TensorInfo {
   // recomputed (docs/formats.md, "Recompute"). Requires `producer`. Its cost is the producer's
   // kernel time.
   bool recomputable = false;
+  // Only with recomputable (format v2): the tensor is made by an operator nested in its producer
+  // (autocast's cast of a weight inside aten::linear), and a recompute reruns that operator alone:
+  // it reads only these of the producer's inputs (tensors the producer lists that exist before it
+  // runs) and takes recompute_us (at most the producer's time). Unset: the producer is rerun whole,
+  // reading all its inputs, for its kernel time. recompute_reads() and recompute_time_us() give
+  // either.
+  std::optional<std::vector<TensorId>> recompute_inputs;
+  std::optional<double> recompute_us;
   // Only when the trace's writes_recorded: the kernels at which the tensor is written in place,
   // sorted and distinct, each one listing the tensor (a write seen between a kernel's predecessor
   // use and it is the kernel's). Empty: not written in place in the iteration (a non-persistent
@@ -97,7 +105,9 @@ class Trace {
   // Throws teraio::Error on ids out of range, negative or non-finite times, traces beyond the
   // bounds above, an alive_until that is out of range, before the tensor's last use, on a
   // persistent tensor or on an unused one, and a producer that is not the tensor's first use (or
-  // is on a persistent tensor) or a recomputable tensor without a producer, and a written_at that
+  // is on a persistent tensor) or a recomputable tensor without a producer, recompute_inputs or
+  // recompute_us on a tensor that is not recomputable, a recompute input that is not an input of
+  // the producer, a recompute_us above the producer's time, and a written_at that
   // is not sorted and distinct, names a kernel out of range or one that does not use the tensor,
   // or is given while writes_recorded is false, naming the field ("tensors[3].bytes: ...").
   void validate() const;
@@ -114,6 +124,7 @@ class Trace {
   std::vector<std::pair<std::string, uint32_t>> name_index_;  // sorted lookup for interning
   uint32_t intern(std::string_view name);
   void validate_per_tensor_kernels() const;
+  void validate_nested_recompute(size_t t, const std::vector<KernelIndex>& first) const;
   void validate_writes() const;
 };
 

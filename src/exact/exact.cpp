@@ -42,7 +42,7 @@ struct Gap {
   bool one_way = false;
   bool idle = false;
   int recompute = 0;         // column of "recomputed over the whole gap" (binary), 0 = not offered
-  double recompute_us = 0;   // its producer's kernel time
+  double recompute_us = 0;   // its recompute's time (recompute_time_us)
 };
 
 // Note [Recompute in the slot model]
@@ -219,13 +219,13 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
     if (info.recomputable && !g.one_way && g.start + g.len < n_ && g.len >= 2) {
       bool any_over = false, inputs_alive = true;
       for (uint32_t j = 1; j <= last; ++j) any_over |= mem_row[at(g, j)] != 0;
-      for (TensorId i : kernel_inputs(trace, lifetimes, *info.producer)) {
+      for (TensorId i : recompute_reads(trace, lifetimes, g.tensor)) {
         inputs_alive &= trace.tensors[i].persistent ||
                         (lifetimes.first_use(i) <= g.end && g.end <= lifetimes.alive_until(i));
       }
       if (any_over && inputs_alive) {
         Gap& gm = gaps_[gi];
-        gm.recompute_us = tau[*info.producer];
+        gm.recompute_us = recompute_time_us(trace, g.tensor);
         gm.recompute = add_col(0, 1, gm.recompute_us, true);
         put(one_tier, gm.recompute, 1);
         for (uint32_t j = 1; j <= last; ++j) {
@@ -378,7 +378,7 @@ Model::Model(const Trace& trace, uint64_t budget, const std::vector<TierSpec>& t
   for (uint32_t ci = 0; ci < cands_.size(); ++ci) cands_of[cands_[ci].gap].push_back(ci);
   for (const Gap& g : gaps_) {
     if (!g.recompute) continue;
-    for (TensorId i : kernel_inputs(trace, lifetimes, *trace.tensors[g.tensor].producer)) {
+    for (TensorId i : recompute_reads(trace, lifetimes, g.tensor)) {
       uint32_t jd = 0;
       const int64_t gi = gap_containing(i, g.end, &jd);
       if (gi < 0) continue;
@@ -567,7 +567,7 @@ Plan Model::extract(const std::vector<double>& x) const {
   for (const Gap& g : gaps_) {
     if (!g.recompute || x[static_cast<size_t>(g.recompute)] < 0.5) continue;
     plan.moves.push_back(Move{g.tensor, MoveOp::recompute, 0, g.start, g.end});
-    for (TensorId i : kernel_inputs(trace_, lifetimes, *trace_.tensors[g.tensor].producer)) {
+    for (TensorId i : recompute_reads(trace_, lifetimes, g.tensor)) {
       uint32_t jd = 0;
       const int64_t gi = gap_containing(i, g.end, &jd);
       if (gi >= 0) reads[static_cast<size_t>(gi)].push_back(jd);

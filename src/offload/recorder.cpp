@@ -134,6 +134,9 @@ TensorFacts& Recorder::production(LogicalId id) {
     m.production_mark = iteration_ + 1;
     m.producer_op = -1;
     m.rerunnable = false;
+    m.nested = false;
+    m.nested_rerunnable = false;
+    m.nested_inputs.clear();
   }
   return m;
 }
@@ -184,13 +187,34 @@ void Recorder::note_unversioned(LogicalId id) {
   write_facts(id).writes.emplace_back(0, std::numeric_limits<int64_t>::max());
 }
 
+// Note [Nested producers]: a tensor made inside an operator and kept by it (autocast's bf16 copy of
+// a weight, made by aten::to inside aten::linear and saved for the backward) cannot be made again
+// by rerunning that operator, which would hand back only its outputs. The Session names the
+// operator nested in it that made the tensor: the outermost nested operator that returned the
+// tensor's storage without taking it as an input (aten::to, not the aten::empty_strided and
+// aten::copy_ inside it), unless an operator nested later wrote into it (its schema says so:
+// then none). When that operator is rerunnable (Note [Rerunnable operators]) and reads only
+// tracked tensors that exist before the top-level operator and that operator lists, the trace
+// marks the tensor recomputable by that operator alone: `recompute_inputs` those tensors, and
+// `recompute_us` its share of the top-level operator's time by the bytes it reads and writes
+// (the nested operator is not timed alone; a cast is memory-bound). The writes rule of Note
+// [Recomputable tensors] then covers those inputs only.
+void Recorder::note_nested(LogicalId id, std::string_view op_name, std::vector<LogicalId> inputs) {
+  TensorFacts& m = production(id);
+  if (m.producer_op >= 0) return;
+  m.nested_rerunnable = rerunnable_operator(op_name);
+  m.nested_inputs = std::move(inputs);
+}
+
 void Recorder::note_produced(LogicalId id, std::string_view op_name, const ProductionFacts& f) {
   if (f.aliases_input) return;
   TensorFacts& m = production(id);
   if (m.producer_op >= 0) return;  // produced earlier in the iteration (returned again)
   m.producer_op = static_cast<int64_t>(ops_.size());
-  m.rerunnable = !f.nested_only && !f.mutates_input && !f.untracked_input && !f.in_backward &&
-                 rerunnable_operator(op_name);
+  m.nested = f.nested_only && m.nested_rerunnable;
+  if (!m.nested) m.nested_inputs.clear();
+  m.rerunnable = (f.nested_only ? m.nested_rerunnable : rerunnable_operator(op_name)) &&
+                 !f.mutates_input && !f.untracked_input && !f.in_backward;
 }
 
 void Recorder::add_operator(std::string name, double time_us, std::span<const LogicalId> inputs,
@@ -356,14 +380,34 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
     if (first_listed[t] != m.producer_op) continue;  // not its first listing: leave it unknown
     trace.tensors[t].producer = static_cast<KernelIndex>(p);
     bool ok = m.rerunnable && !written(id, m.producer_op, std::numeric_limits<int64_t>::max());
-    for (LogicalId in : ops_[p].ids) {
-      if (!ok) break;
+    auto made_here = [&](LogicalId in) {
       const TensorFacts& f = facts_[in];
-      const bool output_here =
-          f.production_mark == iteration_ + 1 && f.producer_op == m.producer_op;
-      if (!output_here) ok = !written(in, m.producer_op, last_listed[t]);
+      return f.production_mark == iteration_ + 1 && f.producer_op == m.producer_op;
+    };
+    std::vector<TensorId> nested_inputs;  // Note [Nested producers]
+    if (ok && m.nested) {
+      for (LogicalId in : m.nested_inputs) {
+        auto it = to_trace.find(in);
+        ok = it != to_trace.end() && !made_here(in) &&
+             std::find(ops_[p].ids.begin(), ops_[p].ids.end(), in) != ops_[p].ids.end();
+        if (!ok) break;
+        nested_inputs.push_back(it->second);
+      }
+    }
+    for (LogicalId in : m.nested ? m.nested_inputs : ops_[p].ids) {
+      if (!ok) break;
+      if (!made_here(in)) ok = !written(in, m.producer_op, last_listed[t]);
     }
     trace.tensors[t].recomputable = ok;
+    if (ok && m.nested) {
+      double mine = static_cast<double>(trace.tensors[t].bytes), all = 0;
+      for (TensorId i : nested_inputs) mine += static_cast<double>(trace.tensors[i].bytes);
+      for (TensorId i : trace.kernel_tensors(static_cast<KernelIndex>(p)))
+        all += static_cast<double>(trace.tensors[i].bytes);
+      const double us = trace.kernel_time_us(static_cast<KernelIndex>(p));
+      trace.tensors[t].recompute_us = all > 0 ? us * std::min(1.0, mine / all) : us;
+      trace.tensors[t].recompute_inputs = std::move(nested_inputs);
+    }
   }
   for (LogicalId id : idle) {
     if (to_trace.count(id)) continue;

@@ -48,7 +48,8 @@ struct ProductionFacts {
   // input returned as is. The tensor is not produced here (it has its producer already, or none).
   bool aliases_input = false;
   // Made by an operator nested in the top-level one and not among the latter's outputs (an
-  // internal saved for backward): rerunning the top-level operator would not hand it back.
+  // internal saved for backward): rerunning the top-level operator would not hand it back; only
+  // rerunning the nested one can (note_nested).
   bool nested_only = false;
   // The operator wrote in place into one of its inputs (a version counter moved across it, e.g.
   // batch norm's running statistics): rerunning it would write them again.
@@ -80,6 +81,11 @@ struct TensorFacts {
   uint64_t production_mark = 0;
   int64_t producer_op = -1;  // the recorded operator that produced it; -1: none recorded
   bool rerunnable = false;   // that operator may be rerun (rerunnable_operator, ProductionFacts)
+  // Made inside its producer and rerun alone (Note [Nested producers] in recorder.cpp): the
+  // operator nested in the producer that made it reads these inputs (note_nested).
+  bool nested = false;
+  bool nested_rerunnable = false;  // note_nested's operator may be rerun
+  std::vector<LogicalId> nested_inputs;
   // Writes in place in the recorded iteration (valid while write_mark == 1 + the iteration):
   // Note [Writes of a recording] in recorder.cpp.
   uint64_t write_mark = 0;
@@ -174,6 +180,11 @@ class Recorder {
   void note_written(LogicalId id);
   // `id` is an output of the operator being recorded (the next add_operator), named `op_name`.
   void note_produced(LogicalId id, std::string_view op_name, const ProductionFacts& facts);
+  // Before note_produced of a tensor made inside the operator being recorded (nested_only): the
+  // operator nested in it that made the tensor, named `op_name`, reads only `inputs` (tracked
+  // tensors that exist before the operator) and nothing else the recorder cannot watch, so that
+  // rerunning it alone makes the tensor again (Note [Nested producers] in recorder.cpp).
+  void note_nested(LogicalId id, std::string_view op_name, std::vector<LogicalId> inputs);
   // The signature of the next recorded operator (at its start; the record comes at its end).
   void add_signature(uint64_t signature) { signatures_.push_back(signature); }
   const std::vector<uint64_t>& signatures() const { return signatures_; }

@@ -316,7 +316,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   for (TensorId t = 0; t < nt; ++t) {
     const TensorInfo& info = trace_.tensors[t];
     if (!info.recomputable || info.bytes < opts_.min_tensor_bytes || !lifetimes.used(t)) continue;
-    if (trace_.kernel_time_us(*info.producer) >
+    if (recompute_time_us(trace_, t) >
         tuning_.recompute_factor * static_cast<double>(info.bytes) / bytes_per_us) {
       continue;
     }
@@ -355,10 +355,10 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   auto alive_at = [&](TensorId t, KernelIndex k) {
     return trace_.tensors[t].persistent || (lifetimes.first_use(t) <= k && k <= lifetimes.alive_until(t));
   };
-  // The inputs of `producer` read at k that kernel k does not use.
-  auto reads_at = [&](KernelIndex producer, KernelIndex k) {
+  // The inputs of t's recompute read at k that kernel k does not use.
+  auto reads_at = [&](TensorId t, KernelIndex k) {
     std::vector<TensorId> r;
-    for (TensorId i : kernel_inputs(trace_, lifetimes, producer)) {
+    for (TensorId i : recompute_reads(trace_, lifetimes, t)) {
       if (!lifetimes.is_used_at(i, k)) r.push_back(i);
     }
     return r;
@@ -368,7 +368,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     const KernelIndex d = c.end;
     chains.clear();
     bool ok = true;
-    for (TensorId i : kernel_inputs(trace_, lifetimes, c.producer)) {
+    for (TensorId i : recompute_reads(trace_, lifetimes, c.tensor)) {
       if (!alive_at(i, d)) { ok = false; break; }
       const int64_t si = freed_at(i, d);
       if (si < 0) continue;
@@ -376,7 +376,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
       // (start, d), and a window with no kernel inside is no recompute (and no gap once d reads i).
       if (d <= spans[si].start + 1) { ok = false; break; }
       // A chain: make i at d instead, if its own inputs are resident there.
-      for (TensorId ii : kernel_inputs(trace_, lifetimes, *trace_.tensors[i].producer)) {
+      for (TensorId ii : recompute_reads(trace_, lifetimes, i)) {
         if (!alive_at(ii, d) || freed_at(ii, d) >= 0) { ok = false; break; }
       }
       if (!ok) break;
@@ -384,7 +384,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     }
     if (!ok) continue;
     // Everything that must be resident at d fits: d's own tensors, the reads so far and the new ones.
-    Span span{c.tensor, c.start, d, reads_at(c.producer, d)};
+    Span span{c.tensor, c.start, d, reads_at(c.tensor, d)};
     if (tuning_.recompute_without_persistent_reads &&
         std::any_of(span.reads.begin(), span.reads.end(),
                     [&](TensorId t) { return trace_.tensors[t].persistent; }))
@@ -395,7 +395,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     };
     for (TensorId t : span.reads) note(t);
     for (uint32_t si : chains) {
-      for (TensorId t : reads_at(*trace_.tensors[spans[si].tensor].producer, d)) note(t);
+      for (TensorId t : reads_at(spans[si].tensor, d)) note(t);
     }
     int64_t add = 0;
     for (TensorId t : fresh) add += static_cast<int64_t>(trace_.tensors[t].bytes);
@@ -404,7 +404,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
       Span& ch = spans[si];
       for (TensorId t : ch.reads) drop_read(t, ch.point);
       ch.point = d;
-      ch.reads = reads_at(*trace_.tensors[ch.tensor].producer, d);
+      ch.reads = reads_at(ch.tensor, d);
       for (TensorId t : ch.reads) add_read(t, d);
     }
     for (TensorId t : span.reads) add_read(t, d);
@@ -944,7 +944,7 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
       if (!pr.live) continue;
       if (pr.recompute) {
         ++st.recomputes;
-        st.recompute_us += tau_[*trace_.tensors[gaps_[pr.gap].tensor].producer];
+        st.recompute_us += recompute_time_us(trace_, gaps_[pr.gap].tensor);
         continue;
       }
       (pr.forced ? live_forced : live_chosen)++;

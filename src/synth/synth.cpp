@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -113,8 +114,10 @@ class Builder {
   // Every non-persistent tensor's producer is its first kernel. As a Session's recorder marks them
   // (Note [Recomputable tensors]), an activation is recomputable when rerunning that kernel gives
   // it back: the kernel is not in place (no trailing '_'), no in-place kernel touches the tensor
-  // afterwards, and the tensor is what the operator returns, not a value made inside it (autocast's
-  // copies, the math attention's probabilities). Nothing here draws random numbers or aliases.
+  // afterwards, and the tensor is what the operator returns, not a value made inside it (the math
+  // attention's probabilities) unless one step of the operator made it from tensors that exist
+  // before it (autocast's casts), which that step alone makes again (recompute_inputs, as the
+  // Session's Note [Nested producers] says). Nothing here draws random numbers or aliases.
   // Whether recomputing is worth its time, and whether the producer's inputs are still there, is
   // the planner's to decide.
   void mark_producers() {
@@ -138,6 +141,12 @@ class Builder {
       info.producer = first[t];
       info.recomputable = info.kind == TensorKind::activation && !internal_[t] &&
                           !trace_.kernel_name(first[t]).ends_with('_') && !mutated[t];
+      auto nested = nested_.find(t);
+      if (info.kind == TensorKind::activation && internal_[t] && nested != nested_.end() && !mutated[t]) {
+        info.recomputable = true;
+        info.recompute_inputs = nested->second.inputs;
+        info.recompute_us = std::min(nested->second.us, trace_.kernel_time_us(first[t]));
+      }
     }
   }
 
@@ -174,6 +183,20 @@ class Builder {
     }
     const double us = kernel_time_us(cls, flops, bytes);
     if (composite_.active) {  // one step of an operator being built: its time and tensors add up
+      // A value this step makes from tensors that exist before the operator (autocast's casts) can
+      // be made again by this step alone (TensorInfo::recompute_inputs; docs/synth.md).
+      std::vector<TensorId> made, inputs;
+      bool from_outside = !name.ends_with('_');
+      for (TensorId t : ids) {
+        if (internal_[t] && std::find(composite_.ids.begin(), composite_.ids.end(), t) == composite_.ids.end())
+          made.push_back(t);
+        else if (internal_[t])
+          from_outside = false;
+        else
+          inputs.push_back(t);
+      }
+      if (from_outside)
+        for (TensorId t : made) nested_.emplace(t, Nested{inputs, us});
       composite_.us += us;
       for (TensorId t : ids) {
         if (std::find(composite_.ids.begin(), composite_.ids.end(), t) == composite_.ids.end())
@@ -833,6 +856,13 @@ class Builder {
   TensorId inv_freq_ = 0, cos_ = 0, sin_ = 0;
   std::string prefix_;
   std::vector<uint8_t> internal_;  // per tensor: made inside an operator, not what it returns
+  // Values made inside an operator by one of its steps from tensors that exist before it: that
+  // step's inputs and time (the step alone makes the value again).
+  struct Nested {
+    std::vector<TensorId> inputs;
+    double us = 0;
+  };
+  std::map<TensorId, Nested> nested_;
   std::vector<TensorId> pending_writes_;  // written by the next kernel made (written())
 };
 

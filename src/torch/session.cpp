@@ -253,6 +253,19 @@ struct OpCtx final : at::ObserverContext {
   // dispatcher]); null when none of its outputs is.
   std::shared_ptr<const Capture> capture;
   std::vector<LogicalId> captures;
+  bool recording = false;  // its step is recorded
+  // Note [Nested producers] (recorder.cpp): per tensor made inside this operator, the operator
+  // nested in it that made it, while recording or when a recompute needs it.
+  struct Nested {
+    LogicalId id = 0;
+    std::string op;
+    std::vector<LogicalId> inputs;  // tracked, made before this operator
+    bool usable = false;            // false: an input not so, or written after it was made
+    std::shared_ptr<const Capture> capture;  // planned steps: rerunning the nested operator
+    uint32_t slot = 0;                       // the tensor's place among its results
+    at::Tensor tensor;
+  };
+  std::vector<Nested> nested_made;
 #ifdef TERAIO_TORCH_CUDA
   std::shared_ptr<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>> events;
 #endif
@@ -423,6 +436,17 @@ class TorchRecipe final : public runtime::Recipe {
 // and their inputs are made resident. Decided at its start (the inputs are only valid then: at its
 // end they refer to a stack that now holds its outputs); its end knows it by its context.
 struct SubclassCtx final : at::ObserverContext {};
+
+// An operator nested in a top-level step operator, while the Session notes which nested operator
+// makes each tensor made inside the top-level one (Note [Nested producers] in
+// src/offload/recorder.cpp). Taken at its start: a RecordFunction's inputs are gone at its end.
+struct NestedCtx final : at::ObserverContext {
+  std::vector<c10::StorageImpl*> input_storages;  // of every tensor input
+  std::vector<LogicalId> inputs;                  // the tracked ones
+  bool usable = true;  // every tensor input tracked, watchable, on the device, made before the top
+  std::vector<c10::StorageImpl*> written;         // arguments its schema writes
+  std::shared_ptr<const Capture> capture;         // planned steps: what rerunning it needs
+};
 bool on_subclass(const at::RecordFunction& fn) {
   bool found = false;
   for (const c10::IValue& v : fn.inputs()) {
@@ -802,10 +826,11 @@ struct Session::Impl final : offload::StepBinding {
     }
     ctl->begin_operator(k, sig, fn.name(), ctx->ids, op_bytes, collective, &ctx->violation, *this);
     if (const std::vector<LogicalId>* later = ctl->captures(k)) {
-      ctx->capture = capture(fn, ctx->ids);
-      if (ctx->capture) ctx->captures = *later;
+      ctx->capture = capture(fn, ctx->ids);  // null: its own outputs cannot be remade
+      ctx->captures = *later;                // some may be made by a nested operator
     }
-    if (ctl->recording()) {
+    ctx->recording = ctl->recording();
+    if (ctx->recording) {
 #ifdef TERAIO_TORCH_CUDA
       if (device && device->is_cuda()) {
         // Peak of this operator alone (reset here; read at its end). This resets what
@@ -881,11 +906,31 @@ struct Session::Impl final : offload::StepBinding {
         top_outs.push_back(*id);
       });
     }
+    // Made inside, not handed out: internals, remade only by the operator nested here that made
+    // them (Note [Nested producers] in recorder.cpp).
+    auto handed_out = [&](LogicalId id) {
+      return std::find(outs.begin() + static_cast<std::ptrdiff_t>(n_nested), outs.end(), id) != outs.end();
+    };
+    auto nested_of = [&](LogicalId id) -> const OpCtx::Nested* {
+      for (const OpCtx::Nested& n : ctx->nested_made)
+        if (n.id == id) return n.usable ? &n : nullptr;
+      return nullptr;
+    };
+    if (!ctx->captures.empty()) {
+      for (const OpCtx::Nested& n : ctx->nested_made) {
+        if (!n.usable || !n.capture || handed_out(n.id) ||
+            std::find(ctx->captures.begin(), ctx->captures.end(), n.id) == ctx->captures.end())
+          continue;
+        engine->set_recipe(n.id, std::make_unique<TorchRecipe>(n.capture, n.slot, n.tensor));
+      }
+    }
     if (rec) {
-      for (size_t i = 0; i < n_nested; ++i) {  // made inside, not handed out: internals
-        if (std::find(top_outs.begin(), top_outs.end(), outs[i]) != top_outs.end()) continue;
+      for (size_t i = 0; i < n_nested; ++i) {
+        if (handed_out(outs[i])) continue;
         offload::ProductionFacts f = made;
         f.nested_only = true;
+        if (const OpCtx::Nested* n = nested_of(outs[i]))
+          ctl->recorder().note_nested(outs[i], n->op, n->inputs);
         ctl->recorder().note_produced(outs[i], fn.name(), f);
       }
       ctl->recorder().add_operator(fn.name(), t1 - ctx->t0_us, ctx->ids, outs, *this);
@@ -943,25 +988,122 @@ struct Session::Impl final : offload::StepBinding {
     if (!ctx.unwatched.empty()) engine->note_written(ctx.unwatched);
   }
 
-  // The end of an operator nested in the top-level one `top`: binds its new outputs.
-  void on_nested_end(const at::RecordFunction& fn, OpCtx* top) {
+  // The start of an operator nested in the top-level one `top`, while recording or when a
+  // recompute of `top`'s kernel is planned: what Note [Nested producers] needs of its inputs.
+  std::unique_ptr<at::ObserverContext> on_nested_start(const at::RecordFunction& fn, OpCtx* top) {
+    std::lock_guard lock(mu);
+    if (!ctl->in_step() || !device || tl_backward > 0 || offload::is_collective(fn.name()) ||
+        (!ctl->recording() && top->captures.empty()))
+      return nullptr;
+    auto n = std::make_unique<NestedCtx>();
+    for (const c10::IValue& v : fn.inputs())
+      visit_tensors(v, [&](const at::Tensor& in) {
+        if (!in.defined()) return;
+        if (!in.has_storage()) {
+          n->usable = false;
+          return;
+        }
+        c10::StorageImpl* si = in.storage().unsafeGetStorageImpl();
+        n->input_storages.push_back(si);
+        auto it = storages.find(si);
+        if (it == storages.end() || in.device() != *device ||
+            !in.unsafeGetTensorImpl()->version_counter().enabled() ||
+            std::find(top->nested_outs.begin(), top->nested_outs.end(), it->second.id) !=
+                top->nested_outs.end()) {
+          n->usable = false;  // untracked, unwatchable, or made inside `top` itself
+          return;
+        }
+        n->inputs.push_back(it->second.id);
+      });
+    const std::vector<bool>& writes = written_arguments(fn);
+    size_t arg = 0;
+    for (const c10::IValue& v : fn.inputs()) {
+      const size_t my_arg = arg++;
+      if (my_arg < writes.size() && writes[my_arg])
+        visit_tensors(v, [&](const at::Tensor& in) {
+          if (in.defined() && in.has_storage()) n->written.push_back(in.storage().unsafeGetStorageImpl());
+        });
+    }
+    if (n->usable && !top->captures.empty()) {
+      n->capture = capture(fn, n->inputs);
+      n->usable = n->capture != nullptr;
+    }
+    return n;
+  }
+
+  // The end of an operator nested in the top-level one `top`: binds its new outputs, and with
+  // `nested` (on_nested_start's) notes which nested operator made each tensor made inside `top`.
+  void on_nested_end(const at::RecordFunction& fn, OpCtx* top, const NestedCtx* nested) {
     std::lock_guard lock(mu);
     if (!ctl->in_step() || !device) return;
     const bool rec = ctl->recording();
     const bool collective = offload::is_collective(fn.name());
     if (collective) pin_collective_values(fn.outputs());  // its inputs were pinned at its start
+    if (nested) forget_written_nested(*nested, top);
+    uint32_t slot = 0;
     for (const c10::IValue& v : fn.outputs()) {
       visit_tensors(v, [&](const at::Tensor& t) {
+        const uint32_t my_slot = slot++;
         if (!t.defined() || !t.has_storage() || t.device() != *device) return;
         c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-        if (storages.count(si)) return;  // a view, or an input: already known
+        if (auto it = storages.find(si); it != storages.end()) {  // a view, an input, or known
+          const LogicalId known = it->second.id;
+          if (nested && std::find(top->nested_outs.begin(), top->nested_outs.end(), known) !=
+                            top->nested_outs.end())
+            note_nested_producer(fn, *nested, top, known, my_slot, t, si);
+          return;
+        }
         std::optional<LogicalId> id = lookup_or_bind(
             t, si, offload::make_key(top->k, 0x4000 + top->nested++, true), true);
         if (!id) return;
         top->nested_outs.push_back(*id);
         if (collective) engine->pin_permanently(*id);
         if (rec) ctl->recorder().note_output(*id, tl_backward > 0, at::GradMode::is_enabled());
+        if (nested) note_nested_producer(fn, *nested, top, *id, my_slot, t, si);
       });
+    }
+  }
+
+  // Note [Nested producers]: nested operator `fn` returned tensor `id` (storage `si`), made inside
+  // `top`. Unless fn took that storage as an input (a view, an in-place or out= result), fn is
+  // the tensor's producer so far: an operator enclosing fn that returns it too replaces it.
+  void note_nested_producer(const at::RecordFunction& fn, const NestedCtx& nested, OpCtx* top,
+                            LogicalId id, uint32_t slot, const at::Tensor& t, c10::StorageImpl* si) {
+    if (std::find(nested.input_storages.begin(), nested.input_storages.end(), si) !=
+        nested.input_storages.end())
+      return;
+    OpCtx::Nested n;
+    n.id = id;
+    n.op = fn.name();
+    n.inputs = nested.inputs;
+    n.usable = nested.usable;
+    if (n.usable && nested.capture &&
+        std::find(top->captures.begin(), top->captures.end(), id) != top->captures.end()) {
+      n.capture = nested.capture;
+      n.slot = slot;
+      n.tensor = t;
+    }
+    auto it = std::find_if(top->nested_made.begin(), top->nested_made.end(),
+                           [&](const OpCtx::Nested& m) { return m.id == id; });
+    if (it == top->nested_made.end())
+      top->nested_made.push_back(std::move(n));
+    else
+      *it = std::move(n);
+  }
+
+  // A nested operator that writes into a tensor made inside `top` (its schema says so: copy_,
+  // index_put_, an out= argument) leaves it no producer: rerunning the one that made it would not
+  // redo the write. One enclosing both that returns the tensor becomes its producer again.
+  void forget_written_nested(const NestedCtx& nested, OpCtx* top) {
+    for (c10::StorageImpl* w : nested.written) {
+      auto it = storages.find(w);
+      if (it == storages.end()) continue;
+      for (OpCtx::Nested& m : top->nested_made)
+        if (m.id == it->second.id) {
+          m.usable = false;
+          m.capture.reset();
+          m.tensor = at::Tensor();
+        }
     }
   }
 
@@ -1032,8 +1174,19 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
       } catch (const std::exception& e) {
         s->ctl->note_error(e.what());
       }
+      return nullptr;
     }
-    return nullptr;
+    // Note [Nested producers]: only inside an operator of a recorded step or one whose kernel a
+    // planned recompute reruns (the common case returns here, without the lock).
+    if (tl_top == nullptr || tl_backward > 0 || (!tl_top->recording && tl_top->captures.empty()))
+      return nullptr;
+    try {
+      return s->on_nested_start(fn, tl_top);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(s->mu);
+      s->ctl->note_error(e.what());
+      return nullptr;
+    }
   }
   HookTime timed{s, now_us()};
   try {
@@ -1071,8 +1224,9 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (!s) return;
   HookTime timed{s, now_us()};
   try {
-    if (ctx == nullptr) {
-      if (tl_depth > 0 && tl_top != nullptr) s->on_nested_end(fn, tl_top);
+    auto* nested = dynamic_cast<NestedCtx*>(ctx);
+    if (ctx == nullptr || nested != nullptr) {
+      if (tl_depth > 0 && tl_top != nullptr) s->on_nested_end(fn, tl_top, nested);
       return;
     }
     if (ctx == tl_top) tl_top = nullptr;

@@ -157,4 +157,15 @@ std::vector<TensorId> kernel_inputs(const Trace& trace, const Lifetimes& lifetim
   return inputs;
 }
 
+std::vector<TensorId> recompute_reads(const Trace& trace, const Lifetimes& lifetimes, TensorId t) {
+  const TensorInfo& info = trace.tensors[t];
+  if (info.recompute_inputs) return *info.recompute_inputs;
+  return kernel_inputs(trace, lifetimes, *info.producer);
+}
+
+double recompute_time_us(const Trace& trace, TensorId t) {
+  const TensorInfo& info = trace.tensors[t];
+  return info.recompute_us ? *info.recompute_us : trace.kernel_time_us(*info.producer);
+}
+
 }  // namespace teraio

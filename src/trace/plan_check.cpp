@@ -244,14 +244,14 @@ bool Checker::check_recompute(size_t ri, RecomputeMove* out) {
   out->start = m.start;
   out->deadline = m.deadline;
   out->producer = producer;
-  out->time_us = trace_.kernel_time_us(producer);
+  out->time_us = recompute_time_us(trace_, t);
   return true;
 }
 
 bool Checker::check_recompute_inputs(const RecomputeMove& r, const std::vector<std::vector<size_t>>& pairs_of,
                                      const std::vector<std::vector<size_t>>& recomputes_of) {
   const KernelIndex d = r.deadline;
-  for (TensorId i : kernel_inputs(trace_, life_, r.producer)) {
+  for (TensorId i : recompute_reads(trace_, life_, r.tensor)) {
     const TensorInfo& in = trace_.tensors[i];
     if (!in.persistent && (d < life_.first_use(i) || d > life_.alive_until(i))) {
       error("{}: input tensor {} of the producer (kernel {}) is not alive at kernel {} (its life is [{}, {}])",
@@ -324,7 +324,7 @@ PlanCheck Checker::run() {
     for (size_t ri : recompute_moves[t]) {
       RecomputeMove r;
       if (!check_recompute(ri, &r)) continue;
-      for (TensorId i : kernel_inputs(trace_, life_, r.producer)) reads_[i].push_back(r.deadline);
+      for (TensorId i : recompute_reads(trace_, life_, r.tensor)) reads_[i].push_back(r.deadline);
       basic.push_back(r);
     }
   }

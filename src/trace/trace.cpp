@@ -153,10 +153,44 @@ bool has_recomputable(const Trace& trace) {
                      [](const TensorInfo& t) { return t.recomputable; });
 }
 
+// recompute_inputs and recompute_us: a part of the producer, rerun alone (TensorInfo).
+void Trace::validate_nested_recompute(size_t t, const std::vector<KernelIndex>& first) const {
+  const TensorInfo& info = tensors[t];
+  TERAIO_CHECK(info.recomputable,
+               "tensors[{}].{}: the tensor is not recomputable; only a recomputable tensor says what its "
+               "recompute reads and costs",
+               t, info.recompute_inputs ? "recompute_inputs" : "recompute_us");
+  const KernelIndex p = *info.producer;
+  if (info.recompute_us) {
+    const double us = *info.recompute_us;
+    TERAIO_CHECK(std::isfinite(us) && us >= 0 && us <= kernel_time_us(p),
+                 "tensors[{}].recompute_us: must be a finite number from 0 to the producer's time ({} us, "
+                 "kernel {}), got {}",
+                 t, kernel_time_us(p), p, us);
+  }
+  if (!info.recompute_inputs) return;
+  const auto listed = kernel_tensors(p);
+  for (size_t j = 0; j < info.recompute_inputs->size(); ++j) {
+    const TensorId i = (*info.recompute_inputs)[j];
+    TERAIO_CHECK(i < tensors.size(), "tensors[{}].recompute_inputs[{}]: tensor {} is out of range (the trace has {} tensors)",
+                 t, j, i, tensors.size());
+    const bool input = std::find(listed.begin(), listed.end(), i) != listed.end() &&
+                       (tensors[i].persistent || first[i] < p);
+    TERAIO_CHECK(input,
+                 "tensors[{}].recompute_inputs[{}]: tensor {} is not an input of the producer (kernel {}): a "
+                 "recompute reads only tensors its producer lists that exist before it runs",
+                 t, j, i, p);
+    TERAIO_CHECK(std::find(info.recompute_inputs->begin(), info.recompute_inputs->begin() + static_cast<std::ptrdiff_t>(j), i) ==
+                     info.recompute_inputs->begin() + static_cast<std::ptrdiff_t>(j),
+                 "tensors[{}].recompute_inputs[{}]: tensor {} is listed twice", t, j, i);
+  }
+}
+
 // alive_until and producer: both need each tensor's first or last use.
 void Trace::validate_per_tensor_kernels() const {
   if (std::none_of(tensors.begin(), tensors.end(), [](const TensorInfo& t) {
-        return t.alive_until.has_value() || t.producer.has_value() || t.recomputable;
+        return t.alive_until.has_value() || t.producer.has_value() || t.recomputable ||
+               t.recompute_inputs.has_value() || t.recompute_us.has_value();
       })) {
     return;
   }
@@ -187,6 +221,7 @@ void Trace::validate_per_tensor_kernels() const {
                    "list the tensor and come first",
                    t, p, first[t] == kUnused ? std::string("no kernel uses it") : fmt::format("kernel {}", first[t]));
     }
+    if (info.recompute_inputs || info.recompute_us) validate_nested_recompute(t, first);
     if (!tensors[t].alive_until) continue;
     const KernelIndex until = *tensors[t].alive_until;
     TERAIO_CHECK(!tensors[t].persistent,

@@ -88,6 +88,22 @@ Trace parse_trace(std::string_view text, std::string_view source) {
         info.recomputable = r.boolean(r.field(o, "recomputable", p), p.field("recomputable"));
         check_uses = true;
       }
+      if (version >= 2 && r.has(o, "recompute_inputs")) {  // checked against the producer at the end
+        const json::Path ip = p.field("recompute_inputs");
+        std::vector<TensorId> inputs;
+        size_t j = 0;
+        for (auto w : r.array(r.field(o, "recompute_inputs", p), ip)) {
+          const uint64_t t = r.u64(w, ip.at(j++));
+          if (t > std::numeric_limits<TensorId>::max()) r.fail(ip, fmt::format("tensor id {} is out of range", t));
+          inputs.push_back(static_cast<TensorId>(t));
+        }
+        info.recompute_inputs = std::move(inputs);
+        check_uses = true;
+      }
+      if (version >= 2 && r.has(o, "recompute_us")) {
+        info.recompute_us = r.non_negative(r.field(o, "recompute_us", p), p.field("recompute_us"));
+        check_uses = true;
+      }
       if (r.has(o, "written_at")) {  // Note [Clean offloads] in simulator.cpp
         const json::Path wp = p.field("written_at");
         size_t j = 0;
@@ -189,6 +205,13 @@ std::string trace_to_json(const Trace& trace) {
     if (t.producer) {
       fmt::format_to(std::back_inserter(out), ", \"producer\": {}, \"recomputable\": {}", *t.producer,
                      t.recomputable ? "true" : "false");
+    }
+    if (t.recompute_inputs) {
+      fmt::format_to(std::back_inserter(out), ", \"recompute_inputs\": [{}]", fmt::join(*t.recompute_inputs, ", "));
+    }
+    if (t.recompute_us) {
+      out += ", \"recompute_us\": ";
+      append_json_number(out, *t.recompute_us, "a recompute time");
     }
     if (!t.written_at.empty()) {
       fmt::format_to(std::back_inserter(out), ", \"written_at\": [{}]", fmt::join(t.written_at, ", "));

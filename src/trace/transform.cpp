@@ -274,11 +274,31 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
       if (*ti.producer != life.first_use(t)) {  // no longer made first: unknown
         ti.producer.reset();
         ti.recomputable = false;
+        ti.recompute_inputs.reset();
+        ti.recompute_us.reset();
       }
     }
   }
 
-  // A recomputable tensor stays so only if no input of its producer is written between the
+  // A recompute of a nested operator (recompute_inputs) stays one only while its inputs are still
+  // inputs of its producer's kernel (a split kernel lists its own parameter's tensors), and costs
+  // at most that kernel's time.
+  for (TensorId t = 0; t < nt; ++t) {
+    TensorInfo& ti = out.tensors[t];
+    if (!ti.recomputable) continue;
+    if (ti.recompute_us) ti.recompute_us = std::min(*ti.recompute_us, out.kernel_time_us(*ti.producer));
+    if (!ti.recompute_inputs) continue;
+    const std::vector<TensorId> inputs = kernel_inputs(out, life, *ti.producer);
+    for (TensorId x : *ti.recompute_inputs) {
+      if (std::find(inputs.begin(), inputs.end(), x) != inputs.end()) continue;
+      ti.recomputable = false;
+      ti.recompute_inputs.reset();
+      ti.recompute_us.reset();
+      ++out_info.recompute_cleared;
+      break;
+    }
+  }
+  // A recomputable tensor stays so only if no input of its recompute is written between the
   // production and the tensor's last use in the new order (the updates now run earlier). Without
   // recorded writes, a moved update kernel is taken to write every tensor it touches.
   std::vector<std::vector<KernelIndex>> written(nt);
@@ -297,11 +317,13 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
     const KernelIndex made = *ti.producer;
     const KernelIndex until = life.last_use(t);
     bool stale = false;
-    for (TensorId x : kernel_inputs(out, life, made)) {
+    for (TensorId x : recompute_reads(out, life, t)) {
       for (KernelIndex w : written[x]) stale |= w > made && w <= until;
     }
     if (stale) {
       ti.recomputable = false;
+      ti.recompute_inputs.reset();
+      ti.recompute_us.reset();
       ++out_info.recompute_cleared;
     }
   }

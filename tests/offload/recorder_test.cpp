@@ -298,6 +298,93 @@ TEST(Recorder, ProducersAndRecomputableTensors) {
   for (const TensorInfo& ti : rec2.trace.tensors) EXPECT_FALSE(ti.producer.has_value()) << ti.name;
 }
 
+// Note [Nested producers]: a tensor made inside an operator (nested_only) is recomputable by the
+// nested operator that made it when the Session named one (note_nested) that may be rerun, reading
+// only tensors the operator lists that exist before it and are not written before the tensor's last
+// use; the trace then carries its recompute_inputs and its share of the operator's time.
+TEST(Recorder, TensorsMadeByNestedOperators) {
+  HostEngine host_engine;
+  runtime::Engine& engine = host_engine.engine;
+  Recorder r;
+  FakeSource src;
+  uint32_t next_key = 0;
+  std::map<LogicalId, uint32_t> version;
+  auto bind = [&](uint64_t bytes, bool param) {
+    const uint64_t key = make_key(next_key++, 0, true);
+    const LogicalId id = r.id_for_key(key, src);
+    r.note_bound(id, key, bytes, param);
+    engine.bind(id, std::make_unique<HostMemory>(bytes, &src.live, id));
+    src.live.insert(id);
+    version[id] = 0;
+    return id;
+  };
+  // An operator with inputs `in`, output `out`, and tensors made inside it: {tensor, the nested
+  // operator that made it (empty: none named), that operator's inputs}.
+  struct Inner {
+    LogicalId id;
+    const char* op;
+    std::vector<LogicalId> inputs;
+  };
+  auto op = [&](const char* name, std::vector<LogicalId> in, std::vector<LogicalId> out,
+                std::vector<Inner> inner, std::vector<LogicalId> writes = {}) {
+    for (LogicalId id : in) r.note_version(id, version[id]);
+    for (LogicalId id : writes) version[id]++;
+    for (LogicalId id : in) r.note_version(id, version[id]);
+    std::vector<LogicalId> all;
+    for (const Inner& i : inner) {
+      r.note_output(i.id, false, true);
+      all.push_back(i.id);
+    }
+    for (LogicalId id : out) {
+      r.note_output(id, false, true);
+      r.note_produced(id, name, {});
+      r.note_version(id, version[id]);
+      all.push_back(id);
+    }
+    ProductionFacts nested;
+    nested.nested_only = true;
+    for (const Inner& i : inner) {
+      if (*i.op) r.note_nested(i.id, i.op, i.inputs);
+      r.note_produced(i.id, name, nested);
+      r.note_version(i.id, version[i.id]);
+    }
+    r.add_operator(name, 100, in, all, src);
+  };
+  r.begin_iteration(1);
+  const LogicalId w = bind(8192, true), x = bind(4096, false), other = bind(4096, false);
+  const LogicalId wc = bind(4096, false), xc = bind(2048, false), y = bind(2048, false);
+  const LogicalId e = bind(4096, false), q = bind(4096, false);
+  op("aten::linear", {x, w}, {y},
+     {{wc, "aten::to", {w}}, {xc, "aten::to", {x}}, {e, "aten::empty_strided", {}}, {q, "aten::to", {other}}});  // 0
+  op("aten::add_", {x}, {}, {}, {x});  // 1: x written before xc's last use
+  op("aten::mm", {wc, xc, y, e, q, other}, {}, {});  // 2: the backward's reads
+  for (LogicalId id : {x, wc, xc, y, e, q}) src.live.erase(id);
+  op("aten::sum", {}, {}, {});  // 3
+
+  const Recording rec = r.build_trace(engine, src);
+  const Trace& t = rec.trace;
+  auto tid = [&](LogicalId id) -> TensorId {
+    for (size_t i = 0; i < rec.tensors.size(); ++i)
+      if (rec.tensors[i].id == id) return static_cast<TensorId>(i);
+    ADD_FAILURE() << "tensor " << id << " not in the trace";
+    return 0;
+  };
+  const TensorInfo& copy = t.tensors[tid(wc)];
+  EXPECT_EQ(copy.producer, std::optional<KernelIndex>(0));
+  EXPECT_TRUE(copy.recomputable) << "the weight's cast alone makes it again";
+  ASSERT_TRUE(copy.recompute_inputs.has_value());
+  EXPECT_EQ(*copy.recompute_inputs, std::vector<TensorId>{tid(w)});
+  // Its share of the linear's 100 us by bytes read and written: (8192 + 4096) of the linear's
+  // x, w, wc, xc, y, e, q (4096 + 8192 + 4096 + 2048 + 2048 + 4096 + 4096).
+  ASSERT_TRUE(copy.recompute_us.has_value());
+  EXPECT_NEAR(*copy.recompute_us, 100.0 * 12288 / 28672, 1e-9);
+  EXPECT_FALSE(t.tensors[tid(xc)].recomputable) << "its cast's input x is written before its last use";
+  EXPECT_FALSE(t.tensors[tid(e)].recomputable) << "empty_strided leaves memory uninitialised";
+  EXPECT_FALSE(t.tensors[tid(e)].recompute_inputs.has_value());
+  EXPECT_FALSE(t.tensors[tid(q)].recomputable) << "its input is not one the linear lists";
+  EXPECT_NO_THROW(t.validate());
+}
+
 // Note [Writes of a recording]: written_at from the version counters observed at every recorded
 // operator's start and end, over the recorded iteration and across its start for persistent
 // tensors; tensors never observed are written at every use.

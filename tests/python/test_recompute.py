@@ -187,3 +187,25 @@ def test_unsafe_producers_are_never_rerun(tmp_path):
     assert any("dropout" in names[x["producer"]] or "bernoulli" in names[x["producer"]]
                for x in risky), [names[x["producer"]] for x in risky]
     assert st["recomputes"] > 0 and st["lost_tensors"] == 0, st
+
+
+def test_autocast_weight_copies_are_recomputed_by_their_cast(tmp_path):
+    """Autocast's bf16 copy of a weight is made inside aten::linear (by a nested aten::to) and kept
+    for the backward; the linear's fp32 input is dead by then, so rerunning the linear cannot
+    remake it, but rerunning the cast alone can (docs/formats.md, "Recompute": recompute_inputs).
+    The trace says so, the plan recomputes such copies, and training stays bitwise."""
+    trace_path = tmp_path / "trace.json"
+    st, plan = run_both(tmp_path, MLP, mlp_batch, "1000KiB", autocast=True, trace_path=str(trace_path))
+    trace = json.loads(trace_path.read_text())
+    by_id = {t["id"]: t for t in trace["tensors"]}
+    nested = [t for t in trace["tensors"] if "recompute_inputs" in t]
+    assert nested, "the weights' bf16 copies name the cast's inputs"
+    for t in nested:  # bf16 copies of an fp32 weight or input, each made by one cast
+        assert t["recomputable"] and trace["kernels"][t["producer"]]["name"] == "aten::linear", t
+        assert len(t["recompute_inputs"]) == 1 and t["bytes"] * 2 == by_id[t["recompute_inputs"][0]]["bytes"], t
+        assert 0 < t["recompute_us"] <= trace["kernels"][t["producer"]]["time_us"], t
+    weights = {t["id"] for t in nested if by_id[t["recompute_inputs"][0]]["kind"] == "parameter"}
+    assert weights, nested
+    recomputed = {m["tensor"] for m in recompute_moves(plan)}
+    assert recomputed & weights, "the slow link makes the plan recompute a weight's copy"
+    assert st["urgent_recomputes"] == 0 and st["lost_tensors"] == 0 and st["skipped_moves"] == 0, st

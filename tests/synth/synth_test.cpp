@@ -183,7 +183,15 @@ TEST(Synth, AmpKeepsFp32StateAndSavesBf16Copies) {
     ++copies;
     const TensorInfo& info = trace.tensors[id];
     EXPECT_EQ(info.kind, TensorKind::activation) << name;
-    EXPECT_FALSE(info.recomputable) << name << ": made inside aten::linear";
+    // Made inside aten::linear by its cast of the weight: that cast alone makes it again
+    // (recompute_inputs: the fp32 parameter; its time a part of the linear's).
+    EXPECT_TRUE(info.recomputable) << name;
+    ASSERT_TRUE(info.recompute_inputs.has_value()) << name;
+    ASSERT_EQ(info.recompute_inputs->size(), 1u) << name;
+    EXPECT_EQ(trace.tensors[info.recompute_inputs->front()].kind, TensorKind::parameter) << name;
+    EXPECT_EQ(trace.tensors[info.recompute_inputs->front()].bytes, 2 * info.bytes) << name;
+    EXPECT_EQ(trace.kernel_name(*info.producer), "aten::linear") << name;
+    EXPECT_LT(*info.recompute_us, trace.kernel_time_us(*info.producer)) << name;
     EXPECT_LT(life.first_use(id), bwd) << name;
     EXPECT_GT(life.last_use(id), bwd) << name;
   }

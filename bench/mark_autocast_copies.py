@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Marks, in a trace a Session recorded before Note [Nested producers] (src/offload/recorder.cpp),
+autocast's bf16 copies of weights as a Session records them now: each tensor made inside
+aten::linear whose size is half that of a persistent tensor the linear lists (its fp32 weight)
+becomes recomputable by that cast alone (recompute_inputs: the weight; recompute_us: its share of
+the linear's time by the bytes it reads and writes). Only for predictions from old profiles
+(docs/benchmarks.md, "Recomputable autocast copies, predicted"); new traces carry this already.
+
+Usage: bench/mark_autocast_copies.py TRACE_IN TRACE_OUT
+"""
+import json
+import sys
+
+
+def nested_output(name: str) -> bool:
+    # The Session names a tensor an operator nested in operator k made "op<k>.out<n>", n >= 0x4000.
+    head, _, index = name.rpartition(".out")
+    return head.startswith("op") and index.isdigit() and int(index) >= 0x4000
+
+
+def main() -> int:
+    if len(sys.argv) != 3:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    trace = json.load(open(sys.argv[1]))
+    kernels, tensors = trace["kernels"], trace["tensors"]
+    marked = 0
+    for t in tensors:
+        k = t.get("producer")
+        if k is None or t.get("recomputable") or not nested_output(t.get("name", "")):
+            continue
+        if kernels[k]["name"] != "aten::linear":
+            continue
+        weights = [x for x in kernels[k]["tensors"]
+                   if tensors[x]["persistent"] and tensors[x]["bytes"] == 2 * t["bytes"]]
+        if not weights:
+            continue
+        listed = sum(tensors[x]["bytes"] for x in kernels[k]["tensors"])
+        share = min(1.0, (t["bytes"] + tensors[weights[0]]["bytes"]) / listed)
+        t["recomputable"] = True
+        t["recompute_inputs"] = [weights[0]]
+        t["recompute_us"] = kernels[k]["time_us"] * share
+        marked += 1
+    json.dump(trace, open(sys.argv[2], "w"))
+    print(f"{sys.argv[2]}: {marked} weight copies marked recomputable")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
