@@ -5,7 +5,8 @@
    stream_ordered_offloads; stats and max_memory_allocated are recorded;
 2. overhead: step time of a Llama with a budget that holds everything (empty plan) vs without
    teraio, median of many steps.
-Writes one JSON file with everything to argv[1]."""
+Writes one JSON file with everything to argv[1]. TORCH_GPU_CASES=a,b runs those cases alone;
+TORCH_GPU_BITWISE_ONLY=1 leaves out the overhead measurement."""
 import gc
 import json
 import os
@@ -155,6 +156,18 @@ def footprint(model_fn):
     return 4 * sum(sizes), max(sizes)
 
 
+def nested_recomputes(trace_path, plan_path):
+    """Recompute moves of the plan whose tensor a nested operator made (autocast's copies:
+    docs/formats.md, "Recompute", recompute_inputs); None when a file is missing."""
+    try:
+        with open(trace_path) as f:
+            nested = {t["id"] for t in json.load(f)["tensors"] if "recompute_inputs" in t}
+        with open(plan_path) as f:
+            return sum(1 for m in json.load(f)["moves"] if m["op"] == "recompute" and m["tensor"] in nested)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def main(out_path):
     res = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "bitwise": {}, "overhead": {}}
     tmp = tempfile.mkdtemp(prefix="teraio-gpu-", dir=os.environ.get("TERAIO_FILE_DIR", "/tmp"))
@@ -169,6 +182,9 @@ def main(out_path):
              ("llama", llama, llama_batch, False, {}), ("llama-amp", llama, llama_batch, True, {}),
              ("llama-amp-dead", llama, llama_batch, True, dict(zero_after=True)),
              ("llama-amp-inbwd", llama, llama_batch, True, dict(zero_after=True, in_backward=True))]
+    only = os.environ.get("TORCH_GPU_CASES")  # e.g. "llama-amp,llama-amp-inbwd": those cases alone
+    if only:
+        cases = [c for c in cases if c[0] in only.split(",")]
     for name, mf, bf, amp, opts in cases:
         # planned-sof: Session(stream_ordered_offloads=True), offloads due waited for on the GPU
         for mode, planning, sof in (all_modes if not opts else all_modes[2:]):
@@ -188,8 +204,10 @@ def main(out_path):
                 budget = max(fp // 2, 4 * largest) + (128 << 20)
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
+                trace_path, plan_path = os.path.join(tmp, f"{key}.trace.json"), os.path.join(tmp, f"{key}.plan.json")
                 s = teraio.Session(budget=budget, tiers=[teraio.HostTier(fp // 2), teraio.FileTier([tmp], 4 * fp)],
-                                   planning=planning, min_tensor_bytes=65536, stream_ordered_offloads=sof)
+                                   planning=planning, min_tensor_bytes=65536, stream_ordered_offloads=sof,
+                                   trace_path=trace_path, plan_path=plan_path)
                 # 2 profiling steps, then planned ones: the planned steps' peak must fit the budget
                 got = run(mf, bf, 6, session=s, peak_from=3 if planning else None, amp=amp, **opts)
                 st = s.stats()
@@ -202,6 +220,7 @@ def main(out_path):
                                        "per_step": per_step}
                 if planning:  # steps 4-6 are planned: torch.cuda.max_memory_allocated() <= budget
                     res["bitwise"][key]["planned_peak_within_budget"] = peak <= budget
+                    res["bitwise"][key]["nested_recomputes"] = nested_recomputes(trace_path, plan_path)
             except Exception as e:  # record and go on
                 res["bitwise"][key] = {"equal": False, "error": repr(e)}
             finally:
