@@ -441,6 +441,10 @@ struct SubclassCtx final : at::ObserverContext {};
 // makes each tensor made inside the top-level one (Note [Nested producers] in
 // src/offload/recorder.cpp). Taken at its start: a RecordFunction's inputs are gone at its end.
 struct NestedCtx final : at::ObserverContext {
+  // Note [Tensors nested operators read]: tracked tensors it reads that were made resident and
+  // pinned for it alone (released at its end); with a top-level operator, they are the latter's.
+  std::vector<LogicalId> pinned;
+  bool producers = false;  // the fields below are filled (Note [Nested producers])
   std::vector<c10::StorageImpl*> input_storages;  // of every tensor input
   std::vector<LogicalId> inputs;                  // the tracked ones
   bool usable = true;  // every tensor input tracked, watchable, on the device, made before the top
@@ -988,14 +992,38 @@ struct Session::Impl final : offload::StepBinding {
     if (!ctx.unwatched.empty()) engine->note_written(ctx.unwatched);
   }
 
-  // The start of an operator nested in the top-level one `top`, while recording or when a
-  // recompute of `top`'s kernel is planned: what Note [Nested producers] needs of its inputs.
-  std::unique_ptr<at::ObserverContext> on_nested_start(const at::RecordFunction& fn, OpCtx* top) {
+  // Note [Tensors nested operators read]: an operator nested in a top-level one may read a tracked
+  // tensor the top-level one was not given: autocast's cached bf16 copy of a weight used a second
+  // time in one forward pass is handed to the nested aten::linear by autocast's cache, with no
+  // operator of its own. The Session must see such a read, or the tensor may be away when it
+  // happens. While recording, each tracked tensor a nested operator reads becomes an input of its
+  // top-level operator (made resident, pinned until the top-level one ends, listed by its kernel in
+  // the trace, so that plans keep it there); in any step, a nested operator that reads a tensor
+  // whose storage has no bytes (offloaded or freed for a recompute) gets it back first (an urgent
+  // fetch or recompute, like any use the plan did not expect) and keeps it pinned until it ends
+  // (until the top-level one ends when there is one).
+  static bool reads_absent(const at::RecordFunction& fn) {
+    bool absent = false;
+    for (const c10::IValue& v : fn.inputs())
+      visit_tensors(v, [&](const at::Tensor& t) {
+        if (absent || !t.defined() || !t.has_storage()) return;
+        c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+        // without the checks an offloaded storage makes throw (Note [Refused tensors])
+        absent = si->nbytes() > 0 && si->_mutable_data_ptr_no_checks().get() == nullptr;
+      });
+    return absent;
+  }
+
+  // The start of an operator nested in the top-level one `top` (null: a top-level operator the
+  // fast path took), while recording, when a recompute of `top`'s kernel is planned (`producers`:
+  // what Note [Nested producers] needs of its inputs) or when it reads an absent tensor.
+  std::unique_ptr<at::ObserverContext> on_nested_start(const at::RecordFunction& fn, OpCtx* top,
+                                                       bool producers) {
     std::lock_guard lock(mu);
-    if (!ctl->in_step() || !device || tl_backward > 0 || offload::is_collective(fn.name()) ||
-        (!ctl->recording() && top->captures.empty()))
-      return nullptr;
+    if (!ctl->in_step() || !device || offload::is_collective(fn.name())) return nullptr;
     auto n = std::make_unique<NestedCtx>();
+    n->producers = producers;
+    std::vector<LogicalId> reads;
     for (const c10::IValue& v : fn.inputs())
       visit_tensors(v, [&](const at::Tensor& in) {
         if (!in.defined()) return;
@@ -1006,15 +1034,28 @@ struct Session::Impl final : offload::StepBinding {
         c10::StorageImpl* si = in.storage().unsafeGetStorageImpl();
         n->input_storages.push_back(si);
         auto it = storages.find(si);
-        if (it == storages.end() || in.device() != *device ||
-            !in.unsafeGetTensorImpl()->version_counter().enabled() ||
-            std::find(top->nested_outs.begin(), top->nested_outs.end(), it->second.id) !=
-                top->nested_outs.end()) {
+        const bool tracked = it != storages.end() && in.device() == *device;
+        const bool inside = tracked && top != nullptr &&
+                            std::find(top->nested_outs.begin(), top->nested_outs.end(),
+                                      it->second.id) != top->nested_outs.end();
+        if (tracked && !inside &&
+            (top == nullptr || std::find(top->ids.begin(), top->ids.end(), it->second.id) == top->ids.end()) &&
+            std::find(reads.begin(), reads.end(), it->second.id) == reads.end())
+          reads.push_back(it->second.id);
+        if (!tracked || !in.unsafeGetTensorImpl()->version_counter().enabled() || inside) {
           n->usable = false;  // untracked, unwatchable, or made inside `top` itself
           return;
         }
         n->inputs.push_back(it->second.id);
       });
+    if (!reads.empty()) {
+      engine->begin_use(reads);
+      if (top != nullptr)
+        top->ids.insert(top->ids.end(), reads.begin(), reads.end());  // its end releases them
+      else
+        n->pinned = std::move(reads);
+    }
+    if (!producers) return n;
     const std::vector<bool>& writes = written_arguments(fn);
     size_t arg = 0;
     for (const c10::IValue& v : fn.inputs()) {
@@ -1035,7 +1076,9 @@ struct Session::Impl final : offload::StepBinding {
   // `nested` (on_nested_start's) notes which nested operator made each tensor made inside `top`.
   void on_nested_end(const at::RecordFunction& fn, OpCtx* top, const NestedCtx* nested) {
     std::lock_guard lock(mu);
-    if (!ctl->in_step() || !device) return;
+    if (nested && !nested->pinned.empty()) engine->end_use(nested->pinned);
+    if (nested && !nested->producers) nested = nullptr;
+    if (!ctl->in_step() || !device || top == nullptr) return;
     const bool rec = ctl->recording();
     const bool collective = offload::is_collective(fn.name());
     if (collective) pin_collective_values(fn.outputs());  // its inputs were pinned at its start
@@ -1176,12 +1219,17 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
       }
       return nullptr;
     }
-    // Note [Nested producers]: only inside an operator of a recorded step or one whose kernel a
-    // planned recompute reruns (the common case returns here, without the lock).
-    if (tl_top == nullptr || tl_backward > 0 || (!tl_top->recording && tl_top->captures.empty()))
+    // Notes [Nested producers] and [Tensors nested operators read]: inside an operator of a
+    // recorded step, one whose kernel a planned recompute reruns, or reading an absent tensor (the
+    // common case returns here, without the lock).
+    OpCtx* top = tl_top;
+    const bool producers =
+        top != nullptr && tl_backward == 0 && (top->recording || !top->captures.empty());
+    if (!producers && !(top != nullptr && top->recording) &&
+        !(s->ctl->in_step() && (tl_step_thread || tl_backward > 0) && Session::Impl::reads_absent(fn)))
       return nullptr;
     try {
-      return s->on_nested_start(fn, tl_top);
+      return s->on_nested_start(fn, top, producers);
     } catch (const std::exception& e) {
       std::lock_guard lock(s->mu);
       s->ctl->note_error(e.what());
@@ -1226,7 +1274,7 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   try {
     auto* nested = dynamic_cast<NestedCtx*>(ctx);
     if (ctx == nullptr || nested != nullptr) {
-      if (tl_depth > 0 && tl_top != nullptr) s->on_nested_end(fn, tl_top, nested);
+      if (tl_depth > 0 && (tl_top != nullptr || nested != nullptr)) s->on_nested_end(fn, tl_top, nested);
       return;
     }
     if (ctx == tl_top) tl_top = nullptr;

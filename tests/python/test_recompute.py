@@ -209,3 +209,42 @@ def test_autocast_weight_copies_are_recomputed_by_their_cast(tmp_path):
     recomputed = {m["tensor"] for m in recompute_moves(plan)}
     assert recomputed & weights, "the slow link makes the plan recompute a weight's copy"
     assert st["urgent_recomputes"] == 0 and st["lost_tensors"] == 0 and st["skipped_moves"] == 0, st
+
+
+class SharedUnderAutocast(torch.nn.Module):
+    """One Linear used twice in a forward pass under autocast: the second use gets the weight's
+    bf16 copy from autocast's cache, inside aten::linear, with no operator of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(64, 256)
+        self.shared = torch.nn.Linear(256, 256)
+        self.mid = torch.nn.Linear(256, 256)
+        self.out = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = torch.tanh(self.shared(torch.relu(self.l1(x))))
+            for _ in range(3):
+                h = torch.tanh(self.mid(h)) * 0.5 + h
+            h = torch.tanh(self.shared(h))
+            return self.out(h).float()
+
+
+@pytest.mark.parametrize("budget", ["900KiB", "1300KiB"])
+def test_a_copy_autocast_hands_out_again_is_there(tmp_path, budget):
+    """Note [Tensors nested operators read]: the cached copy read by the second linear is an input
+    of that operator (the trace lists it there, plans keep it), and a nested operator that reads an
+    absent tensor gets it back first. Before, the plan freed the copy between its uses and the
+    second linear failed ("its data is not allocated yet")."""
+    trace_path = tmp_path / "trace.json"
+    st, plan = run_both(tmp_path, SharedUnderAutocast, mlp_batch, budget, trace_path=str(trace_path))
+    assert st["mode"] == "planned" and st["lost_tensors"] == 0, st
+    trace = json.loads(trace_path.read_text())
+    linears = [k for k in trace["kernels"] if k["name"] == "aten::linear"]
+    by_id = {t["id"]: t for t in trace["tensors"]}
+    # the shared weight's copy (bf16 of a 256 x 256 fp32 weight) is listed by two forward linears
+    copies = [t for t in trace["tensors"] if "recompute_inputs" in t and t["bytes"] == 256 * 256 * 2
+              and by_id[t["recompute_inputs"][0]]["kind"] == "parameter"]
+    listed = {c["id"]: sum(c["id"] in k["tensors"] for k in linears) for c in copies}
+    assert 2 in listed.values(), listed
