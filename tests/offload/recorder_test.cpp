@@ -186,14 +186,16 @@ TEST(Recorder, TraceOfAnIteration) {
 
 // Note [Recomputable tensors] and [Rerunnable operators]: producers of a recorded iteration, and
 // which tensors rerunning them recreates, from the plain facts the binding reports.
-TEST(Recorder, ProducersAndRecomputableTensors) {
+// A recorder over host-memory tensors, each bound under a key of its own, with a version counter.
+class RecorderBench : public ::testing::Test {
+ protected:
   HostEngine host_engine;
   runtime::Engine& engine = host_engine.engine;
   Recorder r;
   FakeSource src;
   std::map<LogicalId, uint32_t> version;
   uint32_t next_key = 0;
-  auto bind = [&](uint64_t bytes, bool param) {
+  LogicalId bind(uint64_t bytes, bool param) {
     const uint64_t key = make_key(next_key++, 0, true);
     const LogicalId id = r.id_for_key(key, src);
     r.note_bound(id, key, bytes, param);
@@ -201,7 +203,10 @@ TEST(Recorder, ProducersAndRecomputableTensors) {
     src.live.insert(id);
     version[id] = 0;
     return id;
-  };
+  }
+};
+
+TEST_F(RecorderBench, ProducersAndRecomputableTensors) {
   r.begin_iteration(1);
   const LogicalId p = bind(4096, true);
   const LogicalId x = bind(4096, false);
@@ -302,22 +307,7 @@ TEST(Recorder, ProducersAndRecomputableTensors) {
 // nested operator that made it when the Session named one (note_nested) that may be rerun, reading
 // only tensors the operator lists that exist before it and are not written before the tensor's last
 // use; the trace then carries its recompute_inputs and its share of the operator's time.
-TEST(Recorder, TensorsMadeByNestedOperators) {
-  HostEngine host_engine;
-  runtime::Engine& engine = host_engine.engine;
-  Recorder r;
-  FakeSource src;
-  uint32_t next_key = 0;
-  std::map<LogicalId, uint32_t> version;
-  auto bind = [&](uint64_t bytes, bool param) {
-    const uint64_t key = make_key(next_key++, 0, true);
-    const LogicalId id = r.id_for_key(key, src);
-    r.note_bound(id, key, bytes, param);
-    engine.bind(id, std::make_unique<HostMemory>(bytes, &src.live, id));
-    src.live.insert(id);
-    version[id] = 0;
-    return id;
-  };
+TEST_F(RecorderBench, TensorsMadeByNestedOperators) {
   // An operator with inputs `in`, output `out`, and tensors made inside it: {tensor, the nested
   // operator that made it (empty: none named), that operator's inputs}.
   struct Inner {
