@@ -30,7 +30,7 @@
 #            alone and with a 50 GiB disk tier), fp32 at 1 x 4096 (host + disk), FSDP2 + CPUOffloadPolicy with and without
 #            activation checkpointing, ZeRO-Offload with and without it, ZeRO-Infinity, and the
 #            largest model predicted to fit (REAL_LAYERS, default 61 layers: host tier only;
-#            REAL_LAYERS_INBWD, default 64, with steps in backward: bench/largest_model.sh with
+#            REAL_LAYERS_INBWD, default 74, with steps in backward: bench/largest_model.sh with
 #            SYNTH_ARGS=--step-in-backward); the teraio runs named inbwd run the optimizer steps in backward (--step-in-backward). Each run
 #            takes minutes: pick a few per call with the name filter (ideal, teraio, fsdp2, ds-,
 #            largest; e.g. `bash bench/h200_run.sh real teraio-host-8b`); the peers need .whl/
@@ -345,7 +345,7 @@ real)
     --budget 130GiB --tiers host+disk --host-gib 96 --disk-gib 50 --host-gbps 0 --disk-gbps 0 --disk-dir "$DISK" \
     --step-in-backward --trace-out "$R/trace-teraio-inbwd-hostdisk-8b-fp32-s4096.json" \
     --plan-out "$R/plan-teraio-inbwd-hostdisk-8b-fp32-s4096.json"
-  bench teraio-largest-inbwd-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS_INBWD:-64}" --dtype amp \
+  bench teraio-largest-inbwd-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS_INBWD:-74}" --dtype amp \
     --batch 1 --seq 2048 --budget 130GiB --tiers host --host-gib 96 --host-gbps 0 --warmup 2 --steps 2 \
     --step-in-backward
   bench teraio-largest-host-amp-b1 580 --system teraio --model $m --layers "${REAL_LAYERS:-61}" --dtype amp \
