@@ -204,6 +204,47 @@ class RecorderBench : public ::testing::Test {
     version[id] = 0;
     return id;
   }
+  // A tensor made inside an operator: the nested operator that made it (empty: none named) and
+  // that operator's inputs.
+  struct Inner {
+    LogicalId id;
+    const char* op;
+    std::vector<LogicalId> inputs;
+  };
+  // An operator with inputs `in` (`writes` among them written), outputs `out` and tensors made
+  // inside it, taking `us`.
+  void op(const char* name, std::vector<LogicalId> in, std::vector<LogicalId> out,
+          std::vector<Inner> inner, std::vector<LogicalId> writes = {}, double us = 100) {
+    for (LogicalId id : in) r.note_version(id, version[id]);
+    for (LogicalId id : writes) version[id]++;
+    for (LogicalId id : in) r.note_version(id, version[id]);
+    std::vector<LogicalId> all;
+    for (const Inner& i : inner) {
+      r.note_output(i.id, false, true);
+      all.push_back(i.id);
+    }
+    for (LogicalId id : out) {
+      r.note_output(id, false, true);
+      r.note_produced(id, name, {});
+      r.note_version(id, version[id]);
+      all.push_back(id);
+    }
+    ProductionFacts nested;
+    nested.nested_only = true;
+    for (const Inner& i : inner) {
+      if (*i.op) r.note_nested(i.id, i.op, i.inputs);
+      r.note_produced(i.id, name, nested);
+      r.note_version(i.id, version[i.id]);
+    }
+    r.add_operator(name, us, in, all, src);
+  }
+  // The trace index of `id` in `rec`.
+  static TensorId index_of(const Recording& rec, LogicalId id) {
+    for (size_t i = 0; i < rec.tensors.size(); ++i)
+      if (rec.tensors[i].id == id) return static_cast<TensorId>(i);
+    ADD_FAILURE() << "tensor " << id << " not in the trace";
+    return 0;
+  }
 };
 
 TEST_F(RecorderBench, ProducersAndRecomputableTensors) {
@@ -308,38 +349,6 @@ TEST_F(RecorderBench, ProducersAndRecomputableTensors) {
 // only tensors the operator lists that exist before it and are not written before the tensor's last
 // use; the trace then carries its recompute_inputs and its share of the operator's time.
 TEST_F(RecorderBench, TensorsMadeByNestedOperators) {
-  // An operator with inputs `in`, output `out`, and tensors made inside it: {tensor, the nested
-  // operator that made it (empty: none named), that operator's inputs}.
-  struct Inner {
-    LogicalId id;
-    const char* op;
-    std::vector<LogicalId> inputs;
-  };
-  auto op = [&](const char* name, std::vector<LogicalId> in, std::vector<LogicalId> out,
-                std::vector<Inner> inner, std::vector<LogicalId> writes = {}) {
-    for (LogicalId id : in) r.note_version(id, version[id]);
-    for (LogicalId id : writes) version[id]++;
-    for (LogicalId id : in) r.note_version(id, version[id]);
-    std::vector<LogicalId> all;
-    for (const Inner& i : inner) {
-      r.note_output(i.id, false, true);
-      all.push_back(i.id);
-    }
-    for (LogicalId id : out) {
-      r.note_output(id, false, true);
-      r.note_produced(id, name, {});
-      r.note_version(id, version[id]);
-      all.push_back(id);
-    }
-    ProductionFacts nested;
-    nested.nested_only = true;
-    for (const Inner& i : inner) {
-      if (*i.op) r.note_nested(i.id, i.op, i.inputs);
-      r.note_produced(i.id, name, nested);
-      r.note_version(i.id, version[i.id]);
-    }
-    r.add_operator(name, 100, in, all, src);
-  };
   r.begin_iteration(1);
   const LogicalId w = bind(8192, true), x = bind(4096, false), other = bind(4096, false);
   const LogicalId wc = bind(4096, false), xc = bind(2048, false), y = bind(2048, false);
@@ -353,12 +362,7 @@ TEST_F(RecorderBench, TensorsMadeByNestedOperators) {
 
   const Recording rec = r.build_trace(engine, src);
   const Trace& t = rec.trace;
-  auto tid = [&](LogicalId id) -> TensorId {
-    for (size_t i = 0; i < rec.tensors.size(); ++i)
-      if (rec.tensors[i].id == id) return static_cast<TensorId>(i);
-    ADD_FAILURE() << "tensor " << id << " not in the trace";
-    return 0;
-  };
+  auto tid = [&](LogicalId id) { return index_of(rec, id); };
   const TensorInfo& copy = t.tensors[tid(wc)];
   EXPECT_EQ(copy.producer, std::optional<KernelIndex>(0));
   EXPECT_TRUE(copy.recomputable) << "the weight's cast alone makes it again";
@@ -373,6 +377,33 @@ TEST_F(RecorderBench, TensorsMadeByNestedOperators) {
   EXPECT_FALSE(t.tensors[tid(e)].recompute_inputs.has_value());
   EXPECT_FALSE(t.tensors[tid(q)].recomputable) << "its input is not one the linear lists";
   EXPECT_NO_THROW(t.validate());
+}
+
+// A nested operator's time is its share of the operator's by bytes, but no more than its bytes
+// take at the memory rate the profile shows (the 90th percentile of bytes per microsecond over
+// operators touching 1 MiB or more): a cast inside a compute-bound matmul is memory-bound.
+TEST_F(RecorderBench, ANestedProducersTimeIsCappedByTheProfilesMemoryRate) {
+  r.begin_iteration(1);
+  const LogicalId w = bind(64 << 20, true), x = bind(8 << 20, false);
+  const LogicalId wc = bind(32 << 20, false), y = bind(8 << 20, false);
+  op("aten::linear", {x, w}, {y}, {{wc, "aten::to", {w}}}, {}, 10'000);  // 0: 112 MiB in 10 ms
+  std::vector<LogicalId> made;
+  for (int i = 0; i < 20; ++i) {  // 1..20: 10 MiB each (y and the product)
+    made.push_back(bind(2 << 20, false));
+    op("aten::mul", {y}, {made.back()}, {}, {}, 5);
+  }
+  op("aten::mm", {wc, y}, {}, {});  // the backward's read
+  for (LogicalId id : made) src.live.erase(id);
+  for (LogicalId id : {x, wc, y}) src.live.erase(id);
+  const Recording rec = r.build_trace(engine, src);
+  const TensorInfo& copy = rec.trace.tensors[index_of(rec, wc)];
+  ASSERT_TRUE(copy.recomputable && copy.recompute_us.has_value());
+  // By share: 10 ms x 96 / 112 MiB = 8.57 ms. FakeSource adds k us to operator k's time, so the muls
+  // take 6..25 us; of the 22 operators touching 1 MiB or more (the linear, 20 muls, the mm), the
+  // 90th percentile of bytes per us is the mul at k = 4: 10 MiB in 9 us. 96 MiB at that rate: 86.4 us.
+  const double rate = double(10 << 20) / 9;
+  EXPECT_NEAR(*copy.recompute_us, double(96 << 20) / rate, 1e-9);
+  EXPECT_LT(*copy.recompute_us, 10'000.0 * 96 / 112);
 }
 
 // Note [Writes of a recording]: written_at from the version counters observed at every recorded
