@@ -592,6 +592,16 @@ void Planner::force() {
   std::vector<uint32_t> until(gaps_.size(), 0);
   std::vector<uint8_t> in_set(gaps_.size(), 0);
   std::set<std::pair<int64_t, uint32_t>> present;
+  // With evict_farthest_use: the same gaps by the kernel of their next use (Note [Forced eviction
+  // by next use]), one-way gaps last (never read back).
+  std::set<std::pair<int64_t, uint32_t>> by_next_use;
+  std::vector<int64_t> next_use_key(gaps_.size(), 0);
+  auto next_use = [&](uint32_t gi, uint32_t at) -> int64_t {
+    const Gap& g = gaps_[gi];
+    if (g.one_way) return INT64_MAX / 2 - static_cast<int64_t>(gi);
+    const int64_t end = int64_t{g.start} + g.len;  // the next use, in the coordinates of [start, start + len]
+    return at > g.start ? end : end - n_;          // `at` in the wrapped part of the gap
+  };
 
   // Kernels over budget when the pass starts, as prefix counts (for the initial scheduling).
   std::vector<uint32_t> over_prefix(n_ + 1, 0);
@@ -637,8 +647,13 @@ void Planner::force() {
       const Event e = adds.top();
       adds.pop();
       if (e.version != version[e.gap] || e.until < k) continue;
-      if (in_set[e.gap]) present.erase({gaps_[e.gap].bytes, e.gap});
+      if (in_set[e.gap]) {
+        present.erase({gaps_[e.gap].bytes, e.gap});
+        by_next_use.erase({next_use_key[e.gap], e.gap});
+      }
       present.insert({gaps_[e.gap].bytes, e.gap});
+      next_use_key[e.gap] = next_use(e.gap, e.at);
+      by_next_use.insert({next_use_key[e.gap], e.gap});
       in_set[e.gap] = 1;
       until[e.gap] = e.until;
       removes.push({e.until, e.gap});
@@ -649,6 +664,7 @@ void Planner::force() {
       removes.pop();
       if (in_set[gi] && until[gi] == last) {
         present.erase({gaps_[gi].bytes, gi});
+        by_next_use.erase({next_use_key[gi], gi});
         in_set[gi] = 0;
       }
     }
@@ -661,10 +677,16 @@ void Planner::force() {
             k, trace_.kernel_name(static_cast<KernelIndex>(k)), format_bytes(static_cast<double>(mem_.value(k))),
             format_bytes(static_cast<double>(budget_))));
       }
-      auto it = present.lower_bound({over, 0});
-      if (it == present.end()) it = std::prev(present.end());
-      const uint32_t gi = it->second;
-      present.erase(it);
+      uint32_t gi = 0;
+      if (tuning_.evict_farthest_use) {
+        gi = std::prev(by_next_use.end())->second;
+      } else {
+        auto it = present.lower_bound({over, 0});
+        if (it == present.end()) it = std::prev(present.end());
+        gi = it->second;
+      }
+      present.erase({gaps_[gi].bytes, gi});
+      by_next_use.erase({next_use_key[gi], gi});
       in_set[gi] = 0;
       ++version[gi];
       const Gap& g = gaps_[gi];
@@ -991,6 +1013,39 @@ Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* sta
 // bandwidth in both directions (as if every transfer overlapped one going the other way: the
 // pessimistic end), beside the one-way ones, and plan_best keeps whichever the simulator, which
 // models the shared link, finds fastest.
+namespace {
+
+// Note [Planning for a stretched iteration]
+// The slot model gives each kernel's link slot bandwidth x its kernel time: links carry bytes only
+// while kernels run. When the bytes to move take longer than the kernels (a link-bound plan, e.g.
+// bf16 autocast at a quarter of the footprint: 94 ms of kernels, 20 GiB each way), the iteration
+// stretches to several times its compute, the links keep moving bytes during the stalls, and the
+// slots (sized for an iteration with no stall) run out long before the link does: the greedy
+// leaves most of the pressure to the forced pass, which ignores the links. A plan made with every
+// slot scaled by the stretch the plan will have - the bytes make_plan's own plan moves per
+// direction at the tier's bandwidth, over the compute (its floor over the ideal) - spreads the
+// greedy's moves over the time the iteration will have; sqrt(stretch) sits between. plan_best keeps
+// whichever the simulator (which times stalls) finds fastest.
+constexpr double kMinStretch = 1.25;
+
+double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& plan) {
+  double ideal_us = 0;
+  for (double t : trace.kernel_times_us()) ideal_us += t;
+  if (ideal_us <= 0) return 1;
+  std::vector<double> out(opts.tiers.size(), 0), in(opts.tiers.size(), 0);
+  for (const Move& m : plan.moves) {
+    if (m.op == MoveOp::recompute) continue;
+    (m.op == MoveOp::offload ? out : in)[m.tier] += static_cast<double>(trace.tensors[m.tensor].bytes);
+  }
+  double floor_us = ideal_us;
+  for (size_t t = 0; t < opts.tiers.size(); ++t) {
+    floor_us = std::max({floor_us, out[t] / (opts.tiers[t].write_gbps * 1e3), in[t] / (opts.tiers[t].read_gbps * 1e3)});
+  }
+  return floor_us / ideal_us;
+}
+
+}  // namespace
+
 std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts) {
   using planner_detail::PlannerTuning;
   std::vector<PlanVariant> out;
@@ -1046,6 +1101,48 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       t.lazy_slack = slack;
       t.recompute_without_persistent_reads = true;
       add(fmt::format("recompute without persistent reads, slack {}", slack), opts, t);
+    }
+  }
+  // Note [Forced eviction by next use]
+  // The forced pass evicts, by default, the smallest tensor that covers the overshoot: few bytes per
+  // eviction, but a tensor used again soon is evicted again and again (at the optimizer step, a
+  // parameter just updated leaves dirty and is read back before the next forward). Evicting the one
+  // used again last (Belady's rule) covers the most kernels per eviction, so fewer bytes cross the
+  // link when the forced pass places most of the moves (docs/planner.md, "Link-bound plans").
+  for (bool without_persistent_reads : {false, true}) {
+    if (without_persistent_reads && !(opts.recompute && has_recomputable(trace))) continue;
+    for (double slack : {0.1, 0.5, 0.75}) {
+      PlannerTuning t = base;
+      t.lazy_slack = slack;
+      t.evict_farthest_use = true;
+      t.recompute_without_persistent_reads = without_persistent_reads;
+      add(fmt::format("evict farthest use{}, slack {}", without_persistent_reads ? ", recompute without persistent reads" : "", slack), opts, t);
+    }
+  }
+  // Note [Planning for a stretched iteration]
+  if (const double stretch = link_stretch(trace, opts, out.front().plan); stretch > kMinStretch) {
+    const bool rc = opts.recompute && has_recomputable(trace);
+    for (double f : {std::sqrt(stretch), stretch}) {
+      PlannerOptions o = opts;
+      for (TierSpec& tier : o.tiers) {
+        tier.read_gbps *= f;
+        tier.write_gbps *= f;
+        tier.duplex_gbps *= f;
+      }
+      for (bool farthest : {false, true}) {
+        for (bool without_persistent_reads : {false, true}) {
+          if (without_persistent_reads && !rc) continue;
+          for (double slack : {0.1, 0.5}) {
+            PlannerTuning t = base;
+            t.lazy_slack = slack;
+            t.evict_farthest_use = farthest;
+            t.recompute_without_persistent_reads = without_persistent_reads;
+            add(fmt::format("stretch {:.2f}{}{}, slack {}", f, farthest ? ", evict farthest use" : "",
+                            without_persistent_reads ? ", recompute without persistent reads" : "", slack),
+                o, t);
+          }
+        }
+      }
     }
   }
   PlannerOptions slow = opts;

@@ -30,6 +30,10 @@ struct PlannerTuning {
   // kernel does not use. Default off; a plan_best variant (Note [Recomputes that read parameters],
   // planner.cpp).
   bool recompute_without_persistent_reads = false;
+  // The forced pass evicts, at a kernel over the budget, the resident tensor whose next use is
+  // farthest (Note [Forced eviction by next use], planner.cpp) instead of the smallest that covers
+  // the overshoot. Default off; a plan_best variant.
+  bool evict_farthest_use = false;
 };
 
 // Extra numbers the planner knows that PlannerStats does not carry.

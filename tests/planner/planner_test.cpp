@@ -123,6 +123,56 @@ TEST(PlannerGolden, InsufficientBandwidthGivesForcedMoves) {
   EXPECT_LE(c.peak_bytes, 150 * kMiB);
 }
 
+// Note [Forced eviction by next use]: with no bandwidth, the forced pass must evict at kernel 3,
+// where W (used again at 10), N (used again at 5) and the live A do not fit. By default it evicts
+// the smallest tensor that covers the overshoot (N, 60 MiB against W's 100 MiB); by next use it
+// evicts W, whose next use is farthest, which also covers kernel 6 (where N is back): one eviction
+// instead of two.
+TEST(PlannerGolden, ForcedEvictionByFarthestNextUse) {
+  Trace trace;
+  tensor(trace, "W", 100 * kMiB, true);
+  tensor(trace, "N", 60 * kMiB, false);
+  tensor(trace, "A", 100 * kMiB, false);
+  kernels(trace, 12, 1000, {{0, 10}, {1, 5}, {3, 4, 6, 7}});
+  const PlannerOptions o = options(210 * kMiB, 1e-6);
+  PlannerStats by_size, by_use;
+  const Plan smallest = planner_detail::make_plan_tuned(trace, o, {}, &by_size, nullptr);
+  planner_detail::PlannerTuning t;
+  t.evict_farthest_use = true;
+  const Plan farthest = planner_detail::make_plan_tuned(trace, o, t, &by_use, nullptr);
+  for (const Plan* p : {&smallest, &farthest}) {
+    const PlanCheck c = check(trace, *p);
+    EXPECT_TRUE(c.valid) << describe(c);
+    EXPECT_LE(c.peak_bytes, 210 * kMiB);
+  }
+  EXPECT_TRUE(std::any_of(smallest.moves.begin(), smallest.moves.end(), [](const Move& m) { return m.tensor == 1; }));
+  ASSERT_EQ(farthest.moves.size(), 2u);
+  EXPECT_EQ(farthest.moves[0].tensor, 0u);
+  EXPECT_EQ(farthest.moves[1].tensor, 0u);
+  EXPECT_EQ(by_use.forced, 1u);
+}
+
+// Note [Planning for a stretched iteration]: a plan whose bytes take several times its kernels on
+// the link gets variants planned with the slots scaled by that stretch; one whose bytes hide
+// behind its kernels does not.
+TEST(PlannerVariants, StretchedVariantsOnlyWhenLinkBound) {
+  auto stretched = [](const std::vector<PlanVariant>& vs) {
+    return std::count_if(vs.begin(), vs.end(), [](const PlanVariant& v) { return v.name.rfind("stretch", 0) == 0; });
+  };
+  Trace trace;
+  tensor(trace, "W", 100 * kMiB, true);
+  tensor(trace, "A", 100 * kMiB, false);
+  kernels(trace, 20, 1000, {{0, 10}, {3, 4, 5, 6, 7}});
+  // 100 MiB each way over 20 ms of kernels: hidden at 1000 GB/s, 5x the kernels at 1 GB/s.
+  EXPECT_EQ(stretched(make_plan_variants(trace, options(150 * kMiB, 1000))), 0);
+  const std::vector<PlanVariant> slow = make_plan_variants(trace, options(150 * kMiB, 1));
+  EXPECT_GT(stretched(slow), 0);
+  for (const PlanVariant& v : slow) {
+    EXPECT_EQ(v.plan.tiers[0].read_gbps, 1.0) << v.name;  // the true bandwidth, whatever it planned with
+    EXPECT_TRUE(check(trace, v.plan).valid) << v.name;
+  }
+}
+
 // Tiny tensors are skipped by the greedy loop but moved when nothing else helps.
 TEST(PlannerGolden, SmallTensorsMovedWhenNothingElseHelps) {
   Trace trace;
@@ -350,14 +400,15 @@ Plan expect_plan_fits(const Trace& trace, const PlannerOptions& opts, PlannerSta
 }
 
 // Every tuning variant measured in docs/planner.md (clipped benefit, cost per time, neither prune
-// nor hoisting) makes valid plans.
+// nor hoisting, forced eviction by next use) makes valid plans.
 void expect_tunings_valid(const Trace& trace, const PlannerOptions& opts, const std::string& where) {
-  for (int v = 0; v < 4; ++v) {
+  for (int v = 0; v < 8; ++v) {
     planner_detail::PlannerTuning t;
     t.clip_benefit = v & 1;
     t.cost_per_time = v & 2;
-    t.prune = v != 3;
-    t.hoist_prefetch = v != 3;
+    t.prune = (v & 3) != 3;
+    t.hoist_prefetch = (v & 3) != 3;
+    t.evict_farthest_use = v & 4;
     const PlanCheck c = check(trace, planner_detail::make_plan_tuned(trace, opts, t, nullptr, nullptr));
     EXPECT_TRUE(c.valid) << where << " variant " << v << "\n" << describe(c);
   }
