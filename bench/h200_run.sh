@@ -40,15 +40,17 @@
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
-# Optimizer steps in backward (docs/benchmarks.md, "Optimizer steps in backward, predicted"), the
-# A/B of each run in one call, footprints as measured on 2026-12-04 (each call < 10 min):
-#   FOOTPRINT_llama_1b_fp32=37540932096 RC_DTYPES=fp32 RC_MODES="step-in-backward recompute" \
-#     bash bench/h200_run.sh recompute
+# Still to measure (docs/benchmarks.md, "Link-bound plans: two more search variants, predicted" and
+# "Recomputable autocast copies, predicted"), one device call each (< 10 min), in this order;
+# footprints as measured on 2026-12-04:
 #   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_MODES="step-in-backward recompute" \
-#     bash bench/h200_run.sh recompute
-#   FOOTPRINT_llama_3b_fp32=73077070336 RC_MODEL=llama-3b RC_DTYPES=fp32 \
-#     RC_MODES="step-in-backward recompute" bash bench/h200_run.sh recompute
-#   bash bench/h200_run.sh real teraio-host-  (the 8B with and without, and 130 GiB), then checks
+#     bash bench/h200_run.sh recompute                       (issue 15's autocast goal at 1/2 and 1/4)
+#   bash bench/h200_run.sh real inbwd-8b-amp                 (the 8B at 110 and 130 GiB, copies recomputable)
+#   TORCH_GPU_BITWISE_ONLY=1 TORCH_GPU_CASES=llama-amp,llama-amp-inbwd python3 bench/torch_gpu.py OUT.json
+#     (after `source bench/h200_env.sh; ensure_teraio`: nested recomputes bitwise on CUDA), then
+#     bash bench/h200_run.sh real largest-inbwd
+#   bash bench/h200_run.sh peers1b -ac-                      (issue 15's peers with activation checkpointing)
+#   bash bench/h200_run.sh real inbwd-hostdisk               (the 8B in fp32 at 1 x 4096, host + disk)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
 # TIMELINE=1: every llm_bench run also profiles one step after the measured ones (bench/timeline.py;
 # its Chrome trace beside the result, its summary in the result's "timeline").
