@@ -591,13 +591,15 @@ void Planner::force() {
   std::vector<uint32_t> version(gaps_.size(), 0);
   std::vector<uint32_t> until(gaps_.size(), 0);
   std::vector<uint8_t> in_set(gaps_.size(), 0);
+  // The gaps a forced eviction may pick at the current kernel, by their key: their bytes (the
+  // smallest covering the overshoot is evicted) or, with evict_farthest_use, the kernel of their next
+  // use (the farthest is evicted; Note [Forced eviction by next use]), one-way gaps last (never read
+  // back).
   std::set<std::pair<int64_t, uint32_t>> present;
-  // With evict_farthest_use: the same gaps by the kernel of their next use (Note [Forced eviction
-  // by next use]), one-way gaps last (never read back).
-  std::set<std::pair<int64_t, uint32_t>> by_next_use;
-  std::vector<int64_t> next_use_key(gaps_.size(), 0);
-  auto next_use = [&](uint32_t gi, uint32_t at) -> int64_t {
+  std::vector<int64_t> key(gaps_.size(), 0);
+  auto key_of = [&](uint32_t gi, uint32_t at) -> int64_t {
     const Gap& g = gaps_[gi];
+    if (!tuning_.evict_farthest_use) return g.bytes;
     if (g.one_way) return INT64_MAX / 2 - static_cast<int64_t>(gi);
     const int64_t end = int64_t{g.start} + g.len;  // the next use, in the coordinates of [start, start + len]
     return at > g.start ? end : end - n_;          // `at` in the wrapped part of the gap
@@ -647,13 +649,9 @@ void Planner::force() {
       const Event e = adds.top();
       adds.pop();
       if (e.version != version[e.gap] || e.until < k) continue;
-      if (in_set[e.gap]) {
-        present.erase({gaps_[e.gap].bytes, e.gap});
-        by_next_use.erase({next_use_key[e.gap], e.gap});
-      }
-      present.insert({gaps_[e.gap].bytes, e.gap});
-      next_use_key[e.gap] = next_use(e.gap, e.at);
-      by_next_use.insert({next_use_key[e.gap], e.gap});
+      if (in_set[e.gap]) present.erase({key[e.gap], e.gap});
+      key[e.gap] = key_of(e.gap, e.at);
+      present.insert({key[e.gap], e.gap});
       in_set[e.gap] = 1;
       until[e.gap] = e.until;
       removes.push({e.until, e.gap});
@@ -663,8 +661,7 @@ void Planner::force() {
       const uint32_t last = removes.top().first;
       removes.pop();
       if (in_set[gi] && until[gi] == last) {
-        present.erase({gaps_[gi].bytes, gi});
-        by_next_use.erase({next_use_key[gi], gi});
+        present.erase({key[gi], gi});
         in_set[gi] = 0;
       }
     }
@@ -677,16 +674,13 @@ void Planner::force() {
             k, trace_.kernel_name(static_cast<KernelIndex>(k)), format_bytes(static_cast<double>(mem_.value(k))),
             format_bytes(static_cast<double>(budget_))));
       }
-      uint32_t gi = 0;
-      if (tuning_.evict_farthest_use) {
-        gi = std::prev(by_next_use.end())->second;
-      } else {
-        auto it = present.lower_bound({over, 0});
+      auto it = std::prev(present.end());
+      if (!tuning_.evict_farthest_use) {
+        it = present.lower_bound({over, 0});
         if (it == present.end()) it = std::prev(present.end());
-        gi = it->second;
       }
-      present.erase({gaps_[gi].bytes, gi});
-      by_next_use.erase({next_use_key[gi], gi});
+      const uint32_t gi = it->second;
+      present.erase(it);
       in_set[gi] = 0;
       ++version[gi];
       const Gap& g = gaps_[gi];
@@ -1029,8 +1023,7 @@ namespace {
 constexpr double kMinStretch = 1.25;
 
 double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& plan) {
-  double ideal_us = 0;
-  for (double t : trace.kernel_times_us()) ideal_us += t;
+  const double ideal_us = trace.total_time_us();
   if (ideal_us <= 0) return 1;
   std::vector<double> out(opts.tiers.size(), 0), in(opts.tiers.size(), 0);
   for (const Move& m : plan.moves) {
