@@ -22,7 +22,7 @@ for f in bench/results/h200-2026-12-04d/call*/{recompute,real}/trace-*.json.xz \
   if [ ! -e "$CACHE/$key.args" ]; then
     xz -dc "$f" > "$W/t.json"; xz -dc "$p" > "$W/p.json"
     python3 bench/mark_autocast_copies.py "$W/t.json" "$CACHE/$key.json" >/dev/null
-    python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); t=p["tiers"][0]; print(p["budget_bytes"], "host:%d:%r:%r:%r" % (t["capacity_bytes"], t["read_gbps"], t["write_gbps"], t.get("duplex_gbps", 0)))' "$W/p.json" > "$CACHE/$key.args"
+    python3 bench/recorded_plan_args.py "$W/p.json" > "$CACHE/$key.args"
   fi
   read -r budget tier < "$CACHE/$key.args"
   printf "%-58s" "${key#2026-12-}"

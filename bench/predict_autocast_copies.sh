@@ -15,7 +15,7 @@ for f in bench/results/h200-2026-12-04d/call4/real/trace-teraio-host-8b-amp.json
   b=$(basename $f .json.xz); p=$(dirname $f)/plan-${b#trace-}.json.xz
   xz -dc $f > $W/t.json; xz -dc $p > $W/p.json
   python3 bench/mark_autocast_copies.py $W/t.json $W/m.json >/dev/null
-  read -r budget tier < <(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); t=p["tiers"][0]; print(p["budget_bytes"], "host:%d:%r:%r:%r" % (t["capacity_bytes"], t["read_gbps"], t["write_gbps"], t.get("duplex_gbps", 0)))' $W/p.json)
+  read -r budget tier < <(python3 bench/recorded_plan_args.py $W/p.json)
   out=""
   for v in t m; do $T plan $W/$v.json --budget ${budget}B --tier $tier --search -o $W/q.json >/dev/null
     out="$out $($T simulate $W/$v.json $W/q.json --iterations 8 --json | python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["iteration_us"]/1e3))')"; done

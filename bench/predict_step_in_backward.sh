@@ -67,12 +67,7 @@ for f in $PROFILES; do
   unpack() { if [[ $1 == *.xz ]]; then xz -dc "$1" > "$2"; else cp "$1" "$2"; fi; }
   unpack "$f" "$WORK/$base.json"
   unpack "$plan_file" "$WORK/$base.recorded-plan.json"
-  read -r budget tier < <(python3 -c '
-import json, sys
-p = json.load(open(sys.argv[1])); t = p["tiers"][0]
-print(p["budget_bytes"], "host:%d:%r:%r:%r" % (t["capacity_bytes"], t["read_gbps"], t["write_gbps"],
-                                               t.get("duplex_gbps", min(t["read_gbps"], t["write_gbps"]))))
-' "$WORK/$base.recorded-plan.json")
+  read -r budget tier < <(python3 bench/recorded_plan_args.py "$WORK/$base.recorded-plan.json" --duplex-default min)
   "$T" transform "$WORK/$base.json" --step-in-backward -o "$WORK/$base-inbwd.json" >/dev/null
   row "${base#trace-}" "$(predict "$WORK/$base.json" --budget "${budget}B" --tier "$tier")" \
     "$(predict "$WORK/$base-inbwd.json" --budget "${budget}B" --tier "$tier")"
