@@ -205,6 +205,50 @@ TEST(RecomputePlanner, AChainThatWouldFreeNothingIsNotTaken) {
   }
 }
 
+// A short gap early in the forward pass must not chain an input recomputed up to the backward
+// (Note [Chains that cost more than they free]; seen on the H200's Llama-3-8B autocast profile).
+// N = norm(R) at 0 (activation, used again by the backward at 10), O = mul(N, W) at 1 (a
+// temporary read at 2 and 4), C (0.5 GB, made at 2) at 2..3, D (1.5 GB) at 5..9; 1 GB each but W
+// and R, cheap producers, a 1 GB/s link, a budget of 2 GB + W + R: kernels 2..3 and 5..9 are over it
+// without a plan. Recomputing O over (2, 4) would read N at 4 (which has room for it), a chain
+// making N there and keeping it resident over 5..9 (2.5 GB: something would cross the link);
+// freeing O over kernel 3 alone is not worth that. The plan recomputes N over (1, 10) and leaves O.
+TEST(RecomputePlanner, AShortGapDoesNotChainALongRecompute) {
+  Trace t;
+  const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
+  const TensorId r = t.add_tensor({1 << 20, TensorKind::parameter, true, "R"});
+  auto made = [&](const char* name, TensorKind kind, KernelIndex producer) {
+    TensorInfo x{kGB, kind, false, name};
+    x.producer = producer;
+    x.recomputable = true;
+    return t.add_tensor(x);
+  };
+  const TensorId n = made("N", TensorKind::activation, 0), o = made("O", TensorKind::temporary, 1);
+  const TensorId c = t.add_tensor({kGB / 2, TensorKind::temporary, false, "C"});
+  const TensorId d = t.add_tensor({3 * kGB / 2, TensorKind::activation, false, "D"});
+  t.add_kernel("aten::norm", 10, std::vector<TensorId>{r, n});
+  t.add_kernel("aten::mul", 10, std::vector<TensorId>{n, w, o});
+  t.add_kernel("lin_q", 100'000, std::vector<TensorId>{o, c});
+  t.add_kernel("lin_k", 100'000, std::vector<TensorId>{c});
+  t.add_kernel("lin_v", 100'000, std::vector<TensorId>{o});
+  for (int k = 5; k < 10; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{d});
+  t.add_kernel("bwd", 100'000, std::vector<TensorId>{n});
+  PlannerOptions opts = options();
+  opts.budget_bytes = 2 * kGB + (2 << 20);
+  const Plan p = make_plan(t, opts);
+  expect_valid(t, p);
+  EXPECT_EQ(count(p, MoveOp::recompute, o), 0u);
+  ASSERT_EQ(count(p, MoveOp::recompute, n), 1u);
+  for (const Move& m : p.moves) {
+    if (m.op == MoveOp::recompute && m.tensor == n) {
+      EXPECT_EQ(m.deadline, 10u) << "N made for the backward";
+    }
+  }
+  const SimResult sim = simulate(t, p);
+  EXPECT_LE(sim.peak_bytes, opts.budget_bytes);
+  EXPECT_NEAR(sim.iteration_us, sim.ideal_us + 10, 1e-6) << "nothing crosses the link";
+}
+
 TEST(RecomputePlanner, PlansOfSyntheticTracesAreValidAtEveryBudget) {
   for (const char* model : {"tiny", "llama-1b"}) {
     SynthOptions so;
