@@ -112,7 +112,9 @@ class Builder {
   uint32_t micro_batches() const { return opt_.micro_batches; }
 
   // Every non-persistent tensor's producer is its first kernel. As a Session's recorder marks them
-  // (Note [Recomputable tensors]), an activation is recomputable when rerunning that kernel gives
+  // (Note [Recomputable tensors]), an activation, or a temporary made by the forward pass (the
+  // recorder reruns no operator the backward pass runs: Note [Rerunnable operators]), is
+  // recomputable when rerunning that kernel gives
   // it back: the kernel is not in place (no trailing '_'), no in-place kernel touches the tensor
   // afterwards, and the tensor is what the operator returns, not a value made inside it (the math
   // attention's probabilities) unless one step of the operator made it from tensors that exist
@@ -139,7 +141,9 @@ class Builder {
       TensorInfo& info = trace_.tensors[t];
       if (info.persistent || first[t] == kNone) continue;
       info.producer = first[t];
-      info.recomputable = info.kind == TensorKind::activation && !internal_[t] &&
+      const bool kind_ok = info.kind == TensorKind::activation ||
+                           (info.kind == TensorKind::temporary && forward_kernel_[first[t]]);
+      info.recomputable = kind_ok && !internal_[t] &&
                           !trace_.kernel_name(first[t]).ends_with('_') && !mutated[t];
       auto nested = nested_.find(t);
       if (info.kind == TensorKind::activation && internal_[t] && nested != nested_.end() && !mutated[t]) {
@@ -224,6 +228,7 @@ class Builder {
   void add_kernel(std::string_view name, double us, std::span<const TensorId> ids) {
     const auto k = static_cast<KernelIndex>(trace_.num_kernels());
     trace_.add_kernel(name, us, ids);
+    forward_kernel_.push_back(forward_ ? 1 : 0);
     for (TensorId t : pending_writes_) {
       std::vector<KernelIndex>& w = trace_.tensors[t].written_at;
       if (w.empty() || w.back() != k) w.push_back(k);
@@ -699,6 +704,7 @@ class Builder {
     TensorId labels = tensor(prefix_ + "labels", tokens_ * 8, TensorKind::other);
 
     // Forward: embedding, rotary tables, layers, final norm, LM head, cross-entropy.
+    forward_ = true;
     TensorId x = act("embed.out", bd);
     op("aten::embedding", OpClass::memory, 0, {embed_->param, ids, x},
        static_cast<double>(2 * bd + tokens_ * 8));
@@ -738,6 +744,7 @@ class Builder {
     ew("aten::div", {loss, loss_scaled});
 
     // Backward, in the order autograd runs it.
+    forward_ = false;
     TensorId g1 = tmp("loss.grad_seed", 4);
     ew("aten::ones_like", {loss_scaled, g1});
     TensorId g2 = tmp("loss.grad", 4);
@@ -856,6 +863,8 @@ class Builder {
   TensorId inv_freq_ = 0, cos_ = 0, sin_ = 0;
   std::string prefix_;
   std::vector<uint8_t> internal_;  // per tensor: made inside an operator, not what it returns
+  bool forward_ = false;                // kernels made now belong to a forward pass
+  std::vector<uint8_t> forward_kernel_;  // per kernel: made by a forward pass
   // Values made inside an operator by one of its steps from tensors that exist before it: that
   // step's inputs and time (the step alone makes the value again).
   struct Nested {
