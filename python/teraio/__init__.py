@@ -344,6 +344,9 @@ class Session:
         if self._hinted or gain is None:
             return
         self._hinted = True
+        # Decided: later plans (new profiles) need not plan the rewritten profile again; the stats
+        # keep this prediction.
+        self._require().set_predict_step_in_backward(False)
         now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
         if gain >= HINT_GAIN:
             import warnings

@@ -398,10 +398,11 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   // Note [Predicting steps in backward]: the same profile rewritten as the loop would record it
   // with each optimizer update in the backward (teraio transform --step-in-backward), planned and
   // replayed the same way, so that the Python Session can say when that loop would be faster
-  // (docs/pytorch.md, "Optimizer steps in backward"). 0 when not asked for or not possible (no
-  // watched optimizer states, a parameter read after its gradient is complete, a planner error).
-  predicted_in_backward_us_ = 0;
+  // (docs/pytorch.md, "Optimizer steps in backward"). 0 when not possible (no watched optimizer
+  // states, a parameter read after its gradient is complete, a planner error). When not asked for
+  // (the Python Session stops asking once it has decided), the last prediction stays.
   if (predict_in_backward_) {
+    predicted_in_backward_us_ = 0;
     try {
       const Trace moved = move_optimizer_into_backward(rec.trace);
       std::string variant;

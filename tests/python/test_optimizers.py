@@ -468,6 +468,35 @@ def test_plans_predict_steps_in_backward(tmp_path, foreach):
         assert st["mode"] == "planned" and st["predicted_step_in_backward_us"] == 0, st
 
 
+def test_predictions_stop_once_the_hint_is_decided(tmp_path):
+    # After the first plan's prediction (hint or not), a plan for a new step signature (another
+    # batch size) does not plan the rewritten profile again; the stats keep the first number.
+    torch.manual_seed(0)
+    model = deep_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with session(tmp_path) as s, warnings.catch_warnings():
+        warnings.simplefilter("ignore", teraio.PerformanceHint)
+        s.watch(model, opt)
+        g = torch.Generator().manual_seed(1)
+        plans = []
+        for rows in (16, 16, 16, 24, 24, 24):
+            x, y = torch.randn(rows, 32, generator=g), torch.randint(0, 10, (rows,), generator=g)
+            with s.step():
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            st = s.stats()
+            if st["mode"] == "planned":
+                plans.append((rows, st["predicted_iteration_us"], st["predicted_step_in_backward_us"]))
+        assert s._hinted
+        first = [p for p in plans if p[0] == 16]
+        second = [p for p in plans if p[0] == 24]
+        assert first and second, plans
+        assert first[-1][2] > 0, plans
+        assert second[-1][1] != first[-1][1], "a new plan for the new batch size"
+        assert second[-1][2] == first[-1][2], "not predicted again"
+
+
 def test_the_hint_names_the_fix_and_comes_once(tmp_path):
     with session(tmp_path) as s:
         s._predict_in_backward = True
