@@ -12,6 +12,7 @@
 #include "option_checks.h"
 #include "teraio/json_text.h"
 #include "teraio/error.h"
+#include "teraio/output_file.h"
 #include "teraio/simulator.h"
 #include "teraio/sweep.h"
 #include "teraio/units.h"
@@ -32,7 +33,42 @@ struct SimulateArgs {
   std::string min_tensor = "1MiB";
   std::string link_order = "issue";
   bool reorder = false;
+  std::string timeline_path;
 };
+
+// --timeline: the last simulated iteration as a teraio.timeline JSON file (docs/formats.md,
+// "Timeline files"): each kernel's start and time, each transfer's link, span, bytes and tensor.
+std::string timeline_json(const Trace& trace, const Plan& plan, const std::vector<TierSpec>& tiers,
+                          const SimResult& r) {
+  std::string out;
+  out.reserve(64 * (trace.num_kernels() + r.transfers.size()) + 256);
+  out += fmt::format(
+      "{{\"format\": \"teraio.timeline\", \"version\": 1, \"iteration_us\": {}, "
+      "\"last_iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"recompute_us\": {},\n"
+      "\"kernels\": [",
+      json_number(r.iteration_us), json_number(r.last_iteration_us), json_number(r.ideal_us),
+      json_number(r.stall_us), json_number(r.recompute_us));
+  for (KernelIndex k = 0; k < trace.num_kernels(); ++k) {
+    out += fmt::format("{}\n{{\"name\": {}, \"start_us\": {}, \"time_us\": {}}}", k ? "," : "",
+                       json_quote(trace.kernel_name(k)), json_number(r.kernel_start_us[k]),
+                       json_number(trace.kernel_time_us(k)));
+  }
+  out += "],\n\"transfers\": [";
+  for (size_t i = 0; i < r.transfers.size(); ++i) {
+    const SimTransfer& x = r.transfers[i];
+    const Move& m = plan.moves[x.move];
+    const TensorInfo& t = trace.tensors[m.tensor];
+    out += fmt::format(
+        "{}\n{{\"tier\": {}, \"direction\": \"{}\", \"urgent\": {}, \"begin_us\": {}, "
+        "\"end_us\": {}, \"bytes\": {}, \"move\": {}, \"tensor\": {}, \"kind\": \"{}\", "
+        "\"name\": {}}}",
+        i ? "," : "", json_quote(tiers[x.tier].name), x.offload ? "write" : "read",
+        x.urgent ? "true" : "false", json_number(x.begin_us), json_number(x.end_us), x.bytes, x.move,
+        m.tensor, to_string(t.kind), json_quote(t.name));
+  }
+  out += "]}\n";
+  return out;
+}
 
 
 // Applies NAME:READ_GBPS:WRITE_GBPS[:BOTH_GBPS] overrides to a copy of the plan's tiers. Without
@@ -182,6 +218,8 @@ int run_simulate(const SimulateArgs& args) {
   const Plan plan = read_plan(args.plan_path);
   const std::vector<TierSpec> tiers = apply_bandwidths(plan.tiers, args.tier_bandwidths);
   if (args.sweep) {
+    TERAIO_CHECK(args.timeline_path.empty(),
+                 "--timeline records one simulation; --sweep-bandwidth runs many: use one of them");
     PlannerOptions popts;
     popts.budget_bytes = plan.budget_bytes;
     popts.tiers = tiers;
@@ -201,12 +239,12 @@ int run_simulate(const SimulateArgs& args) {
   opts.link_order = args.link_order == "deadline"     ? SimOptions::LinkOrder::kDeadline
                     : args.link_order == "preemptive" ? SimOptions::LinkOrder::kPreemptive
                                                       : SimOptions::LinkOrder::kIssue;
-  if (args.reorder) {
-    const Plan reordered = issue_in_deadline_order(trace, plan, opts);
-    print_result(args, trace, reordered, tiers, simulate(trace, reordered, opts));
-    return 0;
-  }
-  print_result(args, trace, plan, tiers, simulate(trace, plan, opts));
+  opts.record_timeline = !args.timeline_path.empty();
+  const Plan simulated = args.reorder ? issue_in_deadline_order(trace, plan, opts) : plan;
+  const SimResult r = simulate(trace, simulated, opts);
+  if (opts.record_timeline)
+    write_file_atomically(args.timeline_path, timeline_json(trace, simulated, tiers, r));
+  print_result(args, trace, simulated, tiers, r);
   return 0;
 }
 
@@ -238,6 +276,9 @@ const Registration kSimulate{{
       sub.add_flag("--deadline-order", args->reorder,
                    "first move each transfer to where it would begin on links that take the one "
                    "due first (what the Session runs: docs/simulator.md, \"Issue order\")");
+      sub.add_option("--timeline", args->timeline_path,
+                     "also write the last simulated iteration's kernels and transfers to this "
+                     "file (teraio.timeline JSON)");
       sub.add_flag(
           "--sweep-bandwidth", args->sweep,
           "replan and simulate at every tier's bandwidth times a range of factors (Figure 3)");

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/files.h"
 #include "../common/run_teraio.h"
 #include "sim_test_util.h"
 
@@ -160,6 +161,48 @@ TEST_F(SimulateCli, CleanOffloadsAreReported) {
   // Without writes recorded: no such keys, no line.
   const CmdResult plain = run_teraio("simulate " + trace_ + " " + plan_);
   EXPECT_EQ(plain.out.find("clean offloads"), std::string::npos) << plain.out;
+}
+
+// --timeline writes the last simulated iteration (docs/formats.md, "Timeline files"): the golden
+// case's offload after kernel 0 runs behind kernel 1 and holds kernel 2 for 10 us until it lands;
+// the prefetch issued with kernel 3 holds kernel 4 another 10 us (the 20 us of stall).
+TEST_F(SimulateCli, TimelineFileHasTheKernelsAndTransfers) {
+  const std::string out = (dir_ / "timeline.json").string();
+  const CmdResult r = run_teraio("simulate " + trace_ + " " + plan_ + " --timeline " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(test::slurp(out));
+  EXPECT_EQ(j["format"], "teraio.timeline");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_DOUBLE_EQ(j["iteration_us"].get<double>(), 70);
+  EXPECT_DOUBLE_EQ(j["last_iteration_us"].get<double>(), 70);
+  EXPECT_DOUBLE_EQ(j["ideal_us"].get<double>(), 50);
+  EXPECT_DOUBLE_EQ(j["stall_us"].get<double>(), 20);
+  ASSERT_EQ(j["kernels"].size(), 5u);
+  const double starts[] = {0, 10, 30, 40, 60};
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_DOUBLE_EQ(j["kernels"][k]["start_us"].get<double>(), starts[k]) << k;
+    EXPECT_DOUBLE_EQ(j["kernels"][k]["time_us"].get<double>(), 10) << k;
+  }
+  ASSERT_EQ(j["transfers"].size(), 2u);
+  const auto& w = j["transfers"][0];
+  const auto& rd = j["transfers"][1];
+  EXPECT_EQ(w["direction"], "write");
+  EXPECT_EQ(rd["direction"], "read");
+  for (const auto* x : {&w, &rd}) {
+    EXPECT_EQ((*x)["tier"], "ssd");
+    EXPECT_EQ((*x)["tensor"], 0);
+    EXPECT_EQ((*x)["bytes"], 20000);
+    EXPECT_DOUBLE_EQ((*x)["end_us"].get<double>() - (*x)["begin_us"].get<double>(), 20);
+  }
+  EXPECT_EQ(w["move"], 0);
+  EXPECT_EQ(rd["move"], 1);
+  EXPECT_DOUBLE_EQ(w["begin_us"].get<double>(), 10);
+  EXPECT_DOUBLE_EQ(rd["end_us"].get<double>(), 60);
+  // One simulation, not a sweep's many.
+  const CmdResult both = run_teraio("simulate " + trace_ + " " + plan_ + " --timeline " + out +
+                                    " --sweep-bandwidth");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.out.find("--timeline"), std::string::npos) << both.out;
 }
 
 TEST_F(SimulateCli, InvalidPlanExitsWithStatus1) {
