@@ -70,7 +70,7 @@ int run_plan(const PlanArgs& args) {
   plan.predicted.peak_bytes = static_cast<double>(check.peak_bytes);
 
   // Bytes written per iteration: an idle persistent tensor's offload moves nothing in steady state,
-  // nor does a clean one (Note [Clean offloads] in src/sim/simulator.cpp) or a discard (Note [Dead
+  // nor does a clean one (Note [Clean offloads] in src/trace/plan_check.cpp) or a discard (Note [Dead
   // tensors] there).
   std::vector<uint64_t> tier_bytes(plan.tiers.size(), 0);
   size_t offload_only = 0;
@@ -78,7 +78,8 @@ int run_plan(const PlanArgs& args) {
     if (!p.idle && !is_discard(trace, plan, p)) tier_bytes[p.tier] += p.bytes;
     offload_only += p.one_way();
   }
-  for (size_t i = 0; i < plan.tiers.size(); ++i) tier_bytes[i] -= sim.tiers[i].clean_offload_bytes;
+  for (size_t i = 0; i < plan.tiers.size(); ++i)
+    tier_bytes[i] += sim.tiers[i].writeback_bytes - sim.tiers[i].clean_offload_bytes;
   std::string tiers_json;
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     tiers_json += fmt::format("{}{}: {}", i ? ", " : "", json_quote(plan.tiers[i].name), tier_bytes[i]);

@@ -109,8 +109,9 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
           i ? ", " : "", json_quote(tiers[i].name), t.offload_bytes, t.prefetch_bytes,
           json_number(t.write_busy_us), json_number(t.read_busy_us),
           trace.writes_recorded
-              ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}",
-                            t.clean_offloads, t.clean_offload_bytes)
+              ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}, \"writebacks\": {}, "
+                            "\"writeback_bytes\": {}",
+                            t.clean_offloads, t.clean_offload_bytes, t.writebacks, t.writeback_bytes)
               : std::string());
     }
     fmt::print(
@@ -124,8 +125,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
         r.recomputes ? fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", r.recomputes,
                                    json_number(r.recompute_us))
                      : std::string(),
-        trace.writes_recorded ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}",
-                                            r.clean_offloads, r.clean_offload_bytes)
+        trace.writes_recorded ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}, "
+                                            "\"writebacks\": {}, \"writeback_bytes\": {}",
+                                            r.clean_offloads, r.clean_offload_bytes, r.writebacks,
+                                            r.writeback_bytes)
                               : std::string(),
         plan.discard_dead ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", r.discards,
                                         r.discarded_bytes)
@@ -155,9 +158,13 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
              pct(static_cast<double>(r.peak_bytes), static_cast<double>(plan.budget_bytes)));
   fmt::print("urgent transfers     {} in the last iteration\n", r.urgent_fetches);
   fmt::print("moved per iteration  {}\n", bytes_by_kind_text(r));
-  if (trace.writes_recorded) {  // Note [Clean offloads] in src/sim/simulator.cpp
+  if (trace.writes_recorded) {  // Note [Clean offloads] in src/trace/plan_check.cpp
     fmt::print("clean offloads       {} per iteration, {} not written\n", r.clean_offloads,
                format_bytes(static_cast<double>(r.clean_offload_bytes)));
+    if (r.writebacks) {  // Note [Writebacks] in src/sim/simulator.cpp
+      fmt::print("writebacks           {} per iteration, {} written early\n", r.writebacks,
+                 format_bytes(static_cast<double>(r.writeback_bytes)));
+    }
   }
   if (plan.discard_dead) {  // Note [Dead tensors] in src/sim/simulator.cpp
     fmt::print("discards             {} per iteration, {} not written\n", r.discards,

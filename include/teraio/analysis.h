@@ -88,7 +88,7 @@ double recompute_time_us(const Trace& trace, TensorId t);
 // Whether some kernel from `first_kernel` through `last_kernel` (both included) writes tensor t in
 // place (TensorInfo::written_at). first_kernel > last_kernel wraps around the iteration's end (a
 // persistent tensor's gap): first_kernel .. N-1, then 0 .. last_kernel. True whenever the trace
-// does not record writes (every use may write). Note [Clean offloads] in simulator.cpp.
+// does not record writes (every use may write). Note [Clean offloads] in plan_check.cpp.
 bool written_between(const Trace& trace, TensorId t, int64_t first_kernel, int64_t last_kernel);
 
 // Bytes of the distinct tensors each kernel touches.

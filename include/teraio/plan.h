@@ -44,7 +44,7 @@ std::vector<TierSpec> parse_tier_specs(const std::vector<std::string>& texts);
 // move, so the names must tell the tiers apart.
 void check_tier_names(const std::vector<TierSpec>& tiers, std::string_view what);
 
-enum class MoveOp : uint8_t { offload, prefetch, recompute };
+enum class MoveOp : uint8_t { offload, prefetch, recompute, writeback };
 std::string_view to_string(MoveOp op);
 
 // offload: may begin once kernel `start` has finished, must be complete by the end of kernel
@@ -58,6 +58,10 @@ std::string_view to_string(MoveOp op);
 // made again, by rerunning its producer on the compute stream, just before kernel `deadline`
 // begins (start < deadline - 1, no wrap). No tier, no link: it costs the producer's kernel time.
 // Several recomputes before one kernel run in the order of their producers (docs/formats.md).
+// writeback (v2): copies the tensor to `tier` once kernel `start` has finished, complete by the end
+// of kernel `deadline`, while the tensor STAYS resident; the next move of the tensor is an offload
+// to the same tier with no write in between, which is then clean (frees at once, writes nothing).
+// Needs a trace that records writes. docs/formats.md, "Writebacks".
 struct Move {
   TensorId tensor = 0;
   MoveOp op = MoveOp::offload;
@@ -87,7 +91,8 @@ struct Plan {
   std::vector<std::pair<std::string, std::string>> extra;
 };
 
-// Reads teraio.plan v1 or v2 (v2 adds recompute moves). Writes v1 unless a move is a recompute.
+// Reads teraio.plan v1 or v2 (v2 adds recompute and writeback moves). Writes v1 unless a move is
+// a recompute or a writeback.
 Plan read_plan(const std::string& path);
 Plan parse_plan(std::string_view json, std::string_view source = "<plan>");
 void write_plan(const Plan& plan, const std::string& path);

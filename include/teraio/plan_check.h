@@ -50,6 +50,21 @@ struct RecomputeMove {
   double time_us = 0;  // recompute_time_us(): the producer's kernel time, or the nested part's
 };
 
+// A valid writeback move (docs/formats.md, "Writebacks"): the tensor is copied to `tier` after kernel
+// `start`, complete by the end of kernel `deadline`, while it stays resident; the offload of
+// pairs[pair_index] (the next move of the tensor, to the same tier, no write in between) is then
+// clean. The tier holds the tensor from kernel start + 1 on.
+struct WritebackMove {
+  size_t move_index = 0;  // into Plan::moves
+  size_t pair_index = 0;  // into PlanCheck::pairs: the offload it makes clean
+  TensorId tensor = 0;
+  uint32_t tier = 0;
+  uint64_t bytes = 0;
+  KernelIndex start = 0;
+  uint32_t done = 0;      // distance from start to deadline
+  uint32_t to_offload = 0;  // distance from start to the offload's start
+};
+
 struct PlanCheck {
   bool valid = true;
   std::vector<std::string> errors;     // the first `max_errors` problems, each naming the move
@@ -58,6 +73,8 @@ struct PlanCheck {
   std::vector<MovePair> pairs;
   // Valid recompute moves, ordered by deadline, then producer: the order they run in.
   std::vector<RecomputeMove> recomputes;
+  // Valid writeback moves, in the order of their moves.
+  std::vector<WritebackMove> writebacks;
   std::vector<uint64_t> resident_bytes;  // per kernel, under the plan
   uint64_t peak_bytes = 0;
   KernelIndex peak_kernel = 0;
@@ -71,6 +88,12 @@ struct PlanCheck {
 inline bool is_discard(const Trace& trace, const Plan& plan, const MovePair& pair) {
   return plan.discard_dead && pair.one_way() && !pair.idle && !trace.tensors[pair.tensor].persistent;
 }
+
+// Per pair of check.pairs: 1 when its offload is clean, writing nothing (Note [Clean offloads] in
+// plan_check.cpp, beside check_plan so that the simulator and the planner share it): the tensor was
+// read back from the same tier and not written since, or a writeback made it so (Note [Writebacks]
+// in simulator.cpp).
+std::vector<uint8_t> clean_offloads(const Trace& trace, const PlanCheck& check);
 
 // Checks every rule of docs/formats.md: indices and tiers in range, offload/prefetch pairing,
 // no use of a tensor while it is away, non-persistent tensors not moved outside their lifetime,

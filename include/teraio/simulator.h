@@ -39,10 +39,15 @@ struct SimOptions {
 struct TierTraffic {
   uint64_t offload_bytes = 0;   // GPU -> tier (write link); clean offloads write nothing
   uint64_t prefetch_bytes = 0;  // tier -> GPU (read link)
-  // Offloads to this tier that write nothing (Note [Clean offloads] in simulator.cpp): the tier
+  // Offloads to this tier that write nothing (Note [Clean offloads] in plan_check.cpp): the tier
   // still holds the bytes the tensor was read back from, so only the device memory is freed.
   size_t clean_offloads = 0;
   uint64_t clean_offload_bytes = 0;
+  // Writeback moves to this tier (Note [Writebacks] in simulator.cpp): copies on the write link of
+  // tensors that stay resident, each making the offload after it clean. Not in offload_bytes; in
+  // write_busy_us and the floor.
+  size_t writebacks = 0;
+  uint64_t writeback_bytes = 0;
   double write_busy_us = 0;
   double read_busy_us = 0;
 };
@@ -75,6 +80,9 @@ struct SimResult {
   // transient tensors freed without a write; counted in neither offload_bytes nor the floor.
   size_t discards = 0;
   uint64_t discarded_bytes = 0;
+  // Writeback moves per iteration over all tiers (TierTraffic::writebacks).
+  size_t writebacks = 0;
+  uint64_t writeback_bytes = 0;
   size_t urgent_fetches = 0;  // transfers a kernel of the last iteration had to wait for
   // The floor of docs/simulator.md ("The floor"): no schedule of these moves can take less than
   // max(compute: ideal + recompute, each tier's offloaded bytes / write bandwidth, each tier's

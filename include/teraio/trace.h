@@ -55,7 +55,7 @@ struct TensorInfo {
   // Only when the trace's writes_recorded: the kernels at which the tensor is written in place,
   // sorted and distinct, each one listing the tensor (a write seen between a kernel's predecessor
   // use and it is the kernel's). Empty: not written in place in the iteration (a non-persistent
-  // tensor's producer making it is not a write in place). Note [Clean offloads] in simulator.cpp.
+  // tensor's producer making it is not a write in place). Note [Clean offloads] in plan_check.cpp.
   std::vector<KernelIndex> written_at;
 };
 

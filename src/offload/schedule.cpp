@@ -26,6 +26,8 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
       case MoveOp::offload:
       case MoveOp::recompute:
         return false;
+      case MoveOp::writeback:  // not executed yet (Schedule::add_move): the offload after it writes
+        return true;
     }
     return false;
   });
@@ -53,6 +55,7 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
           starts_out = !lifetimes.used(t);
           break;
         case MoveOp::recompute:  // a persistent tensor has no producer in the iteration
+        case MoveOp::writeback:  // dropped above
           break;
       }
     }

@@ -1015,6 +1015,10 @@ void Schedule::add_move(const Move& m) {
       operators[m.start].drop_after.push_back(m.tensor);
       operators[m.deadline].recompute_before.push_back({m.tensor, true});
       break;
+    case MoveOp::writeback:
+      // Not executed by the engine yet: skipped, so the offload after it writes the tensor as a
+      // dirty offload (correct, only slower than the plan predicts). docs/formats.md, "Writebacks".
+      return;
   }
   moves++;
 }

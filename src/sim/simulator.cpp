@@ -3,7 +3,7 @@
 // (prefetches), each serving one transfer at a time in issue order, both slower while both move
 // (Note [Duplex link]); a transfer a kernel waits for becomes urgent and preempts its direction. An
 // offload of a tensor unchanged since it was read back from the same tier writes nothing and frees
-// at once (Note [Clean offloads]). An offload without a prefetch writes and frees, and nothing
+// at once (Note [Clean offloads] in plan_check.cpp). An offload without a prefetch writes and frees, and nothing
 // comes back (that of a persistent tensor no kernel uses moves nothing: in steady state it is
 // already out). A recompute is compute-stream time (its producer's kernel time) just before the
 // kernel it is due for, after that kernel's transfers. Links advance lazily, so the cost is
@@ -38,7 +38,8 @@ struct Transfer {
   int64_t need_kernel = 0;   // the kernel that waits for it (global index; > last: none)
   size_t move = 0;           // its move in Plan::moves
   uint32_t link = 0;         // 2 * tier + (offload ? 0 : 1)
-  bool offload = true;
+  bool offload = true;     // on the write direction: an offload or a writeback
+  bool writeback = false;  // a writeback move (Note [Writebacks])
   bool done = false;
   bool urgent = false;
 };
@@ -177,7 +178,18 @@ class TierLinks {
     }
     if (!D.front.empty()) return kNone;  // started at once by start_idle
     while (D.cursor < D.issued && xs[D.seq[D.cursor]].done) ++D.cursor;
-    return D.cursor < D.issued ? D.seq[D.cursor] : kNone;
+    if (D.cursor == D.issued) return kNone;
+    if (!xs[D.seq[D.cursor]].writeback || xs[D.seq[D.cursor]].urgent) return D.seq[D.cursor];
+    // Note [Writebacks]: in the background. The first transfer issued by now that is no writeback
+    // (or one a kernel waits for), else the first writeback issued by now, else the first issued.
+    uint32_t first_bg = kNone;
+    for (size_t i = D.cursor; i < D.issued; ++i) {
+      const Transfer& x = xs[D.seq[i]];
+      if (x.done || x.issue_us > now_) continue;
+      if (!x.writeback || x.urgent) return D.seq[i];
+      if (first_bg == kNone) first_bg = D.seq[i];
+    }
+    return first_bg != kNone ? first_bg : D.seq[D.cursor];
   }
   void start_idle(std::vector<Transfer>& xs) {
     for (int d = 0; d < 2; ++d) {
@@ -196,8 +208,8 @@ class TierLinks {
       if (id != kNone && xs[id].issue_us <= now_) {
         if (by_deadline_) {
           D.cand.erase(std::find(D.cand.begin(), D.cand.end(), id));
-        } else {
-          ++D.cursor;
+        } else if (id == D.seq[D.cursor]) {
+          ++D.cursor;  // else taken out of order (Note [Writebacks]): skipped once done
         }
         start(xs, d, id);
       }
@@ -268,61 +280,22 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
   return c;
 }
 
-// Note [Clean offloads]
-// A tensor read back from a tier and not written in place since is still what the tier holds:
-// offloading it again to that tier need write nothing, only free the device memory (an OS's clean
-// page). The runtime does so; the simulator models it so that its predictions match. An offload of
-// tensor t to tier T is clean when
-//   - the trace records writes (Trace::writes_recorded; otherwise any use may have written t),
-//   - the move of t before it is a prefetch from T: the previous pair's, cyclically for a
-//     persistent tensor (a single pair's own prefetch, one iteration earlier), never across the
-//     iteration's start for a non-persistent one (its first offload always writes), and no
-//     recompute of t in between (a recompute frees t and makes it anew on the device),
-//   - no kernel from that prefetch's deadline through this offload's start writes t
-//     (written_between: each write is attributed to a kernel that lists t, conservatively).
-// A clean offload takes no link time and completes when issued: the memory it frees is free at
-// once, nothing queues behind it, and its bytes count in clean_offload_bytes, not offload_bytes
-// nor the floor. In steady state, as everywhere in the simulator: iteration 0's first clean offload
-// of a persistent tensor is clean too (its read-back happened in iteration -1). The planner does
-// not model clean offloads yet (docs/planner.md): it may offload more than it would if it did.
-std::vector<uint8_t> clean_offloads(const Trace& trace, const PlanCheck& check) {
-  std::vector<uint8_t> clean(check.pairs.size(), 0);
-  const auto n = static_cast<int64_t>(trace.num_kernels());
-  if (!trace.writes_recorded || n == 0) return clean;
-  // Each tensor's pairs in the order of their offloads; its recomputes' starts.
-  std::vector<size_t> order;
-  for (size_t i = 0; i < check.pairs.size(); ++i)
-    if (!check.pairs[i].idle) order.push_back(i);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const MovePair &x = check.pairs[a], &y = check.pairs[b];
-    return x.tensor != y.tensor ? x.tensor < y.tensor : x.start < y.start;
-  });
-  std::vector<std::pair<TensorId, KernelIndex>> recomputes;
-  for (const RecomputeMove& r : check.recomputes) recomputes.emplace_back(r.tensor, r.start);
-  std::sort(recomputes.begin(), recomputes.end());
-  for (size_t b = 0; b < order.size();) {
-    const TensorId t = check.pairs[order[b]].tensor;
-    size_t e = b;
-    while (e < order.size() && check.pairs[order[e]].tensor == t) ++e;
-    const bool persistent = trace.tensors[t].persistent;
-    for (size_t i = b; i < e; ++i) {
-      const MovePair& cur = check.pairs[order[i]];
-      if (i == b && !persistent) continue;  // the first offload of the iteration writes
-      const MovePair& prev = check.pairs[order[i == b ? e - 1 : i - 1]];
-      if (prev.one_way() || prev.tier != cur.tier) continue;
-      const int64_t read_back = (prev.start + int64_t{prev.prefetch_deadline}) % n;
-      const int64_t s = cur.start;
-      // A recompute of t since the read-back (non-persistent tensors only: no wrap).
-      auto r = std::lower_bound(recomputes.begin(), recomputes.end(),
-                                std::make_pair(t, static_cast<KernelIndex>(read_back)));
-      if (!persistent && r != recomputes.end() && r->first == t && r->second <= s) continue;
-      clean[order[i]] = written_between(trace, t, read_back, s) ? 0 : 1;
-    }
-    b = e;
-  }
-  return clean;
-}
 
+// Note [Writebacks]
+// A writeback move (docs/formats.md, "Writebacks") copies a tensor to its tier while it stays
+// resident, after its last write before the offload that follows; that offload is then clean
+// (Note [Clean offloads]): it frees the memory when issued. The copy is a transfer on the tier's
+// write direction like an offload (same link, same duplex rules), issued when kernel `start` ends;
+// kernel `deadline + 1` waits for it. It is background work: on an `issue` link the direction
+// serves a writeback only when no other transfer issued by then waits (and one a kernel waits for
+// like any other, in issue order), so an early copy never delays an offload that frees memory or a
+// prefetch; the `deadline` link order takes transfers by due kernel anyway, and `preemptive` lets
+// urgent ones preempt it. check_plan requires the deadline to be no later than the
+// offload's, so the kernel that needs the offload's memory also finds the copy complete, and no
+// kernel writes the tensor between the writeback and the offload (after the offload it is away).
+// A writeback whose start falls in iteration -1 counts as done, like any transfer issued before
+// time 0. Its bytes are counted in writeback_bytes (not offload_bytes), its time in write_busy_us,
+// and both in the floor: they cross the link.
 }  // namespace
 
 // Note [Urgent preemption]
@@ -358,10 +331,11 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   for (const Move& m : plan.moves) {
     if (m.op == MoveOp::recompute) continue;  // no tier, no link
     const TierSpec& ts = tiers[m.tier];
-    const double gbps = m.op == MoveOp::offload ? ts.write_gbps : ts.read_gbps;
+    const bool writes = m.op != MoveOp::prefetch;  // an offload or a writeback
+    const double gbps = writes ? ts.write_gbps : ts.read_gbps;
     TERAIO_CHECK(std::isfinite(gbps) && gbps > 0,
                  "simulate: tier \"{}\" has {} bandwidth {} GB/s but moves use it", ts.name,
-                 m.op == MoveOp::offload ? "write" : "read", gbps);
+                 writes ? "write" : "read", gbps);
   }
   for (const TierSpec& ts : tiers) {
     TERAIO_CHECK(std::isfinite(ts.duplex_gbps) && ts.duplex_gbps >= 0,
@@ -428,7 +402,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
       }
     }
   }
-  // Clean offloads (Note [Clean offloads]) free the memory when issued: no transfer.
+  // Clean offloads (Note [Clean offloads] in plan_check.cpp; writebacks make some) free the memory
+  // when issued: no transfer.
   std::vector<uint8_t> clean = clean_offloads(trace, check);
   for (size_t i = 0; i < check.pairs.size(); ++i) {
     if (discard[i]) clean[i] = 0;
@@ -438,6 +413,12 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     result.clean_offload_bytes += p.bytes;
     ++result.tiers[p.tier].clean_offloads;
     result.tiers[p.tier].clean_offload_bytes += p.bytes;
+  }
+  for (const WritebackMove& w : check.writebacks) {  // Note [Writebacks]
+    ++result.writebacks;
+    result.writeback_bytes += w.bytes;
+    ++result.tiers[w.tier].writebacks;
+    result.tiers[w.tier].writeback_bytes += w.bytes;
   }
   for (int64_t it = -1; it < iters; ++it) {
     for (size_t i = 0; i < check.pairs.size(); ++i) {
@@ -451,6 +432,13 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
       if (off_issue >= 0 && !clean[i]) add(p, true, off_issue, off_need);
       if (p.one_way()) continue;  // dies where it is: nothing comes back
       if (pre_issue >= 0 && pre_issue <= last_g) add(p, false, pre_issue, pre_need);
+    }
+    for (const WritebackMove& w : check.writebacks) {  // Note [Writebacks]
+      const int64_t issue_g = it * n + w.start;  // at the end of this kernel
+      if (issue_g < 0) continue;
+      add(check.pairs[w.pair_index], true, issue_g, issue_g + w.done + 1);
+      xs.back().writeback = true;
+      xs.back().move = w.move_index;
     }
   }
   TERAIO_CHECK(xs.size() < kNone, "simulate: too many transfers ({})", xs.size());
@@ -544,14 +532,15 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   for (const Transfer& x : xs) {
     if (x.issue_kernel < first_g || x.issue_kernel >= last_g) continue;
     TierTraffic& tt = result.tiers[x.link / 2];
-    (x.offload ? tt.offload_bytes : tt.prefetch_bytes) += x.bytes;
     (x.offload ? tt.write_busy_us : tt.read_busy_us) += x.service_us;
-    const auto kind = static_cast<size_t>(trace.tensors[plan.moves[x.move].tensor].kind);
-    (x.offload ? result.offload_bytes_by_kind : result.prefetch_bytes_by_kind)[kind] += x.bytes;
     if (opts.record_timeline) {
       result.transfers.push_back(
           {x.link / 2, x.offload, x.urgent, x.begin_us - t0, x.end_us - t0, x.bytes, x.move});
     }
+    if (x.writeback) continue;  // counted in writeback_bytes
+    (x.offload ? tt.offload_bytes : tt.prefetch_bytes) += x.bytes;
+    const auto kind = static_cast<size_t>(trace.tensors[plan.moves[x.move].tensor].kind);
+    (x.offload ? result.offload_bytes_by_kind : result.prefetch_bytes_by_kind)[kind] += x.bytes;
   }
   if (opts.record_timeline) {
     result.kernel_start_us.resize(static_cast<size_t>(n));
@@ -588,9 +577,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   result.floor_bound = "compute";
   for (size_t i = 0; i < tiers.size(); ++i) {
     const TierTraffic& traffic = result.tiers[i];
-    const double write_us = traffic.offload_bytes
-                                ? static_cast<double>(traffic.offload_bytes) / (tiers[i].write_gbps * 1e3)
-                                : 0;
+    const uint64_t written = traffic.offload_bytes + traffic.writeback_bytes;
+    const double write_us = written ? static_cast<double>(written) / (tiers[i].write_gbps * 1e3) : 0;
     const double read_us = traffic.prefetch_bytes
                                ? static_cast<double>(traffic.prefetch_bytes) / (tiers[i].read_gbps * 1e3)
                                : 0;
@@ -636,6 +624,9 @@ Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOpti
   for (const SimTransfer& x : r.transfers) {
     if (x.move >= out.moves.size()) continue;
     Move& m = out.moves[x.move];
+    // A writeback stays where it was planned: moved later it could pass the offload that relies on
+    // it (which only moves later), or a write.
+    if (m.op == MoveOp::writeback) continue;
     // Distances along the iteration from the planned start: never earlier, never past the deadline.
     const int64_t s = m.start;
     const int64_t span = (static_cast<int64_t>(m.deadline) - s + N) % N;

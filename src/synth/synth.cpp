@@ -216,7 +216,7 @@ class Builder {
   // gradients zero_ clears and add_ accumulates into, the optimizer's parameters and AdamW states
   // and its denominators, the attention scores the causal bias is added to. The trace records these
   // writes (writes_recorded), so a tensor read back and not written since may be offloaded again
-  // without writing (Note [Clean offloads] in src/sim/simulator.cpp): a parameter between the
+  // without writing (Note [Clean offloads] in src/trace/plan_check.cpp): a parameter between the
   // forward and the backward, and after the backward up to the optimizer. Out-of-place kernels
   // write only the tensors they make, which is not a write in place.
   void written(std::span<const TensorId> ids) {

@@ -81,6 +81,13 @@ class Checker {
   // freed by another recompute (one recomputed at the same point runs first: earlier producer).
   bool check_recompute_inputs(const RecomputeMove& r, const std::vector<std::vector<size_t>>& pairs_of,
                               const std::vector<std::vector<size_t>>& recomputes_of);
+  // A writeback (docs/formats.md, "Writebacks") against the valid pairs and recomputes of its tensor.
+  void check_writeback(size_t wi, const std::vector<std::vector<size_t>>& pairs_of,
+                       const std::vector<std::vector<size_t>>& recomputes_of, std::vector<size_t>& writeback_of);
+  // Whether the cyclic kernel ranges [a, a + la) and [b, b + lb) share a kernel (la, lb <= N).
+  bool overlap(uint32_t a, uint32_t la, uint32_t b, uint32_t lb) const {
+    return la > 0 && lb > 0 && (dist(a, b) < la || dist(b, a) < lb);
+  }
   std::string lifetime_rule(TensorId t) const {
     return fmt::format(
         "tensor {} is not persistent, so its moves must lie within its lifetime [{}, {}] and not wrap",
@@ -281,10 +288,102 @@ bool Checker::check_recompute_inputs(const RecomputeMove& r, const std::vector<s
   return true;
 }
 
+void Checker::check_writeback(size_t wi, const std::vector<std::vector<size_t>>& pairs_of,
+                              const std::vector<std::vector<size_t>>& recomputes_of,
+                              std::vector<size_t>& writeback_of) {
+  const Move& w = plan_.moves[wi];
+  const TensorId t = w.tensor;
+  if (!trace_.writes_recorded) {
+    error("{}: the trace does not record writes (\"writes_recorded\" is not true), so nothing says the "
+          "tensor is unchanged after a writeback",
+          describe(wi));
+    return;
+  }
+  // The offload it relies on: the valid offload of t whose start comes first at or after w.start.
+  size_t best = kNoPrefetch;
+  for (size_t pi : pairs_of[t]) {
+    const MovePair& p = out_.pairs[pi];
+    if (p.idle) continue;
+    if (best == kNoPrefetch || dist(w.start, p.start) < dist(w.start, out_.pairs[best].start)) best = pi;
+  }
+  if (best == kNoPrefetch) {
+    error("{}: no offload of tensor {} follows it (a writeback makes the next offload of its tensor, to "
+          "the same tier, clean)",
+          describe(wi), t);
+    return;
+  }
+  const MovePair& o = out_.pairs[best];
+  const uint32_t to_offload = dist(w.start, o.start);
+  if (o.tier != w.tier) {
+    error("{}: writes tier \"{}\" but the offload it precedes, {}, writes tier \"{}\"", describe(wi),
+          plan_.tiers[w.tier].name, describe(o.offload_index), plan_.tiers[o.tier].name);
+    return;
+  }
+  if (!trace_.tensors[t].persistent && (w.start < life_.first_use(t) || w.start > o.start)) {
+    error("{}: {} (the writeback must come at or after its first use and before the offload {})",
+          describe(wi), lifetime_rule(t), describe(o.offload_index));
+    return;
+  }
+  // Resident at every kernel from its start through the offload's start: no pair has t away or
+  // arriving there (kernels p.start + 1 .. p.start + prefetch_deadline - 1), no recompute frees
+  // and remakes it there (kernels r.start + 1 .. r.deadline).
+  for (size_t pi : pairs_of[t]) {
+    const MovePair& p = out_.pairs[pi];
+    if (overlap(w.start, to_offload + 1, (p.start + 1) % n_, p.prefetch_deadline - 1)) {
+      error("{}: tensor {} is not resident from kernel {} through the offload {}: {} has it away or arriving",
+            describe(wi), t, w.start, describe(o.offload_index), describe(p.offload_index));
+      return;
+    }
+  }
+  for (size_t ri : recomputes_of[t]) {
+    const RecomputeMove& r = out_.recomputes[ri];
+    if (overlap(w.start, to_offload + 1, (r.start + 1) % n_, r.deadline - r.start)) {
+      error("{}: {} frees and remakes tensor {} between the writeback and the offload {}", describe(wi),
+            describe(r.move_index), t, describe(o.offload_index));
+      return;
+    }
+  }
+  if (to_offload > 0 && written_between(trace_, t, (w.start + 1) % n_, o.start)) {
+    error("{}: a kernel from {} through {} writes tensor {} (its written_at), after the writeback copies it "
+          "and before the offload {} that relies on the copy",
+          describe(wi), (w.start + 1) % n_, o.start, t, describe(o.offload_index));
+    return;
+  }
+  const uint32_t done = dist(w.start, w.deadline);
+  if (done > to_offload + o.offload_done) {
+    error("{}: must be complete by the end of the offload's deadline (kernel {}), which relies on it",
+          describe(wi), plan_.moves[o.offload_index].deadline);
+    return;
+  }
+  if (is_discard(trace_, plan_, o)) {
+    error("{}: the offload it precedes, {}, is a discard (\"discard_dead\": it writes nothing), so there is "
+          "nothing to write early",
+          describe(wi), describe(o.offload_index));
+    return;
+  }
+  if (writeback_of[best] != kNoPrefetch) {
+    error("{}: the offload {} already has a writeback, {}", describe(wi), describe(o.offload_index),
+          describe(writeback_of[best]));
+    return;
+  }
+  writeback_of[best] = wi;
+  WritebackMove out;
+  out.move_index = wi;
+  out.pair_index = best;
+  out.tensor = t;
+  out.tier = w.tier;
+  out.bytes = o.bytes;
+  out.start = w.start;
+  out.done = done;
+  out.to_offload = to_offload;
+  out_.writebacks.push_back(out);
+}
+
 PlanCheck Checker::run() {
   const size_t nt = trace_.num_tensors();
   // Range checks; collect per-tensor move lists.
   std::vector<std::vector<size_t>> offloads(nt), prefetches(nt), recompute_moves(nt);
+  std::vector<size_t> writeback_moves;
   for (size_t i = 0; i < plan_.moves.size(); ++i) {
     const Move& m = plan_.moves[i];
     if (m.tensor >= nt) {
@@ -306,7 +405,8 @@ PlanCheck Checker::run() {
       }
       if (m.op != MoveOp::offload) {
         error("{}: tensor {} is never used, so nothing needs it back: it can be offloaded, not {}",
-              describe(i), m.tensor, m.op == MoveOp::prefetch ? "prefetched" : "recomputed");
+              describe(i), m.tensor,
+              m.op == MoveOp::prefetch ? "prefetched" : m.op == MoveOp::recompute ? "recomputed" : "written back");
         continue;
       }
     }
@@ -314,6 +414,7 @@ PlanCheck Checker::run() {
       case MoveOp::offload: offloads[m.tensor].push_back(i); break;
       case MoveOp::prefetch: prefetches[m.tensor].push_back(i); break;
       case MoveOp::recompute: recompute_moves[m.tensor].push_back(i); break;
+      case MoveOp::writeback: writeback_moves.push_back(i); break;
     }
   }
   // Recompute moves alone, then the kernels before which they read their producer's inputs: those
@@ -426,6 +527,14 @@ PlanCheck Checker::run() {
     out_.recomputes = std::move(kept);
   }
 
+  // Writebacks, against the pairs and recomputes kept.
+  {
+    std::vector<std::vector<size_t>> kept_recomputes(nt);
+    for (size_t j = 0; j < out_.recomputes.size(); ++j) kept_recomputes[out_.recomputes[j].tensor].push_back(j);
+    std::vector<size_t> writeback_of(out_.pairs.size(), kNoPrefetch);
+    for (size_t wi : writeback_moves) check_writeback(wi, pairs_of, kept_recomputes, writeback_of);
+  }
+
   // Resident bytes and tier occupancy.
   const std::vector<uint64_t> m = memory_curve(trace_, life_);
   std::vector<int64_t> diff(n_ + 1, 0);
@@ -440,6 +549,9 @@ PlanCheck Checker::run() {
     add_cyclic(diff, n_, p.start + p.offload_done + 1, p.prefetch_begin - p.offload_done - 1, -b);
     if (is_discard(trace_, plan_, p)) continue;  // written nowhere: no tier holds it
     add_cyclic(tier_diff[p.tier], n_, p.start + 1, p.prefetch_deadline - 1, b);
+  }
+  for (const WritebackMove& w : out_.writebacks) {  // held from after its start, up to the offload's
+    add_cyclic(tier_diff[w.tier], n_, w.start + 1, w.to_offload, static_cast<int64_t>(w.bytes));
   }
   for (const RecomputeMove& r : out_.recomputes) {
     add_cyclic(diff, n_, r.start + 1, r.deadline - r.start - 1, -static_cast<int64_t>(r.bytes));
@@ -483,6 +595,62 @@ PlanCheck Checker::run() {
 }
 
 }  // namespace
+
+// Note [Clean offloads]
+// A tensor read back from a tier and not written in place since is still what the tier holds:
+// offloading it again to that tier need write nothing, only free the device memory (an OS's clean
+// page). The runtime does so; the simulator models it so that its predictions match. An offload of
+// tensor t to tier T is clean when
+//   - the trace records writes (Trace::writes_recorded; otherwise any use may have written t),
+//   - the move of t before it is a prefetch from T: the previous pair's, cyclically for a
+//     persistent tensor (a single pair's own prefetch, one iteration earlier), never across the
+//     iteration's start for a non-persistent one (its first offload always writes), and no
+//     recompute of t in between (a recompute frees t and makes it anew on the device),
+//   - no kernel from that prefetch's deadline through this offload's start writes t
+//     (written_between: each write is attributed to a kernel that lists t, conservatively).
+// A clean offload takes no link time and completes when issued: the memory it frees is free at
+// once, nothing queues behind it, and its bytes count in clean_offload_bytes, not offload_bytes
+// nor the floor. In steady state, as everywhere in the simulator: iteration 0's first clean offload
+// of a persistent tensor is clean too (its read-back happened in iteration -1). The planner does
+// not model clean offloads yet (docs/planner.md): it may offload more than it would if it did.
+std::vector<uint8_t> clean_offloads(const Trace& trace, const PlanCheck& check) {
+  std::vector<uint8_t> clean(check.pairs.size(), 0);
+  const auto n = static_cast<int64_t>(trace.num_kernels());
+  if (!trace.writes_recorded || n == 0) return clean;
+  // Each tensor's pairs in the order of their offloads; its recomputes' starts.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < check.pairs.size(); ++i)
+    if (!check.pairs[i].idle) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const MovePair &x = check.pairs[a], &y = check.pairs[b];
+    return x.tensor != y.tensor ? x.tensor < y.tensor : x.start < y.start;
+  });
+  std::vector<std::pair<TensorId, KernelIndex>> recomputes;
+  for (const RecomputeMove& r : check.recomputes) recomputes.emplace_back(r.tensor, r.start);
+  std::sort(recomputes.begin(), recomputes.end());
+  for (size_t b = 0; b < order.size();) {
+    const TensorId t = check.pairs[order[b]].tensor;
+    size_t e = b;
+    while (e < order.size() && check.pairs[order[e]].tensor == t) ++e;
+    const bool persistent = trace.tensors[t].persistent;
+    for (size_t i = b; i < e; ++i) {
+      const MovePair& cur = check.pairs[order[i]];
+      if (i == b && !persistent) continue;  // the first offload of the iteration writes
+      const MovePair& prev = check.pairs[order[i == b ? e - 1 : i - 1]];
+      if (prev.one_way() || prev.tier != cur.tier) continue;
+      const int64_t read_back = (prev.start + int64_t{prev.prefetch_deadline}) % n;
+      const int64_t s = cur.start;
+      // A recompute of t since the read-back (non-persistent tensors only: no wrap).
+      auto r = std::lower_bound(recomputes.begin(), recomputes.end(),
+                                std::make_pair(t, static_cast<KernelIndex>(read_back)));
+      if (!persistent && r != recomputes.end() && r->first == t && r->second <= s) continue;
+      clean[order[i]] = written_between(trace, t, read_back, s) ? 0 : 1;
+    }
+    b = e;
+  }
+  for (const WritebackMove& w : check.writebacks) clean[w.pair_index] = 1;  // Note [Writebacks]
+  return clean;
+}
 
 PlanCheck check_plan(const Trace& trace, const Lifetimes& lifetimes, const Plan& plan,
                      size_t max_errors) {

@@ -18,6 +18,7 @@ std::string_view to_string(MoveOp op) {
     case MoveOp::offload: return "offload";
     case MoveOp::prefetch: return "prefetch";
     case MoveOp::recompute: return "recompute";
+    case MoveOp::writeback: return "writeback";
   }
   return "unknown";
 }
@@ -106,11 +107,13 @@ Plan parse_plan(std::string_view text, std::string_view source) {
       m.op = MoveOp::prefetch;
     } else if (op == "recompute" && version >= 2) {
       m.op = MoveOp::recompute;
-    } else if (op == "recompute") {
-      r.fail(p.field("op"), "\"recompute\" needs teraio.plan version 2 (this file says version 1)");
+    } else if (op == "writeback" && version >= 2) {
+      m.op = MoveOp::writeback;
+    } else if (op == "recompute" || op == "writeback") {
+      r.fail(p.field("op"), fmt::format("\"{}\" needs teraio.plan version 2 (this file says version 1)", op));
     } else {
       r.fail(p.field("op"), version >= 2
-                                ? fmt::format("expected \"offload\", \"prefetch\" or \"recompute\", got \"{}\"", op)
+                                ? fmt::format("expected \"offload\", \"prefetch\", \"recompute\" or \"writeback\", got \"{}\"", op)
                                 : fmt::format("expected \"offload\" or \"prefetch\", got \"{}\"", op));
     }
     if (m.op == MoveOp::recompute) {
@@ -168,9 +171,9 @@ std::string plan_to_json(const Plan& plan) {
   check_tier_names(plan.tiers, "plan");
   std::string out;
   out.reserve(256 + plan.moves.size() * 80);
-  // v1 unless a move needs v2, so that plans without recompute stay readable by older teraio.
+  // v1 unless a move needs v2 (a recompute or a writeback), so that plans without them stay readable by older teraio.
   const bool v2 = std::any_of(plan.moves.begin(), plan.moves.end(),
-                              [](const Move& m) { return m.op == MoveOp::recompute; });
+                              [](const Move& m) { return m.op == MoveOp::recompute || m.op == MoveOp::writeback; });
   fmt::format_to(std::back_inserter(out),
                  "{{\n  \"format\": \"teraio.plan\", \"version\": {},\n  \"budget_bytes\": {},\n  \"tiers\": [",
                  v2 ? 2 : 1, plan.budget_bytes);

@@ -117,7 +117,7 @@ void Trace::validate() const {
   validate_writes();
 }
 
-// written_at (Note [Clean offloads] in simulator.cpp): sorted, distinct, each kernel in range and
+// written_at (Note [Clean offloads] in plan_check.cpp): sorted, distinct, each kernel in range and
 // listing the tensor; only in a trace that records writes.
 void Trace::validate_writes() const {
   for (size_t t = 0; t < tensors.size(); ++t) {

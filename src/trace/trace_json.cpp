@@ -104,7 +104,7 @@ Trace parse_trace(std::string_view text, std::string_view source) {
         info.recompute_us = r.non_negative(r.field(o, "recompute_us", p), p.field("recompute_us"));
         check_uses = true;
       }
-      if (r.has(o, "written_at")) {  // Note [Clean offloads] in simulator.cpp
+      if (r.has(o, "written_at")) {  // Note [Clean offloads] in plan_check.cpp
         const json::Path wp = p.field("written_at");
         size_t j = 0;
         for (auto w : r.array(r.field(o, "written_at", p), wp)) {

@@ -839,5 +839,93 @@ TEST(SimSpeed, QuarterMillionKernels) {
 #endif
 }
 
+// Note [Writebacks]: six kernels of 10 us; a persistent parameter of 10 us at 1 GB/s read at kernel
+// 0, updated at kernel 1 and read at kernel 4, offloaded after kernel 4 with deadline 4 (kernel 5
+// waits for the whole write) and read back over kernel 5, in time for kernel 0. Dirty, the offload
+// stalls 10 us: 70 us an iteration. A writeback after the update, over kernel 2, makes it clean.
+struct WritebackCase {
+  Trace trace;
+  Plan plan;
+};
+WritebackCase writeback_case(bool with_writeback) {
+  WritebackCase c;
+  c.trace = make_trace({10, 10, 10, 10, 10, 10}, {{10000, true}}, {{0}, {0}, {}, {}, {0}, {}});
+  c.trace.tensors[0].kind = TensorKind::parameter;
+  c.trace.writes_recorded = true;
+  c.trace.tensors[0].written_at = {1};
+  c.plan.tiers = {tier("host", kGbps, kGbps)};
+  c.plan.moves = {offload(0, 4, 4), prefetch(0, 5, 0)};
+  if (with_writeback) c.plan.moves.push_back(Move{0, MoveOp::writeback, 0, 1, 4});
+  test::fit_budget(c.trace, c.plan);
+  return c;
+}
+
+TEST(SimWriteback, AWritebackAfterTheLastWriteMakesTheOffloadClean) {
+  const WritebackCase dirty = writeback_case(false);
+  const SimResult d = simulate(dirty.trace, dirty.plan);
+  EXPECT_DOUBLE_EQ(d.iteration_us, 70);
+  EXPECT_EQ(d.tiers[0].offload_bytes, 10000u);
+  EXPECT_EQ(d.writebacks, 0u);
+
+  const WritebackCase c = writeback_case(true);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(c.trace, c.plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 60) << "the write happened over kernel 2";
+  EXPECT_DOUBLE_EQ(r.stall_us, 0);
+  EXPECT_EQ(r.writebacks, 1u);
+  EXPECT_EQ(r.writeback_bytes, 10000u);
+  EXPECT_EQ(r.tiers[0].writebacks, 1u);
+  EXPECT_EQ(r.tiers[0].writeback_bytes, 10000u);
+  EXPECT_EQ(r.tiers[0].offload_bytes, 0u) << "a writeback is not an offload";
+  EXPECT_EQ(r.clean_offloads, 1u);
+  EXPECT_EQ(r.clean_offload_bytes, 10000u);
+  EXPECT_DOUBLE_EQ(r.tiers[0].write_busy_us, 10) << "it takes the write link";
+  EXPECT_EQ(r.tiers[0].prefetch_bytes, 10000u);
+  EXPECT_EQ(r.peak_bytes, d.peak_bytes) << "the tensor stays resident";
+  const SimTransfer* w = find_transfer(r, true, 10000);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->move, 2u);
+  EXPECT_DOUBLE_EQ(w->begin_us, 20);
+  EXPECT_DOUBLE_EQ(w->end_us, 30);
+  // The floor counts its bytes: at 0.01 GB/s the write link bounds it.
+  SimOptions slow;
+  slow.actual_tiers = {tier("host", kGbps, kGbps / 100)};
+  const SimResult s = simulate(c.trace, c.plan, slow);
+  EXPECT_EQ(s.floor_bound, "host write");
+  EXPECT_DOUBLE_EQ(s.floor_us, 1000);
+  // There kernel 5 (after the offload's deadline, also the writeback's) waits for the copy:
+  // issued at 20 us, done at 1020 us, kernel 5 starts then instead of at 50.
+  EXPECT_DOUBLE_EQ(s.stall_us, 970);
+}
+
+TEST(SimWriteback, AWritebackWaitsBehindOffloadsIssuedByThen) {
+  // Background work (Note [Writebacks]): tensor 1 (20000 B, read at kernel 0 only) leaves after
+  // kernel 0 and holds the write link over 10..30 us; the writeback is issued at 20 us, tensor 2's
+  // tail offload (5000 B, after kernel 2) at 30 us. The link then takes the offload first.
+  WritebackCase c;
+  c.trace = make_trace({10, 10, 10, 10, 10, 10}, {{10000, true}, {20000, false}, {5000, false}},
+                       {{0, 1}, {0}, {2}, {}, {0}, {}});
+  c.trace.tensors[0].kind = TensorKind::parameter;
+  c.trace.tensors[1].alive_until = 5;
+  c.trace.tensors[2].alive_until = 5;
+  c.trace.writes_recorded = true;
+  c.trace.tensors[0].written_at = {1};
+  c.plan.tiers = {tier("host", kGbps, kGbps)};
+  c.plan.moves = {offload(0, 4, 4), prefetch(0, 5, 0), offload(1, 0, 5), offload(2, 2, 5),
+                  Move{0, MoveOp::writeback, 0, 1, 4}};
+  test::fit_budget(c.trace, c.plan);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(c.trace, c.plan, o);
+  const SimTransfer* off = find_transfer(r, true, 5000);
+  const SimTransfer* w = find_transfer(r, true, 10000);
+  ASSERT_NE(off, nullptr);
+  ASSERT_NE(w, nullptr);
+  EXPECT_DOUBLE_EQ(off->begin_us, 30);
+  EXPECT_DOUBLE_EQ(w->begin_us, 35);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 60);
+}
+
 }  // namespace
 }  // namespace teraio

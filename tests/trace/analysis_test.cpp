@@ -111,7 +111,7 @@ TEST(Analysis, AliveUntilAndIdlePersistentTensors) {
 }
 
 // written_between: inclusive at both ends, wrapping when first > last, true when writes are not
-// recorded (Note [Clean offloads] in src/sim/simulator.cpp).
+// recorded (Note [Clean offloads] in src/trace/plan_check.cpp).
 TEST(Analysis, WrittenBetweenWrapsAndIsTrueWithoutRecordedWrites) {
   Trace t = make_trace();
   EXPECT_TRUE(written_between(t, 0, 1, 1)) << "writes unknown: every use may write";

@@ -163,7 +163,7 @@ TEST(RecomputeFormat, MalformedRecomputeMovesAreRejectedByTheReader) {
   EXPECT_NE(message("\"op\": \"recompute\"", "\"op\": \"recompute\", \"tier\": \"host\"")
                 .find("moves[0].tier: a recompute move names no tier"),
             std::string::npos);
-  EXPECT_NE(message("\"op\": \"recompute\"", "\"op\": \"redo\"").find("expected \"offload\", \"prefetch\" or \"recompute\""),
+  EXPECT_NE(message("\"op\": \"recompute\"", "\"op\": \"redo\"").find("expected \"offload\", \"prefetch\", \"recompute\" or \"writeback\""),
             std::string::npos);
 }
 
