@@ -1012,7 +1012,9 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
 Plan make_plan_tuned(const Trace& trace, const PlannerOptions& opts, const PlannerTuning& tuning,
                      PlannerStats* stats, PlannerDiagnostics* diag) {
   Planner planner(trace, opts, tuning);
-  return planner.run(stats, diag);
+  Plan plan = planner.run(stats, diag);
+  if (tuning.writeback_slot_fraction > 0) plan = add_writebacks(trace, plan, tuning.writeback_slot_fraction);
+  return plan;
 }
 
 }  // namespace planner_detail
@@ -1051,7 +1053,7 @@ double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& 
   std::vector<double> out(opts.tiers.size(), 0), in(opts.tiers.size(), 0);
   for (const Move& m : plan.moves) {
     if (m.op == MoveOp::recompute) continue;
-    (m.op == MoveOp::offload ? out : in)[m.tier] += static_cast<double>(trace.tensors[m.tensor].bytes);
+    (m.op == MoveOp::prefetch ? in : out)[m.tier] += static_cast<double>(trace.tensors[m.tensor].bytes);
   }
   double floor_us = ideal_us;
   for (size_t t = 0; t < opts.tiers.size(); ++t) {
@@ -1186,6 +1188,22 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       PlannerTuning t = base;
       t.lazy_slack = slack;
       add(fmt::format("both-ways bandwidth, slack {}", slack), both, t);
+    }
+  }
+  // Note [Planning writebacks] (writeback.cpp): every variant again with its dirty offloads written
+  // early where the write slots have room, at the slot model's bandwidth and at the stretch the
+  // variant's own bytes imply (a link-bound iteration lasts longer than its kernels).
+  if (trace.writes_recorded) {
+    const size_t planned = out.size();
+    for (size_t i = 0; i < planned; ++i) {
+      const double stretch = link_stretch(trace, opts, out[i].plan);
+      std::vector<double> fractions{1.0};
+      if (stretch > kMinStretch) fractions.push_back(stretch);
+      for (double f : fractions) {
+        Plan p = planner_detail::add_writebacks(trace, out[i].plan, f);
+        if (p.moves.size() == out[i].plan.moves.size()) continue;  // none fits
+        out.push_back({fmt::format("{}, writebacks x{:.2f}", out[i].name, f), std::move(p)});
+      }
     }
   }
   return out;

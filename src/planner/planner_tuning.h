@@ -34,7 +34,15 @@ struct PlannerTuning {
   // farthest (Note [Forced eviction by next use], planner.cpp) instead of the smallest that covers
   // the overshoot. Default off; a plan_best variant.
   bool evict_farthest_use = false;
+  // After planning, give dirty offloads writebacks where the write slots, scaled by this factor,
+  // have room (Note [Planning writebacks], writeback.cpp). 0: off (the default); plan_best offers
+  // variants with it.
+  double writeback_slot_fraction = 0;
 };
+
+// The writeback pass of Note [Planning writebacks] over a finished, valid plan; `plan` unchanged
+// when the trace does not record writes, `slot_fraction` <= 0 or nothing fits.
+Plan add_writebacks(const Trace& trace, const Plan& plan, double slot_fraction);
 
 // Extra numbers the planner knows that PlannerStats does not carry.
 struct PlannerDiagnostics {
