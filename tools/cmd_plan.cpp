@@ -29,6 +29,7 @@ struct PlanArgs : PlanningArgs {
   bool search = false;
   bool no_recompute = false;
   bool no_discard_dead = false;
+  bool writebacks = false;
 };
 
 int run_plan(const PlanArgs& args) {
@@ -39,6 +40,7 @@ int run_plan(const PlanArgs& args) {
   opts.tiers = args.tier_specs();
   opts.recompute = !args.no_recompute;
   opts.discard_dead = !args.no_discard_dead;
+  opts.writebacks = args.writebacks;
   const Trace trace = read_trace(args.trace_path);
   const double read_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -181,6 +183,9 @@ const Registration kPlan{{
       sub.add_flag("--no-discard-dead", args->no_discard_dead,
                    "plan for a runner that writes dead tensors out (a Session with discard_dead=False): "
                    "a tensor's tail after its last use then costs a write");
+      sub.add_flag("--writebacks", args->writebacks,
+                   "with --search, also try plans that write dirty tensors early, while they stay "
+                   "resident (writeback moves: simulated; the runtime does not execute them yet)");
       return [args] { return run_plan(*args); };
     },
 }};

@@ -27,6 +27,10 @@ struct PlannerOptions {
   // "Dead tensors"): a transient tensor's tail, from its last use until it dies, may then be taken
   // away for free. False: such tails are written like any offload.
   bool discard_dead = false;
+  // The plan is run by something that executes writeback moves (docs/formats.md, "Writebacks"):
+  // make_plan_variants then offers variants with writebacks (docs/planner.md, "Writebacks"). False
+  // (the default): no writeback in any plan; the runtime does not execute them yet.
+  bool writebacks = false;
 };
 
 struct PlannerStats {

@@ -1193,7 +1193,7 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
   // Note [Planning writebacks] (writeback.cpp): every variant again with its dirty offloads written
   // early where the write slots have room, at the slot model's bandwidth and at the stretch the
   // variant's own bytes imply (a link-bound iteration lasts longer than its kernels).
-  if (trace.writes_recorded) {
+  if (opts.writebacks && trace.writes_recorded) {
     const size_t planned = out.size();
     for (size_t i = 0; i < planned; ++i) {
       const double stretch = link_stretch(trace, opts, out[i].plan);

@@ -76,6 +76,11 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
 // the fastest of those unless the other is more than kSecondTierMinGain faster in the simulator: a
 // gain within the model's error does not pay for the risk.
 constexpr double kSecondTierMinGain = 0.02;
+// Likewise a plan with writeback moves (docs/planner.md, "Writebacks") is kept only when it is more
+// than this much faster than the fastest plan without: the search simulates few iterations, and a
+// writeback's gain within that error (0.1% on the H200's llama-1b fp32 profile at 1/4, step after
+// backward, which was faster over 2 iterations and slower over 8) does not pay for extra traffic.
+constexpr double kWritebackMinGain = 0.003;
 
 namespace {
 
@@ -124,6 +129,26 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
   BestPlan best;
   best.variants = variants.size();
   size_t keep = fastest;
+  // A plan with writebacks only when it beats the fastest without by more than kWritebackMinGain;
+  // else the choice is made again among the plans without.
+  auto has_writebacks = [&](size_t i) {
+    const auto& moves = variants[i].plan.moves;
+    return std::any_of(moves.begin(), moves.end(), [](const Move& m) { return m.op == MoveOp::writeback; });
+  };
+  if (has_writebacks(fastest)) {
+    std::optional<size_t> plain, plain_first;
+    for (size_t i = 0; i < variants.size(); ++i) {
+      if (has_writebacks(i)) continue;
+      if (!plain || results[i].iteration_us < results[*plain].iteration_us) plain = i;
+      if (first_tier_only(variants[i].plan) &&
+          (!plain_first || results[i].iteration_us < results[*plain_first].iteration_us))
+        plain_first = i;
+    }
+    if (plain && results[*plain].iteration_us <= results[fastest].iteration_us * (1 + kWritebackMinGain)) {
+      keep = fastest = *plain;
+      fastest_first = plain_first;
+    }
+  }
   if (fastest_first && results[*fastest_first].iteration_us <=
                            results[fastest].iteration_us * (1 + kSecondTierMinGain))
     keep = *fastest_first;

@@ -115,5 +115,41 @@ TEST(PlannerWriteback, RandomPlansStayValid) {
   EXPECT_GT(added, 0u);
 }
 
+// Writeback variants only when the runner executes them (PlannerOptions::writebacks).
+TEST(PlannerWriteback, VariantsOnlyWhenAsked) {
+  size_t with = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    Trace trace = teraio::testing::random_trace(seed);
+    trace.writes_recorded = true;
+    for (TensorId t = 0; t < trace.num_tensors(); ++t) {
+      if (!trace.tensors[t].persistent) continue;
+      const Lifetimes life(trace);
+      if (life.used(t)) trace.tensors[t].written_at = {life.first_use(t)};
+    }
+    const Lifetimes life(trace);
+    const auto m = memory_curve(trace, life);
+    PlannerOptions o;
+    o.budget_bytes = *std::max_element(m.begin(), m.end()) * 6 / 10;
+    o.tiers = {TierSpec{"host", uint64_t{1} << 40, 5, 5}};
+    std::vector<PlanVariant> plain;
+    try {
+      plain = make_plan_variants(trace, o);
+    } catch (const Error&) {
+      continue;
+    }
+    for (const PlanVariant& v : plain)
+      for (const Move& mv : v.plan.moves) ASSERT_NE(mv.op, MoveOp::writeback) << v.name;
+    o.writebacks = true;
+    const std::vector<PlanVariant> all = make_plan_variants(trace, o);
+    ASSERT_GE(all.size(), plain.size());
+    for (size_t i = plain.size(); i < all.size(); ++i) {
+      EXPECT_NE(all[i].name.find("writebacks x"), std::string::npos);
+      EXPECT_TRUE(check_plan(trace, life, all[i].plan).valid) << all[i].name;
+    }
+    with += all.size() - plain.size();
+  }
+  EXPECT_GT(with, 0u);
+}
+
 }  // namespace
 }  // namespace teraio
