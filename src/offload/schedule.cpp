@@ -26,7 +26,9 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
       case MoveOp::offload:
       case MoveOp::recompute:
         return false;
-      case MoveOp::writeback:  // not executed yet (Schedule::add_move): the offload after it writes
+      case MoveOp::writeback:
+        // The Session's binding does not lend a tensor's bytes for a copy yet (Memory::view; Note
+        // [Writebacks in the engine]): dropped here, the offload after it writes as a dirty one.
         return true;
     }
     return false;

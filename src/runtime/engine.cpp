@@ -70,6 +70,10 @@ struct Engine::Entry {
   // Resident, and `extent` of `tier` still holds its bytes: read back from there and not written
   // in place since (Note [Clean offloads]). `pending` is then that read.
   bool clean = false;
+  // A writeback copy is in flight (`pending` is its write into `extent` of `tier`); `stale` once
+  // the tensor was reported written meanwhile (Note [Writebacks in the engine]).
+  bool writing_back = false;
+  bool writeback_stale = false;
 };
 
 Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
@@ -144,6 +148,8 @@ void Engine::forget_locked(Entry& e) {
   e.pending = {};
   e.write_in_flight = false;
   e.clean = false;
+  e.writing_back = false;
+  e.writeback_stale = false;
   if (e.has_extent) {
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
@@ -401,6 +407,7 @@ bool Engine::drop_locked(Entry& e, std::string* why) {
     }
   }
   if (!why->empty()) return false;
+  settle_writeback_locked(e, /*wait=*/true);  // its copy reads these bytes
   e.memory->detach();
   e.memory->drop();
   e.clean = false;
@@ -413,6 +420,7 @@ bool Engine::drop_locked(Entry& e, std::string* why) {
 bool Engine::discard_locked(Entry& e, std::string* why) {
   *why = unfreeable_locked(e);
   if (!why->empty()) return false;
+  settle_writeback_locked(e, /*wait=*/true);  // its copy reads these bytes
   release_clean_copy_locked(e);
   e.memory->detach();
   e.memory->drop();
@@ -517,6 +525,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
   if (e.permanent) return false;  // every offload path ends here: a pinned tensor never leaves
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
+  settle_writeback_locked(e, /*wait=*/true);  // the offload relies on it: waits for the copy
   if (e.clean && e.has_extent && e.tier == tier) {
     // Note [Clean offloads]: the tier already holds these bytes; only the memory goes. `pending`
     // (the read that brought them) stays until the next read waits for it.
@@ -566,6 +575,85 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   return true;
 }
 
+// Note [Writebacks in the engine]
+// A writeback move (docs/formats.md, "Writebacks") copies a resident tensor to its tier while the
+// tensor stays usable: the binding lends its bytes (Memory::view) and the write is ordered after
+// the work queued on the tensor's stream, like an offload's. When the copy has completed and no
+// write of the tensor was reported since it started (note_written marks it stale), the tensor is
+// clean (Note [Clean offloads]): its next offload to that tier frees the memory without a write.
+// An offload waits for a copy in flight (it relies on it); a stale or failed copy is discarded and
+// that offload writes as usual. The plan forbids writes between a writeback and its offload; a
+// write anyway (drift, a reactive step) only costs the write the writeback meant to save. What a
+// binding must add: a write must not run on the device while the copy reads the bytes (else the
+// copy is torn; it is discarded as stale, but only if the write is reported); the Session's binding
+// does not lend its bytes yet, so its writebacks are skipped.
+bool Engine::writeback(LogicalId id, uint32_t tier) {
+  std::lock_guard lock(mutex_);
+  Entry* e = find(id);
+  return e && writeback_locked(*e, tier);
+}
+
+bool Engine::writeback_locked(Entry& e, uint32_t tier) {
+  TERAIO_CHECK(tier < tiers_.size(), "writeback of tensor {}: tier {} does not exist", e.id, tier);
+  if (e.loc != Location::kResident || !e.memory->alive() || e.permanent || e.pins > 0) return false;
+  if (e.writing_back) settle_writeback_locked(e, /*wait=*/true);
+  if (e.clean && e.has_extent && e.tier == tier) return true;  // the tier holds these bytes
+  const std::optional<storage::BufferView> bytes = e.memory->view();
+  if (!bytes) return false;
+  e.clean = false;
+  if (e.has_extent) {  // the space of the previous read or copy: free once it has ended
+    if (e.pending.ready()) {
+      release_read_extent_locked(e);
+    } else {
+      deferred_.push_back({e.pending, e.tier, e.extent});
+      e.pending = {};
+      e.has_extent = false;
+    }
+  }
+  release_deferred_locked(tier, /*wait=*/false);
+  std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
+  if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
+  if (!ext) return false;
+  storage::IoRequest req;
+  req.direction = storage::Direction::kWrite;
+  req.buffer = *bytes;
+  req.offset_bytes = ext->offset_bytes;
+  req.priority = storage::Priority::kNormal;
+  req.ready_stream = e.memory->stream();
+  try {
+    e.pending = tiers_[tier].tier->submit(req);
+  } catch (...) {
+    extents_[tier]->free(*ext);
+    throw;
+  }
+  e.tier = tier;
+  e.extent = *ext;
+  e.has_extent = true;
+  e.writing_back = true;
+  e.writeback_stale = false;
+  stats_.writebacks++;
+  stats_.writeback_bytes += e.bytes;
+  return true;
+}
+
+void Engine::settle_writeback_locked(Entry& e, bool wait) {
+  if (!e.writing_back || (!wait && !e.pending.ready())) return;
+  const storage::IoResult r = e.pending.wait();
+  e.writing_back = false;
+  if (r.ok && !e.writeback_stale && e.loc == Location::kResident) {
+    // Clean, as after a read-back: `pending` (the finished write here) stays with the copy.
+    e.clean = true;
+    stats_.tiers[e.tier].bytes_written += e.bytes;
+  } else {
+    stats_.stale_writebacks++;
+    if (!r.ok) event("failed-writeback", e);
+    e.pending = {};
+    extents_[e.tier]->free(e.extent);
+    e.has_extent = false;
+  }
+  e.writeback_stale = false;
+}
+
 // An offload whose memory was freed in stream order: the read must not start before the write has
 // landed (the tier does not order them), and a write that failed after its memory went has lost
 // the tensor's contents: that is an error, never a silent read of stale bytes.
@@ -586,6 +674,8 @@ bool Engine::finish_write_locked(Entry& e) {
 void Engine::release_read_extent_locked(Entry& e) {
   e.pending.wait();
   e.pending = {};
+  e.writing_back = false;  // a writeback's copy goes with its space
+  e.writeback_stale = false;
   extents_[e.tier]->free(e.extent);
   e.has_extent = false;
 }
@@ -707,7 +797,8 @@ void Engine::poll() {
       complete_prefetch_locked(e);
     // a finished write is settled here (one that failed loses the tensor: reported now)
     if (e.write_in_flight && e.pending.ready()) finish_write_locked(e);
-    if (e.loc == Location::kResident && e.has_extent && !e.clean && e.pending.ready())
+    if (e.writing_back && e.pending.ready()) settle_writeback_locked(e, /*wait=*/false);
+    if (e.loc == Location::kResident && e.has_extent && !e.clean && !e.writing_back && e.pending.ready())
       release_read_extent_locked(e);
     if (!e.memory->alive() && e.pins == 0) forget_locked(e);
   }
@@ -760,6 +851,7 @@ bool Engine::pinned_permanently(LogicalId id) const {
 // take tier space while their tensors are resident; a full tier reclaims them first
 // (reclaim_extents_locked), so they never make an offload fail.
 void Engine::release_clean_copy_locked(Entry& e) {
+  if (e.writing_back) e.writeback_stale = true;  // the copy in flight may miss the write
   if (!e.clean) return;
   e.clean = false;
   if (e.loc == Location::kResident && e.has_extent && e.pending.ready())
@@ -1015,10 +1107,9 @@ void Schedule::add_move(const Move& m) {
       operators[m.start].drop_after.push_back(m.tensor);
       operators[m.deadline].recompute_before.push_back({m.tensor, true});
       break;
-    case MoveOp::writeback:
-      // Not executed by the engine yet: skipped, so the offload after it writes the tensor as a
-      // dirty offload (correct, only slower than the plan predicts). docs/formats.md, "Writebacks".
-      return;
+    case MoveOp::writeback:  // Note [Writebacks in the engine]
+      operators[m.start].writeback_at.push_back(m);
+      break;
   }
   moves++;
 }
@@ -1061,6 +1152,7 @@ void Engine::set_schedule(std::shared_ptr<const Schedule> schedule) {
   for (const Schedule::Operator& op : schedule->operators) {
     for (const Move& m : op.prefetch_at) check(m);
     for (const Move& m : op.offload_at) check(m);
+    for (const Move& m : op.writeback_at) check(m);
   }
   for (const Move& m : schedule->start_out) check(m);
   std::lock_guard lock(mutex_);
@@ -1159,6 +1251,16 @@ void Engine::after_operator(uint32_t k) {
   }
   for (LogicalId id : op.offload_due)
     if (Entry* e = find(id)) complete_offload_locked(*e, /*wait=*/true);
+  for (const Move& m : op.writeback_at) {  // Note [Writebacks in the engine]
+    Entry* e = find(m.tensor);
+    if (!e || e->loc == Location::kUnbound) continue;
+    if (writeback_locked(*e, m.tier)) {
+      stats_.plan_moves++;
+    } else {
+      stats_.skipped_moves++;
+      event(fmt::format("skipped-writeback({})", to_string(e->loc)), *e);
+    }
+  }
   free_after_locked(op.drop_after, &Engine::drop_locked, "skipped-drop");
   free_after_locked(op.discard_after, &Engine::discard_locked, "skipped-discard");
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string_view>
@@ -40,6 +41,10 @@ class Memory {
   virtual storage::BufferView allocate() = 0;
   // False once the tensor is gone (its memory no longer needs to come back).
   virtual bool alive() const = 0;
+  // The tensor's bytes, lent for a writeback (Note [Writebacks in the engine]) while the tensor
+  // keeps them: a copy to a tier that leaves the tensor usable. nullopt (the default): this binding
+  // cannot lend them, and the engine skips writebacks of its tensors.
+  virtual std::optional<storage::BufferView> view() { return std::nullopt; }
   // The stream on which the tensor's producers/consumers run (a cudaStream_t), nullptr on CPU.
   virtual storage::CudaStream stream() const { return nullptr; }
   // The tensor's bytes are gone for good (Note [Lost bytes]; the tensor has no memory now): from
@@ -142,6 +147,9 @@ struct EngineStats {
   uint64_t stream_ordered = 0;    // offloads whose memory was freed in stream order (not CPU-waited)
   uint64_t clean_offloads = 0;    // offloads that wrote nothing: the tier's copy was still valid
   uint64_t clean_bytes = 0;       // their bytes (not in bytes_offloaded: they were not written)
+  uint64_t writebacks = 0;        // writeback copies started (Note [Writebacks in the engine])
+  uint64_t writeback_bytes = 0;   // their bytes
+  uint64_t stale_writebacks = 0;  // copies discarded: written during the copy, or the copy failed
   uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
   uint64_t failed_transfers = 0;  // writes and reads that failed (each is also a Fault)
   uint64_t retried_reads = 0;     // reads tried again after a failure (Note [Read retries])
@@ -194,6 +202,7 @@ struct Schedule {
     std::vector<Move> prefetch_at;       // prefetches that start before operator k
     std::vector<Move> offload_at;        // offloads that start after operator k
     std::vector<LogicalId> offload_due;  // offloads that must be complete after operator k
+    std::vector<Move> writeback_at;      // writebacks that start after operator k
     // Recompute moves (Note [Recompute in the engine]): tensors dropped after operator k, and made
     // again before it (in the order of their producers, so that a chain reads what was made just
     // before; `last`: the tensor's last recompute of the iteration, after which its recipe is
@@ -321,6 +330,11 @@ class Engine {
   // Explicit moves (the plan's, or a user's). Both are no-ops when the tensor is already where it
   // is going (or on its way); false when it is not bound or has no room in the tier.
   bool offload(LogicalId id, uint32_t tier, bool urgent = false);
+  // Copies resident tensor `id` to `tier` while it stays resident (Note [Writebacks in the engine]);
+  // when the copy completes and nothing wrote the tensor meanwhile, the next offload to that tier
+  // is clean. False when it cannot start (not resident and idle, pinned, no tier space, or the
+  // binding cannot lend the bytes); true also when the tier already holds a valid copy.
+  bool writeback(LogicalId id, uint32_t tier);
   bool prefetch(LogicalId id, bool urgent = false);
   // Waits until an offload in flight has completed and its memory is freed.
   void finish_offload(LogicalId id);
@@ -372,6 +386,9 @@ class Engine {
   Entry* find(LogicalId id);
   const Entry* find(LogicalId id) const;
   bool offload_locked(Entry& e, uint32_t tier, bool urgent);
+  bool writeback_locked(Entry& e, uint32_t tier);
+  // Settles e's writeback once it has ended (or waits for it): a valid copy makes e clean.
+  void settle_writeback_locked(Entry& e, bool wait);
   // Whether a read first makes room within the budget (make_room_locked, sparing `spare`): kNone
   // (fetch_all), kRequired (the tensor is needed now: read even when no room can be made), kTry (a
   // read that can wait: skipped when no room can be made; its first use fetches it).

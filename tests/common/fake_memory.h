@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +57,11 @@ class FakeMemory : public runtime::Memory {
     return storage::BufferView::host(held_.data(), held_.size());
   }
   bool alive() const override { return t_->alive; }
+  // Lends the present bytes for a writeback (the tensor keeps them).
+  std::optional<storage::BufferView> view() override {
+    if (t_->data.empty()) return std::nullopt;
+    return storage::BufferView::host(t_->data.data(), t_->data.size());
+  }
   // What a recompute installs: the tensor's pattern, made again.
   void remake() {
     fill_pattern(*t_);

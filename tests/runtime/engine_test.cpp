@@ -134,6 +134,103 @@ TEST_F(EngineTest, CleanOffloadWritesNothingAndBringsBackTheSameBytes) {
   EXPECT_EQ(st.bytes_prefetched, 40000u);
 }
 
+// Note [Writebacks in the engine]: a copy made while the tensor stays resident makes the next
+// offload to that tier clean; the bytes come back exact.
+TEST_F(EngineTest, WritebackMakesTheNextOffloadClean) {
+  auto e = make(0);
+  auto a = make_tensor(10000, 11);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  const LogicalId ids[] = {0};
+  ASSERT_TRUE(e->writeback(0, 0));
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_TRUE(has_pattern(*a, 11)) << "the tensor keeps its bytes";
+  e->poll();
+  ASSERT_TRUE(e->writeback(0, 0)) << "already clean: nothing to do";
+  ASSERT_TRUE(e->offload(0, 0));
+  EXPECT_EQ(e->location(0), Location::kOffloaded) << "clean: complete at once";
+  EXPECT_TRUE(a->data.empty());
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 11));
+  e->end_use(ids);
+  const EngineStats st = e->stats();
+  EXPECT_EQ(st.writebacks, 1u);
+  EXPECT_EQ(st.writeback_bytes, 10000u);
+  EXPECT_EQ(st.bytes_offloaded, 0u);
+  EXPECT_EQ(st.clean_offloads, 1u);
+  EXPECT_EQ(st.tiers[0].bytes_written, 10000u);
+  // Without a poll the offload waits for the copy; to the other tier it writes.
+  auto b = make_tensor(8192, 12);
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  ASSERT_TRUE(e->writeback(1, 1));
+  ASSERT_TRUE(e->offload(1, 1));
+  EXPECT_EQ(e->location(1), Location::kOffloaded);
+  EXPECT_EQ(e->stats().clean_offloads, 2u);
+  auto c = make_tensor(4096, 13);
+  e->bind(2, std::make_unique<FakeMemory>(c));
+  ASSERT_TRUE(e->writeback(2, 0));
+  ASSERT_TRUE(e->offload(2, 1));
+  e->finish_offload(2);
+  EXPECT_EQ(e->stats().bytes_offloaded, 4096u);
+  const LogicalId all[] = {1, 2};
+  e->begin_use(all);
+  EXPECT_TRUE(has_pattern(*b, 12));
+  EXPECT_TRUE(has_pattern(*c, 13));
+  e->end_use(all);
+}
+
+// A write reported after a writeback makes its copy stale: the offload writes the new bytes, and
+// they come back; a binding that cannot lend its bytes gets no writeback.
+TEST_F(EngineTest, AWriteAfterAWritebackIsWrittenAtTheOffload) {
+  auto e = make(0);
+  auto a = make_tensor(10000, 14);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  const LogicalId ids[] = {0};
+  ASSERT_TRUE(e->writeback(0, 0));
+  e->begin_use(ids);
+  a->seed = 15;  // an in-place write, during or after the copy
+  fill_pattern(*a);
+  e->note_written(ids);
+  e->end_use(ids);
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  EXPECT_EQ(e->stats().bytes_offloaded, 10000u);
+  EXPECT_EQ(e->stats().clean_offloads, 0u);
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 15)) << "the written bytes, not the stale copy";
+  e->end_use(ids);
+
+  class NoView : public FakeMemory {
+   public:
+    using FakeMemory::FakeMemory;
+    std::optional<storage::BufferView> view() override { return std::nullopt; }
+  };
+  auto b = make_tensor(4096, 16);
+  e->bind(1, std::make_unique<NoView>(b));
+  EXPECT_FALSE(e->writeback(1, 0));
+  EXPECT_EQ(e->stats().writebacks, 1u);
+}
+
+// A writeback move of a bare plan runs after its operator (Schedule::from_plan).
+TEST_F(EngineTest, PlannedWritebackRunsAfterItsOperator) {
+  Plan plan;
+  plan.tiers = {{"host", 1 << 20, 1, 1}};
+  plan.moves = {{0, MoveOp::writeback, 0, 1, 2}, {0, MoveOp::offload, 0, 2, 2}, {0, MoveOp::prefetch, 0, 3, 0}};
+  const Schedule s = Schedule::from_plan(plan, 4);
+  ASSERT_EQ(s.operators[1].writeback_at.size(), 1u);
+  auto e = make(0);
+  auto a = make_tensor(10000, 17);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->set_plan(plan, 4);
+  e->after_operator(0);
+  EXPECT_EQ(e->stats().writebacks, 0u);
+  e->after_operator(1);
+  EXPECT_EQ(e->stats().writebacks, 1u);
+  e->after_operator(2);
+  EXPECT_EQ(e->location(0), Location::kOffloaded);
+  EXPECT_EQ(e->stats().clean_offloads, 1u);
+  EXPECT_EQ(e->stats().bytes_offloaded, 0u);
+}
+
 // A write reported by the binding makes the kept copy stale: the next offload writes the new bytes,
 // and they are what comes back. Another tier, or clean offloads turned off, always writes.
 TEST_F(EngineTest, WrittenTensorsAndOtherTiersAreWrittenAgain) {
