@@ -80,8 +80,10 @@ int run_plan(const PlanArgs& args) {
     if (!p.idle && !is_discard(trace, plan, p)) tier_bytes[p.tier] += p.bytes;
     offload_only += p.one_way();
   }
-  for (size_t i = 0; i < plan.tiers.size(); ++i)
-    tier_bytes[i] += sim.tiers[i].writeback_bytes - sim.tiers[i].clean_offload_bytes;
+  for (size_t i = 0; i < plan.tiers.size(); ++i) {  // a writeback writes what its offload does not
+    tier_bytes[i] += sim.tiers[i].writeback_bytes;
+    tier_bytes[i] -= sim.tiers[i].clean_offload_bytes;
+  }
   std::string tiers_json;
   for (size_t i = 0; i < plan.tiers.size(); ++i) {
     tiers_json += fmt::format("{}{}: {}", i ? ", " : "", json_quote(plan.tiers[i].name), tier_bytes[i]);

@@ -3,7 +3,6 @@
 // room, so that the offload itself is clean (frees at once, no link time). A post-pass over a
 // finished plan; plan_best keeps it only where the simulator finds it faster.
 #include <algorithm>
-#include <numeric>
 #include <span>
 
 #include "planner_tuning.h"
