@@ -154,6 +154,9 @@ struct SessionStats {
   uint64_t clean_bytes = 0;     // their bytes (not in bytes_offloaded)
   uint64_t discards = 0;        // dead tensors freed without a write (option discard_dead)
   uint64_t discarded_bytes = 0; // their bytes (not in bytes_offloaded)
+  uint64_t writebacks = 0;       // writeback copies started (TERAIO_WRITEBACKS; docs/pytorch.md)
+  uint64_t writeback_bytes = 0;  // their bytes
+  uint64_t stale_writebacks = 0; // copies discarded: written during the copy, or the copy failed
   uint64_t drift_events = 0;
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;
@@ -237,6 +240,9 @@ constexpr void for_each_stats_field(F&& f) {
   f("clean_bytes", &S::clean_bytes, K::kCounter);
   f("discards", &S::discards, K::kCounter);
   f("discarded_bytes", &S::discarded_bytes, K::kCounter);
+  f("writebacks", &S::writebacks, K::kCounter);
+  f("writeback_bytes", &S::writeback_bytes, K::kCounter);
+  f("stale_writebacks", &S::stale_writebacks, K::kCounter);
   f("drift_events", &S::drift_events, K::kCounter);
   f("urgent_fetches", &S::urgent_fetches, K::kCounter);
   f("evictions", &S::evictions, K::kCounter);

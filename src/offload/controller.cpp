@@ -383,6 +383,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   po.min_tensor_bytes = options_.min_tensor_bytes;
   po.recompute = options_.recompute;
   po.discard_dead = options_.discard_dead;
+  po.writebacks = options_.writebacks;
   Plan plan;
   try {
     plan = plan_for(rec.trace, po, &plan_variant_);
@@ -449,6 +450,9 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->clean_bytes = e.clean_bytes;
   r->discards = e.discards;
   r->discarded_bytes = e.discarded_bytes;
+  r->writebacks = e.writebacks;
+  r->writeback_bytes = e.writeback_bytes;
+  r->stale_writebacks = e.stale_writebacks;
   r->drift_events = drift_events_;
   r->urgent_fetches = e.urgent_fetches;
   r->evictions = e.evictions;

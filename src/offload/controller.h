@@ -48,6 +48,9 @@ struct ControllerOptions {
   bool recompute = true;
   // Plans may take dead tensors away for free; the engine then discards them (Note [Dead tensors]).
   bool discard_dead = true;
+  // Plans may copy a tensor to its tier after its last write (PlannerOptions::writebacks; off by
+  // default). The Session turns it on with TERAIO_WRITEBACKS=1 (docs/pytorch.md).
+  bool writebacks = false;
 };
 
 // What the controller asks of the binding layer besides the tensors' state.

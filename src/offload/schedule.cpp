@@ -25,11 +25,10 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
                m.deadline == lifetimes.first_use(m.tensor);
       case MoveOp::offload:
       case MoveOp::recompute:
-        return false;
+        // Writebacks run after their operator (Schedule::add_move; the Session's binding lends the
+        // bytes: Note [Lent bytes] in src/torch/session.cpp).
       case MoveOp::writeback:
-        // The Session's binding does not lend a tensor's bytes for a copy yet (Memory::view; Note
-        // [Writebacks in the engine]): dropped here, the offload after it writes as a dirty one.
-        return true;
+        return false;
     }
     return false;
   });
@@ -57,7 +56,7 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
           starts_out = !lifetimes.used(t);
           break;
         case MoveOp::recompute:  // a persistent tensor has no producer in the iteration
-        case MoveOp::writeback:  // dropped above
+        case MoveOp::writeback:  // copies a resident tensor: it starts in
           break;
       }
     }

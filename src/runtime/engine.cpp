@@ -148,6 +148,7 @@ void Engine::forget_locked(Entry& e) {
   e.pending = {};
   e.write_in_flight = false;
   e.clean = false;
+  if (e.writing_back) e.memory->end_view();  // its copy has ended (waited above)
   e.writing_back = false;
   e.writeback_stale = false;
   if (e.has_extent) {
@@ -585,8 +586,11 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
 // that offload writes as usual. The plan forbids writes between a writeback and its offload; a
 // write anyway (drift, a reactive step) only costs the write the writeback meant to save. What a
 // binding must add: a write must not run on the device while the copy reads the bytes (else the
-// copy is torn; it is discarded as stale, but only if the write is reported); the Session's binding
-// does not lend its bytes yet, so its writebacks are skipped.
+// copy is torn; it is discarded as stale, but only if the write is reported), and the lent bytes
+// must outlive the copy even if the tensor dies: the engine calls Memory::end_view once the copy
+// has ended (settle_writeback_locked, release_read_extent_locked, forget_locked, or at once when
+// the copy could not start), and the Session's binding holds the storage until then (Note [Lent
+// bytes] in src/torch/session.cpp).
 bool Engine::writeback(LogicalId id, uint32_t tier) {
   std::lock_guard lock(mutex_);
   Entry* e = find(id);
@@ -613,7 +617,10 @@ bool Engine::writeback_locked(Entry& e, uint32_t tier) {
   release_deferred_locked(tier, /*wait=*/false);
   std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
   if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
-  if (!ext) return false;
+  if (!ext) {
+    e.memory->end_view();  // no copy: the lent bytes go back at once
+    return false;
+  }
   storage::IoRequest req;
   req.direction = storage::Direction::kWrite;
   req.buffer = *bytes;
@@ -624,6 +631,7 @@ bool Engine::writeback_locked(Entry& e, uint32_t tier) {
     e.pending = tiers_[tier].tier->submit(req);
   } catch (...) {
     extents_[tier]->free(*ext);
+    e.memory->end_view();
     throw;
   }
   e.tier = tier;
@@ -640,6 +648,7 @@ void Engine::settle_writeback_locked(Entry& e, bool wait) {
   if (!e.writing_back || (!wait && !e.pending.ready())) return;
   const storage::IoResult r = e.pending.wait();
   e.writing_back = false;
+  e.memory->end_view();  // the copy no longer reads the lent bytes
   if (r.ok && !e.writeback_stale && e.loc == Location::kResident) {
     // Clean, as after a read-back: `pending` (the finished write here) stays with the copy.
     e.clean = true;
@@ -674,7 +683,8 @@ bool Engine::finish_write_locked(Entry& e) {
 void Engine::release_read_extent_locked(Entry& e) {
   e.pending.wait();
   e.pending = {};
-  e.writing_back = false;  // a writeback's copy goes with its space
+  if (e.writing_back) e.memory->end_view();  // a writeback's copy goes with its space (ended now)
+  e.writing_back = false;
   e.writeback_stale = false;
   extents_[e.tier]->free(e.extent);
   e.has_extent = false;

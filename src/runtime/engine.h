@@ -45,6 +45,11 @@ class Memory {
   // keeps them: a copy to a tier that leaves the tensor usable. nullopt (the default): this binding
   // cannot lend them, and the engine skips writebacks of its tensors.
   virtual std::optional<storage::BufferView> view() { return std::nullopt; }
+  // The copy of the bytes view() lent has ended (completed, failed, or waited for): the binding
+  // may let them go. The engine calls it exactly once per view() that returned bytes, before
+  // anything else it does with the Memory; a binding keeps the bytes alive until then even if the
+  // tensor dies meanwhile (the copy still reads them).
+  virtual void end_view() {}
   // The stream on which the tensor's producers/consumers run (a cudaStream_t), nullptr on CPU.
   virtual storage::CudaStream stream() const { return nullptr; }
   // The tensor's bytes are gone for good (Note [Lost bytes]; the tensor has no memory now): from

@@ -197,6 +197,28 @@ class StorageMemory final : public runtime::Memory {
     return true;
   }
   storage::CudaStream stream() const override { return current_stream(device_); }
+  // Note [Lent bytes]: a writeback (Note [Writebacks in the engine]) copies the storage's bytes
+  // while the tensor keeps using them. The copy reads them on the tier's side (a copy stream, an
+  // I/O thread) until the engine calls end_view(), so the storage is held by a strong reference
+  // until then: if the tensor dies meanwhile (user code, drift, a reactive step) its DataPtr is not
+  // freed, so the CUDA caching allocator cannot hand the block to another tensor while the copy
+  // reads it, and on CPU the copy never reads freed memory. While lent, alive() stays true (the
+  // engine waits for the copy before it forgets the tensor); it turns false at end_view() when the
+  // tensor died meanwhile. A write while the copy runs is reported by note_writes at the end of its
+  // operator, before the tensor is unpinned (an offload needs it unpinned), so a torn copy is
+  // discarded as stale before anything could take it as clean. Not covered: an owner that frees
+  // the bytes themselves while lent (FSDP2's untyped_storage().resize_(0)) frees them under the
+  // copy; the storage then counts as replaced and the copy is discarded, but it read freed memory.
+  std::optional<storage::BufferView> view() override {
+    TERAIO_INTERNAL_ASSERT(!lent_, "a second view() before end_view()");
+    auto s = weak_.lock();
+    if (!s || replaced(*s) || held_) return std::nullopt;
+    void* p = s->_mutable_data_ptr_no_checks().get();
+    if (p == nullptr) return std::nullopt;
+    lent_ = std::move(s);
+    return view(p);
+  }
+  void end_view() override { lent_.reset(); }
 
  private:
   storage::BufferView view(void* p) const {
@@ -218,6 +240,8 @@ class StorageMemory final : public runtime::Memory {
   const void* expected_;
   at::DataPtr held_;
   bool refused_ = false;  // the storage's access error is set (Note [Refused tensors])
+  // The storage while a writeback's copy reads its bytes (Note [Lent bytes]).
+  c10::intrusive_ptr<c10::StorageImpl> lent_;
 };
 
 struct Binding {
@@ -1377,6 +1401,9 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   co.plan_path = s.options.plan_path;
   co.recompute = s.options.recompute;
   co.discard_dead = s.options.discard_dead;
+  // Writeback moves (docs/pytorch.md, "Writebacks"): off unless TERAIO_WRITEBACKS is set and not 0.
+  if (const char* wb = std::getenv("TERAIO_WRITEBACKS"); wb != nullptr && *wb != '\0')
+    co.writebacks = std::strcmp(wb, "0") != 0;
   co.tiers = std::move(tier_specs);
   s.ctl = std::make_unique<offload::Controller>(*s.engine, std::move(co));
   // Fault messages name tensors as the trace does (engine calls are made under the Session's lock).

@@ -22,6 +22,7 @@ struct FakeTensor {
   int seed = 0;         // the pattern's seed (make_tensor)
   std::string lost;     // Memory::lose's message
   std::string refused;  // Memory::refuse's message, until the bytes are attached again
+  int lent = 0;         // view()s not yet ended by end_view()
 };
 
 // Byte i of the pattern of `seed`.
@@ -60,8 +61,10 @@ class FakeMemory : public runtime::Memory {
   // Lends the present bytes for a writeback (the tensor keeps them).
   std::optional<storage::BufferView> view() override {
     if (t_->data.empty()) return std::nullopt;
+    t_->lent++;
     return storage::BufferView::host(t_->data.data(), t_->data.size());
   }
+  void end_view() override { t_->lent--; }
   // What a recompute installs: the tensor's pattern, made again.
   void remake() {
     fill_pattern(*t_);

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <map>
 #include <numeric>
 
@@ -176,6 +178,54 @@ TEST_F(EngineTest, WritebackMakesTheNextOffloadClean) {
   EXPECT_TRUE(has_pattern(*b, 12));
   EXPECT_TRUE(has_pattern(*c, 13));
   e->end_use(all);
+}
+
+// Every path that ends a writeback's copy gives the lent bytes back (Memory::end_view), exactly once:
+// settled by a poll, waited for by an offload, the tensor dying during the copy, no tier space.
+TEST_F(EngineTest, EveryEndOfAWritebackEndsItsView) {
+  auto e = make(0);
+  // poll() settles a copy once it has completed (the host tier copies on its own thread).
+  auto poll_until_ended = [&](const FakeTensor& t) {
+    for (int i = 0; i < 2000 && t.lent > 0; ++i) {
+      e->poll();
+      if (t.lent > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  auto a = make_tensor(10000, 21);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  ASSERT_TRUE(e->writeback(0, 0));
+  EXPECT_LE(a->lent, 1);
+  poll_until_ended(*a);
+  EXPECT_EQ(a->lent, 0) << "settled";
+  auto b = make_tensor(8192, 22);
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  ASSERT_TRUE(e->writeback(1, 0));
+  ASSERT_TRUE(e->offload(1, 0));
+  EXPECT_EQ(b->lent, 0) << "the offload waited for the copy";
+  auto c = make_tensor(4096, 23);
+  e->bind(2, std::make_unique<FakeMemory>(c));
+  ASSERT_TRUE(e->writeback(2, 0));
+  c->alive = false;  // the tensor dies while its copy may still run
+  e->poll();
+  EXPECT_EQ(c->lent, 0) << "forgotten after its copy ended";
+  EXPECT_EQ(e->location(2), Location::kUnbound);
+  auto d = make_tensor(4096, 24);
+  e->bind(3, std::make_unique<FakeMemory>(d));
+  ASSERT_TRUE(e->writeback(3, 1));
+  e->unbind(3);
+  EXPECT_EQ(d->lent, 0) << "unbound";
+  auto f = make_tensor(4096, 25);
+  e->bind(4, std::make_unique<FakeMemory>(f));
+  ASSERT_TRUE(e->writeback(4, 1));
+  ASSERT_TRUE(e->writeback(4, 0)) << "to another tier: the first copy is settled first";
+  EXPECT_LE(f->lent, 1);
+  poll_until_ended(*f);
+  EXPECT_EQ(f->lent, 0);
+  auto g = make_tensor(2 << 20, 26);  // larger than the host tier
+  e->bind(5, std::make_unique<FakeMemory>(g));
+  EXPECT_FALSE(e->writeback(5, 0));
+  EXPECT_EQ(g->lent, 0) << "no room: given back at once";
+  EXPECT_GE(e->stats().writebacks, 5u);
 }
 
 // A write reported after a writeback makes its copy stale: the offload writes the new bytes, and

@@ -1,0 +1,103 @@
+"""Writeback moves in the Session (docs/pytorch.md, "Writebacks"): off unless TERAIO_WRITEBACKS=1;
+with them on, training stays bitwise identical to training without teraio, and a plan that has
+writebacks runs them (stats() counts them). CPU."""
+import json
+
+import pytest
+import torch
+
+import teraio
+from conftest import assert_bitwise, train
+from test_bitwise import SmallCNN, cnn_batch, mlp, mlp_batch
+
+
+def plan_ops(path):
+    with open(path) as f:
+        return [m["op"] for m in json.load(f)["moves"]]
+
+
+def run(tmp_path, make, batch, budget, tiers, steps):
+    ref = train(make, batch, steps)
+    plan = tmp_path / "plan.json"
+    with teraio.Session(budget=budget, tiers=tiers, min_tensor_bytes=1024,
+                        plan_path=str(plan)) as s:
+        got = train(make, batch, steps, session=s)
+        st = s.stats()
+        with s.resident():
+            assert_bitwise(ref, got)
+    return st, plan_ops(plan)
+
+
+def test_no_writebacks_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("TERAIO_WRITEBACKS", raising=False)
+    st, ops = run(tmp_path, mlp, mlp_batch, "200KiB", [teraio.HostTier("4MiB")], 5)
+    assert st["mode"] == "planned", st
+    assert "writeback" not in ops
+    assert st["writebacks"] == 0 and st["writeback_bytes"] == 0, st
+
+
+# Setups for the planner's search with writebacks on the CPU: which keep a writeback variant depends
+# on the tiers' measured bandwidth (on the dev machine, 2026-12-05: all three did, with 7-11
+# writebacks per plan; the CNN at 80 KiB and the MLP at 200 KiB on a host tier alone got none).
+SETUPS = {
+    "mlp-file": (mlp, mlp_batch, "200KiB", lambda p: [teraio.FileTier([str(p)], "256MiB")]),
+    "mlp-host-file": (mlp, mlp_batch, "200KiB",
+                      lambda p: [teraio.HostTier("48KiB"), teraio.FileTier([str(p)], "256MiB")]),
+    "mlp-host": (mlp, mlp_batch, "300KiB", lambda p: [teraio.HostTier("4MiB")]),
+}
+
+
+def train_with_writebacks(tmp_path, setup, steps, after_step=None):
+    """Trains with TERAIO_WRITEBACKS=1 (set by the caller); asserts bitwise equality with training
+    without teraio; returns (stats, writebacks in the plan)."""
+    make, batch, budget, tiers = SETUPS[setup]
+    ref = train(make, batch, steps, after_step=after_step)
+    d = tmp_path / setup
+    d.mkdir()
+    plan = d / "plan.json"
+    with teraio.Session(budget=budget, tiers=tiers(d), min_tensor_bytes=1024,
+                        plan_path=str(plan)) as s:
+        got = train(make, batch, steps, session=s, after_step=after_step)
+        st = s.stats()
+        assert st["mode"] == "planned", st
+        assert st["lost_tensors"] == 0 and st["failed_transfers"] == 0, st
+        with s.resident():
+            assert_bitwise(ref, got)
+    planned = plan_ops(plan).count("writeback")
+    if planned:
+        assert st["writebacks"] > 0 and st["writeback_bytes"] > 0, st
+        assert st["stale_writebacks"] <= st["writebacks"], st
+        assert st["clean_offloads"] > 0, st
+    else:
+        assert st["writebacks"] == 0, st
+    return st, planned
+
+
+def test_writebacks_run_and_keep_training_bitwise(tmp_path, monkeypatch):
+    """Each setup trains bitwise as without teraio; at least one plan has writebacks, and the
+    Session runs them (stats() counts them; none stale: nothing writes a tensor the plan wrote
+    back before its offload)."""
+    monkeypatch.setenv("TERAIO_WRITEBACKS", "1")
+    ran = {}
+    for setup in SETUPS:
+        st, planned = train_with_writebacks(tmp_path, setup, 7)
+        if planned:
+            assert st["stale_writebacks"] == 0, st
+            ran[setup] = st["writebacks"]
+    assert ran, "no setup's plan kept a writeback: the planner's choice changed, pick another setup"
+
+
+@pytest.mark.parametrize("how", ["data", "param"])
+def test_a_write_after_a_writeback_makes_it_stale(tmp_path, monkeypatch, how):
+    """Weights scaled in place between steps (outside the step, through `.data` too) after the plan
+    wrote them back: the copies are stale, so their offloads write and the new bytes come back."""
+    monkeypatch.setenv("TERAIO_WRITEBACKS", "1")
+
+    def after_step(i, model):
+        if i % 2 == 1:
+            with torch.no_grad():
+                for p in model.parameters():
+                    (p.data if how == "data" else p).mul_(0.5)
+
+    for setup in SETUPS:
+        train_with_writebacks(tmp_path, setup, 8, after_step=after_step)
