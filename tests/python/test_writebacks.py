@@ -101,3 +101,27 @@ def test_a_write_after_a_writeback_makes_it_stale(tmp_path, monkeypatch, how):
 
     for setup in SETUPS:
         train_with_writebacks(tmp_path, setup, 8, after_step=after_step)
+
+
+def test_failed_writeback_copies_are_stale_and_training_stays_bitwise(tmp_path, monkeypatch):
+    """Write faults while the plan's writebacks run: a failed copy only costs its offload's write
+    (counted in stale_writebacks, not in failed_transfers: nothing was at risk); failed offload
+    writes raise from their step as without writebacks; nothing is lost, training stays bitwise."""
+    monkeypatch.setenv("TERAIO_WRITEBACKS", "1")
+    from test_faults import Loop, batch, make_session
+    ref = train(mlp, batch, 8)
+    s = make_session(tmp_path, fault_injection=True, plan_path=str(tmp_path / "plan.json"))
+    loop = Loop(s)
+    for i in range(8):
+        if i == 3:
+            s.inject_fault("EIO", direction="write", count=20)
+        try:
+            loop.run(loop.next_batch())
+        except teraio.IoError as e:
+            assert "no data was lost" in str(e), e
+    st = s.stats()
+    assert st["lost_tensors"] == 0, st
+    if "writeback" in plan_ops(tmp_path / "plan.json"):
+        assert st["writebacks"] > 0 and st["stale_writebacks"] > 0, st
+    assert_bitwise(ref, (loop.losses, loop.model, loop.opt))
+    s.close()
