@@ -408,7 +408,10 @@ bool Engine::drop_locked(Entry& e, std::string* why) {
     }
   }
   if (!why->empty()) return false;
-  settle_writeback_locked(e, /*wait=*/true);  // its copy reads these bytes
+  if (!settle_writeback_alive_locked(e)) {
+    *why = "dead";
+    return false;
+  }
   e.memory->detach();
   e.memory->drop();
   e.clean = false;
@@ -421,7 +424,10 @@ bool Engine::drop_locked(Entry& e, std::string* why) {
 bool Engine::discard_locked(Entry& e, std::string* why) {
   *why = unfreeable_locked(e);
   if (!why->empty()) return false;
-  settle_writeback_locked(e, /*wait=*/true);  // its copy reads these bytes
+  if (!settle_writeback_alive_locked(e)) {
+    *why = "dead";
+    return false;
+  }
   release_clean_copy_locked(e);
   e.memory->detach();
   e.memory->drop();
@@ -526,7 +532,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
   if (e.permanent) return false;  // every offload path ends here: a pinned tensor never leaves
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
-  settle_writeback_locked(e, /*wait=*/true);  // the offload relies on it: waits for the copy
+  if (!settle_writeback_alive_locked(e)) return false;  // the offload relies on the copy
   if (e.clean && e.has_extent && e.tier == tier) {
     // Note [Clean offloads]: the tier already holds these bytes; only the memory goes. `pending`
     // (the read that brought them) stays until the next read waits for it.
@@ -590,7 +596,8 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
 // must outlive the copy even if the tensor dies: the engine calls Memory::end_view once the copy
 // has ended (settle_writeback_locked, release_read_extent_locked, forget_locked, or at once when
 // the copy could not start), and the Session's binding holds the storage until then (Note [Lent
-// bytes] in src/torch/session.cpp).
+// bytes] in src/torch/session.cpp). A binding's tensor may thus die at end_view(): whatever frees
+// or moves the memory after waiting for a copy checks alive() again (settle_writeback_alive_locked).
 bool Engine::writeback(LogicalId id, uint32_t tier) {
   std::lock_guard lock(mutex_);
   Entry* e = find(id);
@@ -642,6 +649,14 @@ bool Engine::writeback_locked(Entry& e, uint32_t tier) {
   stats_.writebacks++;
   stats_.writeback_bytes += e.bytes;
   return true;
+}
+
+bool Engine::settle_writeback_alive_locked(Entry& e) {
+  if (!e.writing_back) return true;
+  settle_writeback_locked(e, /*wait=*/true);
+  // end_view() may have let the last reference to the bytes go (the tensor died during the copy):
+  // nothing to free or move then; the entry is forgotten by the next sweep.
+  return e.memory->alive();
 }
 
 void Engine::settle_writeback_locked(Entry& e, bool wait) {

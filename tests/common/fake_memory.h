@@ -23,6 +23,7 @@ struct FakeTensor {
   std::string lost;     // Memory::lose's message
   std::string refused;  // Memory::refuse's message, until the bytes are attached again
   int lent = 0;         // view()s not yet ended by end_view()
+  bool check_detach = false;  // a detach() of the tensor once dead is a test failure
 };
 
 // Byte i of the pattern of `seed`.
@@ -40,6 +41,9 @@ class FakeMemory : public runtime::Memory {
   explicit FakeMemory(std::shared_ptr<FakeTensor> t) : t_(std::move(t)) {}
   uint64_t bytes() const override { return t_->size; }
   storage::BufferView detach() override {
+    if (t_->check_detach) {
+      EXPECT_TRUE(alive()) << "detach of a dead tensor";
+    }
     held_ = std::move(t_->data);
     t_->data.clear();
     return storage::BufferView::host(held_.data(), held_.size());
@@ -57,7 +61,8 @@ class FakeMemory : public runtime::Memory {
     held_.assign(t_->size, std::byte{0});
     return storage::BufferView::host(held_.data(), held_.size());
   }
-  bool alive() const override { return t_->alive; }
+  // A lent tensor keeps its bytes until end_view(), as the Session's binding does (Note [Lent bytes]).
+  bool alive() const override { return t_->alive || t_->lent > 0; }
   // Lends the present bytes for a writeback (the tensor keeps them).
   std::optional<storage::BufferView> view() override {
     if (t_->data.empty()) return std::nullopt;

@@ -47,17 +47,18 @@ SETUPS = {
 }
 
 
-def train_with_writebacks(tmp_path, setup, steps, after_step=None):
+def train_with_writebacks(tmp_path, setup, steps, after_step=None, zero_grad_after=False):
     """Trains with TERAIO_WRITEBACKS=1 (set by the caller); asserts bitwise equality with training
     without teraio; returns (stats, writebacks in the plan)."""
     make, batch, budget, tiers = SETUPS[setup]
-    ref = train(make, batch, steps, after_step=after_step)
+    ref = train(make, batch, steps, after_step=after_step, zero_grad_after=zero_grad_after)
     d = tmp_path / setup
     d.mkdir()
     plan = d / "plan.json"
     with teraio.Session(budget=budget, tiers=tiers(d), min_tensor_bytes=1024,
                         plan_path=str(plan)) as s:
-        got = train(make, batch, steps, session=s, after_step=after_step)
+        got = train(make, batch, steps, session=s, after_step=after_step,
+                    zero_grad_after=zero_grad_after)
         st = s.stats()
         assert st["mode"] == "planned", st
         assert st["lost_tensors"] == 0 and st["failed_transfers"] == 0, st
@@ -125,3 +126,13 @@ def test_failed_writeback_copies_are_stale_and_training_stays_bitwise(tmp_path, 
         assert st["writebacks"] > 0 and st["stale_writebacks"] > 0, st
     assert_bitwise(ref, (loop.losses, loop.model, loop.opt))
     s.close()
+
+
+def test_tensors_freed_after_their_writeback_stay_bitwise(tmp_path, monkeypatch):
+    """Gradients freed right after optimizer.step() (as the HF Trainer does): tensors the plan wrote
+    back may die while their copy runs; the Session holds their storage until it has ended (Note
+    [Lent bytes]) and training is bitwise the same."""
+    monkeypatch.setenv("TERAIO_WRITEBACKS", "1")
+    for setup in SETUPS:
+        st, _ = train_with_writebacks(tmp_path, setup, 7, zero_grad_after=True)
+        assert st["drift_events"] == 0, st

@@ -205,8 +205,8 @@ TEST_F(EngineTest, EveryEndOfAWritebackEndsItsView) {
   auto c = make_tensor(4096, 23);
   e->bind(2, std::make_unique<FakeMemory>(c));
   ASSERT_TRUE(e->writeback(2, 0));
-  c->alive = false;  // the tensor dies while its copy may still run
-  e->poll();
+  c->alive = false;  // the tensor dies while its copy may still run: kept until the copy ends
+  poll_until_ended(*c);
   EXPECT_EQ(c->lent, 0) << "forgotten after its copy ended";
   EXPECT_EQ(e->location(2), Location::kUnbound);
   auto d = make_tensor(4096, 24);
@@ -225,6 +225,25 @@ TEST_F(EngineTest, EveryEndOfAWritebackEndsItsView) {
   e->bind(5, std::make_unique<FakeMemory>(g));
   EXPECT_FALSE(e->writeback(5, 0));
   EXPECT_EQ(g->lent, 0) << "no room: given back at once";
+  // A tensor that dies during its copy: the offload, drop or discard that waits for the copy finds
+  // it dead once its bytes are given back, and neither moves nor frees them.
+  for (int how = 0; how < 2; ++how) {
+    const LogicalId id = 6 + how;
+    auto h = make_tensor(4096, 27 + how);
+    h->check_detach = true;
+    e->bind(id, std::make_unique<FakeMemory>(h));
+    ASSERT_TRUE(e->writeback(id, 0));
+    h->alive = false;
+    if (how == 0) {
+      EXPECT_FALSE(e->offload(id, 0));
+    } else {
+      e->finish_offload(id);  // nothing in flight: a no-op
+      EXPECT_FALSE(e->offload(id, 1));
+    }
+    EXPECT_EQ(h->lent, 0);
+    e->poll();
+    EXPECT_EQ(e->location(id), Location::kUnbound);
+  }
   EXPECT_GE(e->stats().writebacks, 5u);
 }
 
