@@ -205,9 +205,12 @@ class StorageMemory final : public runtime::Memory {
   // reads it, and on CPU the copy never reads freed memory. While lent, alive() stays true (the
   // engine waits for the copy before it forgets the tensor); it turns false at end_view() when the
   // tensor died meanwhile, and an offload, drop or discard that waited for the copy checks it again
-  // (settle_writeback_alive_locked), so that it never detaches a dead storage. A write while the copy runs is reported by note_writes at the end of its
-  // operator, before the tensor is unpinned (an offload needs it unpinned), so a torn copy is
-  // discarded as stale before anything could take it as clean. Not covered: an owner that frees
+  // (settle_writeback_alive_locked), so that it never detaches a dead storage. A write while the
+  // copy runs is reported by note_writes at the end of its operator, before the tensor is unpinned
+  // (an offload needs it unpinned): a copy still in flight is then stale, and one already settled
+  // as clean loses that (release_clean_copy_locked), before anything could take it as clean.
+  // Taking and dropping lent_ moves the refcount as weak_.lock() in alive() does (with a Python
+  // storage object alive, PyTorch increfs and decrefs it then). Not covered: an owner that frees
   // the bytes themselves while lent (FSDP2's untyped_storage().resize_(0)) frees them under the
   // copy; the storage then counts as replaced and the copy is discarded, but it read freed memory.
   std::optional<storage::BufferView> view() override {
