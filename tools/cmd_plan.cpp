@@ -187,7 +187,7 @@ const Registration kPlan{{
                    "a tensor's tail after its last use then costs a write");
       sub.add_flag("--writebacks", args->writebacks,
                    "with --search, also try plans that write dirty tensors early, while they stay "
-                   "resident (writeback moves: simulated; the runtime does not execute them yet)");
+                   "resident (writeback moves; a Session runs them only with TERAIO_WRITEBACKS=1)");
       return [args] { return run_plan(*args); };
     },
 }};

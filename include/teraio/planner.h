@@ -29,7 +29,7 @@ struct PlannerOptions {
   bool discard_dead = false;
   // The plan is run by something that executes writeback moves (docs/formats.md, "Writebacks"):
   // make_plan_variants then offers variants with writebacks (docs/planner.md, "Writebacks"). False
-  // (the default): no writeback in any plan; the runtime does not execute them yet.
+  // (the default): no writeback in any plan (the Session sets it only with TERAIO_WRITEBACKS=1).
   bool writebacks = false;
 };
 
