@@ -590,9 +590,10 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
 // clean (Note [Clean offloads]): its next offload to that tier frees the memory without a write.
 // An offload waits for a copy in flight (it relies on it); a stale or failed copy is discarded and
 // that offload writes as usual. The plan forbids writes between a writeback and its offload; a
-// write anyway (drift, a reactive step) only costs the write the writeback meant to save. What a
-// binding must add: a write must not run on the device while the copy reads the bytes (else the
-// copy is torn; it is discarded as stale, but only if the write is reported), and the lent bytes
+// write anyway (drift, a reactive step) only costs the write the writeback meant to save. A use of
+// the tensor (begin_use: any operator may write it) waits for a copy still in flight, so no write
+// runs while the copy reads the bytes (on CPU that would be a data race; on CUDA the use's kernels
+// are enqueued after the wait). What a binding must add: the lent bytes
 // must outlive the copy even if the tensor dies: the engine calls Memory::end_view once the copy
 // has ended (settle_writeback_locked, release_read_extent_locked, forget_locked, or at once when
 // the copy could not start), and the Session's binding holds the storage until then (Note [Lent
@@ -834,6 +835,9 @@ void Engine::begin_use(std::span<const LogicalId> ids) {
   for (LogicalId id : ids) {
     Entry* e = find(id);
     if (!e || e->loc == Location::kUnbound) continue;
+    // A use may write: it waits for a writeback copy still reading the bytes (Note [Writebacks in
+    // the engine]), so that the copy is never torn (on CPU a write during it would be a data race).
+    if (e->writing_back) settle_writeback_locked(*e, /*wait=*/true);
     make_usable_locked(*e, ids);  // a failure is a Fault; the pin is taken all the same
     e->pins++;
     e->last_use = ++clock_;
