@@ -43,8 +43,9 @@
 # Still to measure (docs/benchmarks.md, "Link-bound plans: two more search variants, predicted" and
 # "Recomputable autocast copies, predicted"), one device call each (< 10 min), in this order;
 # footprints as measured on 2026-12-04:
-#   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_MODES="step-in-backward recompute" \
-#     bash bench/h200_run.sh recompute                       (issue 15's autocast goal at 1/2 and 1/4)
+#   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_MODES="step-in-backward step-in-backward+writebacks recompute" \
+#     bash bench/h200_run.sh recompute                       (issue 15's autocast goal at 1/2 and 1/4,
+#                                                             with and without writebacks)
 #   bash bench/h200_run.sh real inbwd-8b-amp                 (the 8B at 110 and 130 GiB, copies recomputable)
 #   TORCH_GPU_BITWISE_ONLY=1 TORCH_GPU_CASES=llama-amp,llama-amp-inbwd python3 bench/torch_gpu.py OUT.json
 #     (after `source bench/h200_env.sh; ensure_teraio`: nested recomputes bitwise on CUDA), then
@@ -301,7 +302,7 @@ recompute)
   # measured bandwidth), traces and plans kept (the simulator's prediction). RC_MODEL (llama-1b),
   # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"; each mode is a
   # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors", "step-in-backward"
-  # for "Optimizer steps in backward"); the footprint
+  # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks"); the footprint
   # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
   m=${RC_MODEL:-llama-1b}
   for dt in ${RC_DTYPES:-fp32 amp}; do
@@ -311,8 +312,9 @@ recompute)
     (( fp > 0 )) || { echo "no footprint for $m $dt"; continue; }
     for frac in ${RC_FRACS:-2 4}; do
       for mode in ${RC_MODES:-recompute no-recompute}; do
+        # shellcheck disable=SC2046  # a mode may join flags with '+': step-in-backward+writebacks
         bench teraio-$mode-1of$frac-$m-$dt 300 --system teraio --model $m --dtype $dt --tiers host \
-          --budget "$(fraction "$fp" "$frac")" --host-gbps 0 --$mode \
+          --budget "$(fraction "$fp" "$frac")" --host-gbps 0 $(sed 's/^/--/; s/+/ --/g' <<<"$mode") \
           --trace-out "$R/trace-$mode-1of$frac-$m-$dt.json" --plan-out "$R/plan-$mode-1of$frac-$m-$dt.json"
       done
     done
