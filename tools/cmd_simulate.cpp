@@ -59,10 +59,10 @@ std::string timeline_json(const Trace& trace, const Plan& plan, const std::vecto
     const Move& m = plan.moves[x.move];
     const TensorInfo& t = trace.tensors[m.tensor];
     out += fmt::format(
-        "{}\n{{\"tier\": {}, \"direction\": \"{}\", \"urgent\": {}, \"begin_us\": {}, "
-        "\"end_us\": {}, \"bytes\": {}, \"move\": {}, \"tensor\": {}, \"kind\": \"{}\", "
-        "\"name\": {}}}",
-        i ? "," : "", json_quote(tiers[x.tier].name), x.offload ? "write" : "read",
+        "{}\n{{\"tier\": {}, \"direction\": \"{}\", \"op\": \"{}\", \"urgent\": {}, "
+        "\"begin_us\": {}, \"end_us\": {}, \"bytes\": {}, \"move\": {}, \"tensor\": {}, "
+        "\"kind\": \"{}\", \"name\": {}}}",
+        i ? "," : "", json_quote(tiers[x.tier].name), x.offload ? "write" : "read", to_string(m.op),
         x.urgent ? "true" : "false", json_number(x.begin_us), json_number(x.end_us), x.bytes, x.move,
         m.tensor, to_string(t.kind), json_quote(t.name));
   }

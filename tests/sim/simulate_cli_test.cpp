@@ -196,6 +196,8 @@ TEST_F(SimulateCli, TimelineFileHasTheKernelsAndTransfers) {
   }
   EXPECT_EQ(w["move"], 0);
   EXPECT_EQ(rd["move"], 1);
+  EXPECT_EQ(w["op"], "offload");
+  EXPECT_EQ(rd["op"], "prefetch");
   EXPECT_DOUBLE_EQ(w["begin_us"].get<double>(), 10);
   EXPECT_DOUBLE_EQ(rd["end_us"].get<double>(), 60);
   // One simulation, not a sweep's many.
