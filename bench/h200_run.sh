@@ -40,7 +40,8 @@
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
-# Still to measure (docs/benchmarks.md, "Link-bound plans: two more search variants, predicted" and
+# Still to measure (docs/benchmarks.md, "Recompute chains that cost more than they free, predicted",
+# "Eager writebacks, predicted", "Link-bound plans: two more search variants, predicted" and
 # "Recomputable autocast copies, predicted"), one device call each (< 10 min), in this order;
 # footprints as measured on 2026-12-04:
 #   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_MODES="step-in-backward step-in-backward+writebacks recompute" \
