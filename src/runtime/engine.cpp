@@ -546,19 +546,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     stats_.tiers[tier].bytes_clean += e.bytes;
     return true;
   }
-  e.clean = false;
-  if (e.has_extent) {  // the space of the previous read: free once that read has ended
-    if (e.pending.ready()) {
-      release_read_extent_locked(e);
-    } else {  // Note [Where the CPU waits]: not waited for here (the CPU may be far ahead of it)
-      deferred_.push_back({e.pending, e.tier, e.extent});
-      e.pending = {};
-      e.has_extent = false;
-    }
-  }
-  release_deferred_locked(tier, /*wait=*/false);
-  std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
-  if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
+  const std::optional<storage::Extent> ext = fresh_extent_locked(e, tier);
   if (!ext) return false;
   storage::IoRequest req;
   req.direction = storage::Direction::kWrite;
@@ -612,19 +600,7 @@ bool Engine::writeback_locked(Entry& e, uint32_t tier) {
   if (e.clean && e.has_extent && e.tier == tier) return true;  // the tier holds these bytes
   const std::optional<storage::BufferView> bytes = e.memory->view();
   if (!bytes) return false;
-  e.clean = false;
-  if (e.has_extent) {  // the space of the previous read or copy: free once it has ended
-    if (e.pending.ready()) {
-      release_read_extent_locked(e);
-    } else {
-      deferred_.push_back({e.pending, e.tier, e.extent});
-      e.pending = {};
-      e.has_extent = false;
-    }
-  }
-  release_deferred_locked(tier, /*wait=*/false);
-  std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
-  if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
+  const std::optional<storage::Extent> ext = fresh_extent_locked(e, tier);
   if (!ext) {
     e.memory->end_view();  // no copy: the lent bytes go back at once
     return false;
@@ -677,6 +653,27 @@ void Engine::settle_writeback_locked(Entry& e, bool wait) {
     e.has_extent = false;
   }
   e.writeback_stale = false;
+}
+
+// Space on `tier` for a new write of e (an offload or a writeback), which makes e no longer clean:
+// the space of its previous read or copy is freed once that has ended (Note [Where the CPU waits]:
+// not waited for here, the CPU may be far ahead of it), then a fresh extent, reclaiming deferred
+// ones if the tier is full. nullopt when the tier has no room.
+std::optional<storage::Extent> Engine::fresh_extent_locked(Entry& e, uint32_t tier) {
+  e.clean = false;
+  if (e.has_extent) {
+    if (e.pending.ready()) {
+      release_read_extent_locked(e);
+    } else {
+      deferred_.push_back({e.pending, e.tier, e.extent});
+      e.pending = {};
+      e.has_extent = false;
+    }
+  }
+  release_deferred_locked(tier, /*wait=*/false);
+  std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
+  if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
+  return ext;
 }
 
 // An offload whose memory was freed in stream order: the read must not start before the write has

@@ -397,6 +397,8 @@ class Engine {
   // Before the memory is freed or moved: waits for e's copy in flight and settles it; false when
   // the tensor turned out dead once the copy gave its bytes back (Memory::end_view).
   bool settle_writeback_alive_locked(Entry& e);
+  // Space on `tier` for a new write of e (an offload or a writeback); e is no longer clean.
+  std::optional<storage::Extent> fresh_extent_locked(Entry& e, uint32_t tier);
   // Whether a read first makes room within the budget (make_room_locked, sparing `spare`): kNone
   // (fetch_all), kRequired (the tensor is needed now: read even when no room can be made), kTry (a
   // read that can wait: skipped when no room can be made; its first use fetches it).

@@ -2,6 +2,8 @@
 // non-persistent tensors, offloads without a prefetch, the budget at every kernel, tier capacity.
 #include <gtest/gtest.h>
 
+#include "check_util.h"
+
 #include "teraio/plan_check.h"
 
 namespace teraio {
@@ -30,13 +32,8 @@ Plan make_plan(uint64_t budget, std::vector<Move> moves) {
   return p;
 }
 
-PlanCheck check(const Trace& t, const Plan& p) { return check_plan(t, Lifetimes(t), p); }
-
-std::string all_errors(const PlanCheck& c) {
-  std::string s;
-  for (const auto& e : c.errors) s += e + "\n";
-  return s;
-}
+using test::all_errors;
+using test::check;
 
 TEST(PlanCheck, ATraceWithoutKernelsHasAPeakOfZeroOnEveryTier) {
   Trace t;

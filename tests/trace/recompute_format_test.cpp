@@ -4,6 +4,8 @@
 // inputs resident at the recompute point (chains one level deep), malformed moves named clearly.
 #include <gtest/gtest.h>
 
+#include "check_util.h"
+
 #include <string>
 
 #include "teraio/analysis.h"
@@ -51,7 +53,7 @@ Move recompute(TensorId t, KernelIndex start, KernelIndex deadline) {
   return Move{t, MoveOp::recompute, 0, start, deadline};
 }
 
-PlanCheck check(const Trace& t, const Plan& p) { return check_plan(t, Lifetimes(t), p); }
+using test::check;
 
 std::string errors(const PlanCheck& c) {
   std::string s;
@@ -95,16 +97,7 @@ TEST(RecomputeFormat, V1TracesAreReadAndNothingInThemIsRecomputable) {
 TEST(RecomputeFormat, BadProducersAreRejectedNamingTheField) {
   const std::string good = trace_to_json(chain_trace());
   auto message = [&](const std::string& from, const std::string& to) {
-    std::string text = good;
-    const size_t at = text.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    text.replace(at, from.size(), to);
-    try {
-      parse_trace(text, "t.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return test::reader_error(good, from, to, [](const std::string& text) { parse_trace(text, "t.json"); });
   };
   EXPECT_NE(message("\"producer\": 2,", "\"producer\": 1,").find("t.json: tensors[3].producer: kernel 1 is not the "
                                                                   "tensor's first use (kernel 2)"),
@@ -148,14 +141,7 @@ TEST(RecomputeFormat, PlanV2RoundTripWritesNoTierForARecompute) {
 TEST(RecomputeFormat, MalformedRecomputeMovesAreRejectedByTheReader) {
   const std::string json = plan_to_json(plan_of({recompute(3, 2, 5)}));
   auto message = [&](const std::string& from, const std::string& to) {
-    std::string text = json;
-    text.replace(text.find(from), from.size(), to);
-    try {
-      parse_plan(text, "p.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return test::reader_error(json, from, to, [](const std::string& text) { parse_plan(text, "p.json"); });
   };
   EXPECT_NE(message("\"version\": 2", "\"version\": 1")
                 .find("p.json: moves[0].op: \"recompute\" needs teraio.plan version 2"),

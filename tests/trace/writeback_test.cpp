@@ -3,6 +3,8 @@
 // the offload it makes clean, same tier, deadline, one per offload, tier capacity from its start).
 #include <gtest/gtest.h>
 
+#include "check_util.h"
+
 #include <string>
 #include <vector>
 
@@ -45,13 +47,8 @@ Plan make_plan(std::vector<Move> extra = {}, uint64_t host_capacity = 1000) {
   return p;
 }
 
-PlanCheck check(const Trace& t, const Plan& p) { return check_plan(t, Lifetimes(t), p); }
-
-std::string all_errors(const PlanCheck& c) {
-  std::string s;
-  for (const auto& e : c.errors) s += e + "\n";
-  return s;
-}
+using test::all_errors;
+using test::check;
 
 // The first error of a plan that must be invalid, or "valid".
 std::string first_error(const Trace& t, const Plan& p) {
@@ -80,14 +77,7 @@ TEST(WritebackFormat, RoundTripNeedsVersion2) {
 TEST(WritebackFormat, MalformedWritebacksAreRejectedByTheReader) {
   const std::string json = plan_to_json(make_plan({mv(0, MoveOp::writeback, 1, 4)}));
   auto message = [&](const std::string& from, const std::string& to) {
-    std::string text = json;
-    text.replace(text.find(from), from.size(), to);
-    try {
-      parse_plan(text, "p.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return test::reader_error(json, from, to, [](const std::string& text) { parse_plan(text, "p.json"); });
   };
   EXPECT_NE(message("\"version\": 2", "\"version\": 1").find("p.json: moves[2].op: \"writeback\" needs teraio.plan version 2"),
             std::string::npos);
