@@ -193,6 +193,15 @@ _HINTS = (". A foreach or fused optimizer step touches every parameter",
           ". optimizer.zero_grad(set_to_none=False)")
 
 
+def _uses_fsdp2(model: torch.nn.Module) -> bool:
+    """Whether fully_shard (FSDP2) manages any module of `model`."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 class Session:
     """Transparent offloading of every tensor a training step touches.
 
@@ -277,6 +286,8 @@ class Session:
                                 fault_injection=fault_injection, recompute=recompute,
                                 clean_offloads=clean_offloads, discard_dead=discard_dead)
         self._budget_bytes = budget_bytes
+        # docs/pytorch.md, "Writebacks": read when the Session is made, as the C++ side reads it.
+        self._writebacks = os.environ.get("TERAIO_WRITEBACKS", "") not in ("", "0")
         self._watched = []
         self._split = []  # optimizers whose steps teraio wraps (watch)
         self._names = None  # id(parameter) -> name in a watched model (_param_name)
@@ -399,6 +410,12 @@ class Session:
                             "local gradient during backward, before data-parallel training "
                             "averages the gradients across ranks; use step_in_backward=False "
                             "with DDP or FSDP")
+        if self._writebacks and model is not None and _uses_fsdp2(model):
+            raise Error("Session.watch: TERAIO_WRITEBACKS=1 and the model is sharded with FSDP2 "
+                        "(fully_shard), which frees its parameters' storages itself "
+                        "(untyped_storage().resize_(0)) while a writeback copy may still read "
+                        "them; unset TERAIO_WRITEBACKS for this run (docs/pytorch.md, "
+                        "\"Writebacks\")")
         self._watched.append((model, optimizer))
         self._names = None
         if optimizer is not None and (split_steps or step_in_backward):
