@@ -40,13 +40,15 @@
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
-# Still to measure (docs/benchmarks.md, "Recompute chains that cost more than they free, predicted",
+# Still to measure (docs/benchmarks.md, "Deep recompute chains, predicted",
+# "Recompute chains that cost more than they free, predicted",
 # "Eager writebacks, predicted", "Link-bound plans: two more search variants, predicted" and
 # "Recomputable autocast copies, predicted"), one device call each (< 10 min), in this order;
 # footprints as measured on 2026-12-04:
-#   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_MODES="step-in-backward step-in-backward+writebacks recompute" \
-#     bash bench/h200_run.sh recompute                       (issue 15's autocast goal at 1/2 and 1/4,
-#                                                             with and without writebacks)
+#   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_MODES="step-in-backward step-in-backward+writebacks
+#     step-in-backward+deep-recompute step-in-backward+deep-recompute+writebacks" bash bench/h200_run.sh recompute
+#                                                            (issue 15's autocast goal at 1/2 and 1/4, with and
+#                                                             without writebacks and deep recompute chains)
 #   bash bench/h200_run.sh real inbwd-8b-amp                 (the 8B at 110 and 130 GiB, copies recomputable)
 #   TORCH_GPU_BITWISE_ONLY=1 TORCH_GPU_CASES=llama-amp,llama-amp-inbwd python3 bench/torch_gpu.py OUT.json
 #     (after `source bench/h200_env.sh; ensure_teraio`: nested recomputes bitwise on CUDA), then

@@ -200,6 +200,9 @@ def parse_args(argv=None):
     g.add_argument("--writebacks", action="store_true",
                    help="teraio: TERAIO_WRITEBACKS=1 for the Session: the plan may copy a dirty tensor to its tier "
                         "early so that its later offload is clean (docs/pytorch.md, \"Writebacks\")")
+    g.add_argument("--deep-recompute", action="store_true",
+                   help="teraio: TERAIO_DEEP_RECOMPUTE=1 for the Session: recompute chains of any depth "
+                        "(docs/pytorch.md, \"Recompute\")")
     g.add_argument("--step-in-backward-auto", action="store_true",
                    help="teraio: Session.watch(..., step_in_backward='auto'): the Session turns steps in backward on "
                         "after its first plan if it predicts them faster")
@@ -537,6 +540,8 @@ class Teraio(Ideal):
         self.tiers_repr = [repr(t) for t in tiers]
         if a.writebacks:
             os.environ["TERAIO_WRITEBACKS"] = "1"  # read when the Session is made
+        if a.deep_recompute:
+            os.environ["TERAIO_DEEP_RECOMPUTE"] = "1"
         self.session = teraio.Session(budget=a.budget, tiers=tiers, profiling_iterations=a.profiling_iterations,
                                       trace_path=a.trace_out, plan_path=a.plan_out,
                                       stream_ordered_offloads=a.stream_ordered_offloads,

@@ -6,7 +6,8 @@
 # simulated 8 iterations, as bench/predict_autocast_copies.sh does. Prints one row per trace: the
 # iteration in ms for each build, and the change of the last against the first.
 # Usage: bash bench/planner_regress.sh [TERAIO ...]   (repo root; default build/bin/teraio)
-#        FILTER=REGEX limits the traces; CACHE=DIR keeps the prepared traces between runs.
+#        FILTER=REGEX limits the traces; CACHE=DIR keeps the prepared traces between runs;
+#        PLAN_ARGS adds `teraio plan` options to the last build's plans (e.g. "--deep-recompute").
 set -euo pipefail
 [ $# -gt 0 ] || set -- build/bin/teraio
 CACHE=${CACHE:-/tmp/planner-regress-cache}; mkdir -p "$CACHE"
@@ -28,7 +29,9 @@ for f in bench/results/h200-2026-12-04d/call*/{recompute,real}/trace-*.json.xz \
   printf "%-58s" "${key#2026-12-}"
   first=""; last=""
   for T in "$@"; do
-    "$T" plan "$CACHE/$key.json" --budget "${budget}B" --tier "$tier" --search -o "$W/q.json" >/dev/null
+    extra=""; [ "$T" = "${@: -1}" ] && extra=${PLAN_ARGS:-}
+    # shellcheck disable=SC2086
+    "$T" plan "$CACHE/$key.json" --budget "${budget}B" --tier "$tier" --search $extra -o "$W/q.json" >/dev/null
     ms=$("$T" simulate "$CACHE/$key.json" "$W/q.json" --iterations 8 --json |
          python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["iteration_us"]/1e3))')
     printf ' %12s' "$ms"; first=${first:-$ms}; last=$ms

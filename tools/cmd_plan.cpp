@@ -30,6 +30,7 @@ struct PlanArgs : PlanningArgs {
   bool no_recompute = false;
   bool no_discard_dead = false;
   bool writebacks = false;
+  bool deep_recompute = false;
 };
 
 int run_plan(const PlanArgs& args) {
@@ -41,6 +42,7 @@ int run_plan(const PlanArgs& args) {
   opts.recompute = !args.no_recompute;
   opts.discard_dead = !args.no_discard_dead;
   opts.writebacks = args.writebacks;
+  opts.deep_recompute = args.deep_recompute;
   const Trace trace = read_trace(args.trace_path);
   const double read_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -188,6 +190,9 @@ const Registration kPlan{{
       sub.add_flag("--writebacks", args->writebacks,
                    "with --search, also try plans that write dirty tensors early, while they stay "
                    "resident (writeback moves; a Session runs them only with TERAIO_WRITEBACKS=1)");
+      sub.add_flag("--deep-recompute", args->deep_recompute,
+                   "recompute chains of any depth: inputs freed or dead at a recompute's point are made "
+                   "there too (with --search, variants that do; a Session only with TERAIO_DEEP_RECOMPUTE=1)");
       return [args] { return run_plan(*args); };
     },
 }};

@@ -31,6 +31,11 @@ struct PlannerOptions {
   // make_plan_variants then offers variants with writebacks (docs/planner.md, "Writebacks"). False
   // (the default): no writeback in any plan (the Session sets it only with TERAIO_WRITEBACKS=1).
   bool writebacks = false;
+  // Recompute chains of any depth (docs/planner.md, "Deep recompute chains"): a recompute's inputs
+  // freed or dead at its point are made there too and freed again. make_plan plans that way and
+  // make_plan_variants offers such variants. False (the default; the Session sets it only with
+  // TERAIO_DEEP_RECOMPUTE=1).
+  bool deep_recompute = false;
 };
 
 struct PlannerStats {

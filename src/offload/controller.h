@@ -51,6 +51,9 @@ struct ControllerOptions {
   // Plans may copy a tensor to its tier after its last write (PlannerOptions::writebacks; off by
   // default). The Session turns it on with TERAIO_WRITEBACKS=1 (docs/pytorch.md).
   bool writebacks = false;
+  // Plans may recompute chains of any depth (PlannerOptions::deep_recompute; off by default). The
+  // Session turns it on with TERAIO_DEEP_RECOMPUTE=1 (docs/pytorch.md).
+  bool deep_recompute = false;
 };
 
 // What the controller asks of the binding layer besides the tensors' state.

@@ -6,6 +6,8 @@
 // their bytes are recomputed instead (see Note [Recompute in the planner]). docs/planner.md
 // describes the algorithm and every decision.
 #include <algorithm>
+#include <cstdlib>
+#include <functional>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -87,6 +89,7 @@ struct Span {
   KernelIndex start;
   KernelIndex point;
   std::vector<TensorId> reads;  // the producer's inputs read at `point` that the kernel there does not use
+  bool dropped = false;         // no kernel left to free it over (a revive split it): not taken
 };
 
 struct Window {
@@ -301,6 +304,20 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // iteration, 1.119 s simulated (0.994 s with this rule). So a chain is taken only when the consumer's
 // gap frees more than the chains keep: bytes x kernels over the budget without a plan, over
 // (start, d) for the consumer and over [d, old point) for each chained input.
+// Note [Deep recompute chains]
+// PlannerTuning::revive_dead_inputs (PlannerOptions::deep_recompute): making a tensor at its point d
+// makes there what its producer reads, recursively (gather, up to kMaxDepth producers down). An
+// input freed at d by its own span is made at d too and the span split in two, (start, d) and
+// (d, point): its producer runs twice and it is never resident between, where a one-level chain
+// would keep it from d to its point (Note [Chains that cost more than they free]). An input the
+// trace has dead by d, recomputable and cheap, is revived: made at d, absent since the last kernel
+// that used or read it (a span from there; a later read's span over d now starts at d). The
+// recompute that reads it keeps it alive at run time (the recipe holds its arguments; the engine
+// lets a recipe go after its tensor's last recompute of the step), and check_plan counts it
+// resident to its last read. Reads are uses of the trace the moves are planned on, so every span
+// must end at a read and start at a use or read: a split or revive that would leave no kernel
+// between two of them is not taken; one read right after its last need keeps it resident instead.
+// Decided for the whole candidate in gather before any read of d is added, then applied.
 // Note [Recomputes that read parameters]
 // A recompute's point reads its producer's inputs (above); when one is a persistent tensor the
 // point's kernel does not use (autocast's aten::linear reads its fp32 weight, which the backward
@@ -346,20 +363,25 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   std::vector<int64_t> extra_bytes(n_, 0);  // bytes read at a kernel beyond its own tensors
   std::map<uint64_t, uint32_t> count;       // readers per (tensor, kernel)
   auto key = [](TensorId t, KernelIndex k) { return (uint64_t{k} << 32) | t; };
+  std::vector<std::set<KernelIndex>> read_points(nt);  // per tensor: the kernels it is read at
   auto add_read = [&](TensorId t, KernelIndex k) {
-    if (count[key(t, k)]++ == 0) extra_bytes[k] += static_cast<int64_t>(trace_.tensors[t].bytes);
+    if (count[key(t, k)]++ == 0) {
+      extra_bytes[k] += static_cast<int64_t>(trace_.tensors[t].bytes);
+      read_points[t].insert(k);
+    }
   };
   auto drop_read = [&](TensorId t, KernelIndex k) {
     auto it = count.find(key(t, k));
     if (--it->second == 0) {
       extra_bytes[k] -= static_cast<int64_t>(trace_.tensors[t].bytes);
       count.erase(it);
+      read_points[t].erase(k);
     }
   };
   // The span of tensor t freeing it at kernel k (start < k < point), or -1.
   auto freed_at = [&](TensorId t, KernelIndex k) -> int64_t {
     for (uint32_t si : spans_of[t]) {
-      if (spans[si].start < k && k < spans[si].point) return si;
+      if (!spans[si].dropped && spans[si].start < k && k < spans[si].point) return si;
     }
     return -1;
   };
@@ -374,24 +396,92 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     }
     return r;
   };
-  std::vector<uint32_t> chains;
+  // Note [Deep recompute chains]: a tensor read at d that the trace has dead by then.
+  auto cheap = [&](TensorId t) {
+    return recompute_time_us(trace_, t) <=
+           tuning_.recompute_factor * static_cast<double>(trace_.tensors[t].bytes) / bytes_per_us;
+  };
+  auto revivable = [&](TensorId i, KernelIndex d) {
+    const TensorInfo& info = trace_.tensors[i];
+    if (!tuning_.revive_dead_inputs || info.persistent || !info.recomputable || !info.producer ||
+        !lifetimes.used(i) || lifetimes.alive_until(i) >= d || !cheap(i))
+      return false;
+    return true;  // its inputs: gather
+  };
+  // A dead tensor i read at d: the last kernel before d that uses or reads it, and whether d needs
+  // it made again (a kernel or more in between, and not read at d already).
+  auto last_need_before = [&](TensorId i, KernelIndex d) {
+    KernelIndex prev = lifetimes.last_use(i);
+    const std::set<KernelIndex>& r = read_points[i];
+    auto it = r.lower_bound(d);
+    if (it != r.begin()) prev = std::max(prev, *std::prev(it));
+    return prev;
+  };
+  auto remade_at = [&](TensorId i, KernelIndex d) {
+    return !read_points[i].count(d) && d > last_need_before(i, d) + 1;
+  };
+  std::vector<uint32_t> chains, splits, shifts;
+  std::vector<TensorId> revives, visited;
+  // Note [Deep recompute chains]: what making t at d needs made there too, up to kMaxDepth
+  // producers down: an input freed by a recompute span is made at d as well and again at its own
+  // point (the span split), a dead one is revived; false when some input cannot be.
+  constexpr int kMaxDepth = 4;
+  std::function<bool(TensorId, KernelIndex, int)> gather = [&](TensorId t, KernelIndex d, int depth) {
+    for (TensorId i : recompute_reads(trace_, lifetimes, t)) {
+      if (std::find(visited.begin(), visited.end(), i) != visited.end()) continue;
+      if (alive_at(i, d)) {
+        const int64_t si = freed_at(i, d);
+        if (si < 0) continue;  // resident
+        // Split: made at d too, so freed for a kernel or more on both sides of d.
+        if (d <= spans[si].start + 1 || spans[si].point <= d + 1 || depth >= kMaxDepth) return false;
+        visited.push_back(i);
+        if (!gather(i, d, depth + 1)) return false;
+        splits.push_back(static_cast<uint32_t>(si));
+        continue;
+      }
+      if (!revivable(i, d) || depth >= kMaxDepth) return false;
+      visited.push_back(i);
+      // Read right after its last use or read, or read there already: kept alive there, not made
+      // again (its inputs are not read).
+      if (remade_at(i, d)) {
+        const int64_t si = freed_at(i, d);  // a later read's span, split at d: a kernel or more left
+        if ((si >= 0 && spans[si].point <= d + 1) || !gather(i, d, depth + 1)) return false;
+        revives.push_back(i);
+      } else if (!read_points[i].count(d)) {  // kept alive from the kernel before d: nothing to make
+        const int64_t si = freed_at(i, d);  // a span from d - 1 now starts at d
+        if (si >= 0) {
+          if (spans[si].point <= d + 1) return false;
+          shifts.push_back(static_cast<uint32_t>(si));
+        }
+      }
+    }
+    return true;
+  };
   for (const Cand& c : cands) {
     const KernelIndex d = c.end;
     chains.clear();
+    splits.clear();
+    shifts.clear();
+    revives.clear();
+    visited.clear();
     bool ok = true;
-    for (TensorId i : recompute_reads(trace_, lifetimes, c.tensor)) {
-      if (!alive_at(i, d)) { ok = false; break; }
-      const int64_t si = freed_at(i, d);
-      if (si < 0) continue;
-      // i made at d must still be freed for a kernel or more before it: its window would be
-      // (start, d), and a window with no kernel inside is no recompute (and no gap once d reads i).
-      if (d <= spans[si].start + 1) { ok = false; break; }
-      // A chain: make i at d instead, if its own inputs are resident there.
-      for (TensorId ii : recompute_reads(trace_, lifetimes, i)) {
-        if (!alive_at(ii, d) || freed_at(ii, d) >= 0) { ok = false; break; }
+    if (tuning_.revive_dead_inputs) {
+      ok = gather(c.tensor, d, 0);
+    } else {
+      for (TensorId i : recompute_reads(trace_, lifetimes, c.tensor)) {
+        if (!alive_at(i, d)) { ok = false; break; }
+        const int64_t si = freed_at(i, d);
+        if (si < 0) continue;
+        // i made at d must still be freed for a kernel or more before it: its window would be
+        // (start, d), and a window with no kernel inside is no recompute (and no gap once d reads i).
+        if (d <= spans[si].start + 1) { ok = false; break; }
+        // A chain: make i at d instead, if its own inputs are resident there.
+        for (TensorId ii : recompute_reads(trace_, lifetimes, i)) {
+          if (!alive_at(ii, d) || freed_at(ii, d) >= 0) { ok = false; break; }
+        }
+        if (!ok) break;
+        chains.push_back(static_cast<uint32_t>(si));
       }
-      if (!ok) break;
-      chains.push_back(static_cast<uint32_t>(si));
     }
     if (!ok) continue;
     // A chain keeps its input resident from d to the input's old point (Note [Chains that cost
@@ -420,6 +510,12 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     for (uint32_t si : chains) {
       for (TensorId t : reads_at(spans[si].tensor, d)) note(t);
     }
+    for (uint32_t si : splits) {
+      for (TensorId t : reads_at(spans[si].tensor, d)) note(t);
+    }
+    for (TensorId i : revives) {
+      for (TensorId t : reads_at(i, d)) note(t);
+    }
     int64_t add = 0;
     for (TensorId t : fresh) add += static_cast<int64_t>(trace_.tensors[t].bytes);
     if (static_cast<int64_t>(active[d]) + extra_bytes[d] + add > budget_) continue;
@@ -429,6 +525,28 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
       ch.point = d;
       ch.reads = reads_at(ch.tensor, d);
       for (TensorId t : ch.reads) add_read(t, d);
+    }
+    for (uint32_t si : splits) {
+      // Made at d for this recompute, freed again after d and made again at its own point.
+      const TensorId ct = spans[si].tensor;
+      const KernelIndex old_point = spans[si].point;
+      std::vector<TensorId> old_reads = spans[si].reads;  // stay at the old point
+      spans[si].point = d;
+      spans[si].reads = reads_at(ct, d);
+      for (TensorId t : spans[si].reads) add_read(t, d);
+      spans_of[ct].push_back(static_cast<uint32_t>(spans.size()));  // old_point > d + 1 (gather)
+      spans.push_back(Span{ct, d, old_point, std::move(old_reads)});
+    }
+    for (uint32_t si : shifts) spans[si].start = d;
+    for (TensorId i : revives) {
+      // Made at d (gather decided, before this candidate's reads at d): absent from the last use
+      // or read before d; a span over d now starts at d.
+      const KernelIndex prev = last_need_before(i, d);
+      if (const int64_t si = freed_at(i, d); si >= 0) spans[si].start = d;  // point > d + 1 (gather)
+      Span rs{i, prev, d, reads_at(i, d)};
+      for (TensorId t : rs.reads) add_read(t, d);
+      spans_of[i].push_back(static_cast<uint32_t>(spans.size()));
+      spans.push_back(std::move(rs));
     }
     for (TensorId t : span.reads) add_read(t, d);
     spans_of[c.tensor].push_back(static_cast<uint32_t>(spans.size()));
@@ -443,6 +561,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
 // Recomputed gaps are absent from the start (the greedy loop and the forced pass leave them alone).
 void Planner::take_recomputes(const std::vector<Span>& spans) {
   for (const Span& sp : spans) {
+    if (sp.dropped) continue;
     auto it = std::lower_bound(gaps_.begin(), gaps_.end(), sp, [](const Gap& g, const Span& x) {
       return g.tensor != x.tensor ? g.tensor < x.tensor : g.start < x.start;
     });
@@ -914,6 +1033,10 @@ Plan Planner::run(PlannerStats* stats, PlannerDiagnostics* diag) {
           ids.assign(own.begin(), own.end());
           ids.insert(ids.end(), reads[k].begin(), reads[k].end());
           with_reads.add_kernel(trace_.kernel_name(k), trace_.kernel_time_us(k), ids);
+          for (TensorId t : reads[k]) {  // a revived tensor lives to its last read (Note [Deep recompute chains])
+            std::optional<KernelIndex>& until = with_reads.tensors[t].alive_until;
+            if (until && *until < k) until.reset();
+          }
         }
         view = &with_reads;
       }
@@ -1020,7 +1143,9 @@ Plan make_plan_tuned(const Trace& trace, const PlannerOptions& opts, const Plann
 }  // namespace planner_detail
 
 Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* stats) {
-  return planner_detail::make_plan_tuned(trace, opts, planner_detail::PlannerTuning{}, stats, nullptr);
+  planner_detail::PlannerTuning tuning;
+  tuning.revive_dead_inputs = opts.deep_recompute;
+  return planner_detail::make_plan_tuned(trace, opts, tuning, stats, nullptr);
 }
 
 // Note [Planning for a duplex link]
@@ -1137,6 +1262,19 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       add(fmt::format("evict farthest use{}, slack {}", without_persistent_reads ? ", recompute without persistent reads" : "", slack), opts, t);
     }
   }
+  // Note [Deep recompute chains]
+  const bool deep = opts.deep_recompute && opts.recompute && has_recomputable(trace);
+  if (deep) {
+    for (bool farthest : {false, true}) {
+      for (double slack : {0.1, 0.5, 0.75}) {
+        PlannerTuning t = base;
+        t.lazy_slack = slack;
+        t.evict_farthest_use = farthest;
+        t.revive_dead_inputs = true;
+        add(fmt::format("deep recompute{}, slack {}", farthest ? ", evict farthest use" : "", slack), opts, t);
+      }
+    }
+  }
   // Note [Planning for a stretched iteration]
   if (const double stretch = link_stretch(trace, opts, out.front().plan); stretch > kMinStretch) {
     const bool rc = opts.recompute && has_recomputable(trace);
@@ -1157,6 +1295,11 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
             t.recompute_without_persistent_reads = without_persistent_reads;
             add(fmt::format("stretch {:.2f}{}{}, slack {}", f, farthest ? ", evict farthest use" : "",
                             without_persistent_reads ? ", recompute without persistent reads" : "", slack),
+                o, t);
+            if (without_persistent_reads || !deep) continue;
+            t.revive_dead_inputs = true;
+            add(fmt::format("stretch {:.2f}, deep recompute{}, slack {}", f,
+                            farthest ? ", evict farthest use" : "", slack),
                 o, t);
           }
         }

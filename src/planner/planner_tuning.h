@@ -30,6 +30,10 @@ struct PlannerTuning {
   // kernel does not use. Default off; a plan_best variant (Note [Recomputes that read parameters],
   // planner.cpp).
   bool recompute_without_persistent_reads = false;
+  // Deep recompute chains (Note [Deep recompute chains], planner.cpp): a recompute's inputs that
+  // are freed or dead at its point are made there too, recursively, and freed again. Default off;
+  // plan_best variants.
+  bool revive_dead_inputs = false;
   // The forced pass evicts, at a kernel over the budget, the resident tensor whose next use is
   // farthest (Note [Forced eviction by next use], planner.cpp) instead of the smallest that covers
   // the overshoot. Default off; a plan_best variant.

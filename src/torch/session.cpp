@@ -1408,6 +1408,9 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   // Writeback moves (docs/pytorch.md, "Writebacks"): off unless TERAIO_WRITEBACKS is set and not 0.
   if (const char* wb = std::getenv("TERAIO_WRITEBACKS"); wb != nullptr && *wb != '\0')
     co.writebacks = std::strcmp(wb, "0") != 0;
+  // Deep recompute chains (docs/pytorch.md, "Recompute"): off unless TERAIO_DEEP_RECOMPUTE is set and not 0.
+  if (const char* dr = std::getenv("TERAIO_DEEP_RECOMPUTE"); dr != nullptr && *dr != '\0')
+    co.deep_recompute = std::strcmp(dr, "0") != 0;
   co.tiers = std::move(tier_specs);
   s.ctl = std::make_unique<offload::Controller>(*s.engine, std::move(co));
   // Fault messages name tensors as the trace does (engine calls are made under the Session's lock).

@@ -234,13 +234,16 @@ bool Checker::check_recompute(size_t ri, RecomputeMove* out) {
   }
   KernelIndex next = 0;
   bool wrapped = false;
-  if (!life_.next_use(t, m.start + 1, &next, &wrapped) || wrapped) {
+  const bool used_after = life_.next_use(t, m.start + 1, &next, &wrapped) && !wrapped;
+  // or a recompute reads it after the start (a revived input: Note [Deep recompute chains])
+  const bool read_after = !reads_[t].empty() && reads_[t].back() > m.start;
+  if (!used_after && !read_after) {
     error("{}: no kernel uses tensor {} after kernel {}, so nothing needs it recomputed (offload it without "
           "a prefetch, or let it die)",
           describe(ri), t, m.start);
     return false;
   }
-  if (next < m.deadline) {
+  if (used_after && next < m.deadline) {
     error("{}: tensor {} is used by kernel {} while it is freed (after kernel {}, made again before kernel {})",
           describe(ri), t, next, m.start, m.deadline);
     return false;
@@ -260,7 +263,9 @@ bool Checker::check_recompute_inputs(const RecomputeMove& r, const std::vector<s
   const KernelIndex d = r.deadline;
   for (TensorId i : recompute_reads(trace_, life_, r.tensor)) {
     const TensorInfo& in = trace_.tensors[i];
-    if (!in.persistent && (d < life_.first_use(i) || d > life_.alive_until(i))) {
+    // Read after its life, the input lives on to that read (the recompute holds it; Note [Deep
+    // recompute chains] in src/planner/planner.cpp): resident there unless freed, checked below.
+    if (!in.persistent && d < life_.first_use(i)) {
       error("{}: input tensor {} of the producer (kernel {}) is not alive at kernel {} (its life is [{}, {}])",
             describe(r.move_index), i, r.producer, d, life_.first_use(i), life_.alive_until(i));
       return false;
@@ -419,19 +424,27 @@ PlanCheck Checker::run() {
   }
   // Recompute moves alone, then the kernels before which they read their producer's inputs: those
   // need the inputs as a use does.
+  // The reads first (a recompute's window may end at a read of its tensor alone: Note [Deep
+  // recompute chains] in src/planner/planner.cpp), then each move.
   reads_.assign(nt, {});
-  std::vector<RecomputeMove> basic;
   for (size_t t = 0; t < nt; ++t) {
+    const TensorInfo& info = trace_.tensors[t];
+    if (!info.recomputable || !info.producer) continue;  // check_recompute says why
     for (size_t ri : recompute_moves[t]) {
-      RecomputeMove r;
-      if (!check_recompute(ri, &r)) continue;
-      for (TensorId i : recompute_reads(trace_, life_, r.tensor)) reads_[i].push_back(r.deadline);
-      basic.push_back(r);
+      for (TensorId i : recompute_reads(trace_, life_, static_cast<TensorId>(t)))
+        reads_[i].push_back(plan_.moves[ri].deadline);
     }
   }
   for (auto& r : reads_) {
     std::sort(r.begin(), r.end());
     r.erase(std::unique(r.begin(), r.end()), r.end());
+  }
+  std::vector<RecomputeMove> basic;
+  for (size_t t = 0; t < nt; ++t) {
+    for (size_t ri : recompute_moves[t]) {
+      RecomputeMove r;
+      if (check_recompute(ri, &r)) basic.push_back(r);
+    }
   }
   // Pair each offload with the prefetch whose deadline comes first after the offload's start
   // (cyclically for a persistent tensor; a non-persistent one's pairs never wrap). An offload that
@@ -552,6 +565,15 @@ PlanCheck Checker::run() {
   }
   for (const WritebackMove& w : out_.writebacks) {  // held from after its start, up to the offload's
     add_cyclic(tier_diff[w.tier], n_, w.start + 1, w.to_offload, static_cast<int64_t>(w.bytes));
+  }
+  // A tensor read by a recompute after its life (revived) is resident up to its last read, less
+  // its recompute windows below.
+  for (size_t t = 0; t < nt; ++t) {
+    const auto tid = static_cast<TensorId>(t);
+    if (trace_.tensors[t].persistent || reads_[t].empty() || !life_.used(tid)) continue;
+    const KernelIndex until = life_.alive_until(tid);
+    if (reads_[t].back() > until)
+      add_cyclic(diff, n_, until + 1, reads_[t].back() - until, static_cast<int64_t>(trace_.tensors[t].bytes));
   }
   for (const RecomputeMove& r : out_.recomputes) {
     add_cyclic(diff, n_, r.start + 1, r.deadline - r.start - 1, -static_cast<int64_t>(r.bytes));
