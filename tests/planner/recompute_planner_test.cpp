@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "planner_tuning.h"
 #include "teraio/analysis.h"
@@ -267,7 +268,15 @@ TEST(RecomputePlanner, AShortGapDoesNotChainALongRecompute) {
   EXPECT_NEAR(sim.iteration_us, sim.ideal_us + 30, 1e-6) << "N twice and O rerun: nothing crosses the link";
 }
 
-// The same for the deep chains' variants (PlannerOptions::deep_recompute), fp32 and autocast: splits
+// The budgets a plan can have: from the largest kernel's own tensors to the unplanned peak.
+std::pair<uint64_t, uint64_t> budget_range(const Trace& t, const Lifetimes& life) {
+  const std::vector<uint64_t> curve = memory_curve(t, life);
+  const std::vector<uint64_t> act = active_bytes(t);
+  return {*std::max_element(act.begin(), act.end()), *std::max_element(curve.begin(), curve.end())};
+}
+
+// Every variant with deep chains (PlannerOptions::deep_recompute) is a valid plan at every budget,
+// fp32 and autocast (as PlansOfSyntheticTracesAreValidAtEveryBudget below checks the others): splits
 // and revives leave every span between two uses or reads (during development, spans over a read
 // added later stopped the planner on an internal error on the H200 profiles).
 TEST(RecomputePlanner, DeepChainPlansAreValidAtEveryBudget) {
@@ -279,10 +288,7 @@ TEST(RecomputePlanner, DeepChainPlansAreValidAtEveryBudget) {
     so.micro_batches = 1;
     const Trace t = synthesize(so);
     const Lifetimes life(t);
-    const std::vector<uint64_t> curve = memory_curve(t, life);
-    const std::vector<uint64_t> act = active_bytes(t);
-    const uint64_t lo = *std::max_element(act.begin(), act.end());
-    const uint64_t hi = *std::max_element(curve.begin(), curve.end());
+    const auto [lo, hi] = budget_range(t, life);
     size_t revived = 0;
     for (double f : {0.05, 0.25, 0.5}) {
       PlannerOptions o;
@@ -309,10 +315,7 @@ TEST(RecomputePlanner, PlansOfSyntheticTracesAreValidAtEveryBudget) {
     so.model = model;
     const Trace t = synthesize(so);
     const Lifetimes life(t);
-    const std::vector<uint64_t> curve = memory_curve(t, life);
-    const std::vector<uint64_t> act = active_bytes(t);
-    const uint64_t lo = *std::max_element(act.begin(), act.end());
-    const uint64_t hi = *std::max_element(curve.begin(), curve.end());
+    const auto [lo, hi] = budget_range(t, life);
     size_t recomputed = 0;
     for (double f : {0.05, 0.2, 0.5, 0.8}) {
       PlannerOptions o;
