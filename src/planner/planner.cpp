@@ -1207,15 +1207,32 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
     out.push_back({std::move(name), std::move(p)});
   };
   const PlannerTuning base;
+  // A variant's tuning: the base with these knobs.
+  const auto tuned = [&](double slack, bool farthest = false, bool without_persistent_reads = false,
+                         bool deep_chains = false) {
+    PlannerTuning t = base;
+    t.lazy_slack = slack;
+    t.evict_farthest_use = farthest;
+    t.recompute_without_persistent_reads = without_persistent_reads;
+    t.revive_dead_inputs = deep_chains;
+    return t;
+  };
+  // The options with every tier's bandwidths times f.
+  const auto scaled = [&](double f) {
+    PlannerOptions o = opts;
+    for (TierSpec& tier : o.tiers) {
+      tier.read_gbps *= f;
+      tier.write_gbps *= f;
+      tier.duplex_gbps *= f;
+    }
+    return o;
+  };
+  const char* const kFarthest = ", evict farthest use";
+  const char* const kWithoutReads = ", recompute without persistent reads";
   add("default", opts, base);
-  for (double slack : {0.0, 0.03, 0.25, 0.5, 0.75, 1.0}) {
-    PlannerTuning t = base;
-    t.lazy_slack = slack;
-    add(fmt::format("slack {}", slack), opts, t);
-  }
+  for (double slack : {0.0, 0.03, 0.25, 0.5, 0.75, 1.0}) add(fmt::format("slack {}", slack), opts, tuned(slack));
   for (double slack : {0.1, 0.25}) {
-    PlannerTuning t = base;
-    t.lazy_slack = slack;
+    PlannerTuning t = tuned(slack);
     t.hoist_prefetch = false;
     add(fmt::format("slack {}, no hoisting", slack), opts, t);
   }
@@ -1223,13 +1240,10 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
     if (floor <= opts.min_tensor_bytes) continue;
     PlannerOptions o = opts;
     o.min_tensor_bytes = floor;
-    for (double slack : {0.1, 0.5}) {
-      PlannerTuning t = base;
-      t.lazy_slack = slack;
-      add(fmt::format("min tensor {}, slack {}", format_bytes(double(floor)), slack), o, t);
-    }
+    for (double slack : {0.1, 0.5}) add(fmt::format("min tensor {}, slack {}", format_bytes(double(floor)), slack), o, tuned(slack));
   }
-  if (opts.recompute && has_recomputable(trace)) {  // how much to recompute depends on the trace
+  const bool rc = opts.recompute && has_recomputable(trace);
+  if (rc) {  // how much to recompute depends on the trace
     PlannerOptions o = opts;
     o.recompute = false;
     add("no recompute", o, base);
@@ -1240,10 +1254,7 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
     }
     // Note [Recomputes that read parameters]
     for (double slack : {0.1, 0.5, 0.75, 1.0}) {
-      PlannerTuning t = base;
-      t.lazy_slack = slack;
-      t.recompute_without_persistent_reads = true;
-      add(fmt::format("recompute without persistent reads, slack {}", slack), opts, t);
+      add(fmt::format("recompute without persistent reads, slack {}", slack), opts, tuned(slack, false, true));
     }
   }
   // Note [Forced eviction by next use]
@@ -1252,71 +1263,43 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
   // parameter just updated leaves dirty and is read back before the next forward). Evicting the one
   // used again last (Belady's rule) covers the most kernels per eviction, so fewer bytes cross the
   // link when the forced pass places most of the moves (docs/planner.md, "Link-bound plans").
-  for (bool without_persistent_reads : {false, true}) {
-    if (without_persistent_reads && !(opts.recompute && has_recomputable(trace))) continue;
+  for (bool without : {false, true}) {
+    if (without && !rc) continue;
     for (double slack : {0.1, 0.5, 0.75}) {
-      PlannerTuning t = base;
-      t.lazy_slack = slack;
-      t.evict_farthest_use = true;
-      t.recompute_without_persistent_reads = without_persistent_reads;
-      add(fmt::format("evict farthest use{}, slack {}", without_persistent_reads ? ", recompute without persistent reads" : "", slack), opts, t);
+      add(fmt::format("evict farthest use{}, slack {}", without ? kWithoutReads : "", slack), opts,
+          tuned(slack, true, without));
     }
   }
   // Note [Deep recompute chains]
-  const bool deep = opts.deep_recompute && opts.recompute && has_recomputable(trace);
+  const bool deep = opts.deep_recompute && rc;
   if (deep) {
     for (bool farthest : {false, true}) {
       for (double slack : {0.1, 0.5, 0.75}) {
-        PlannerTuning t = base;
-        t.lazy_slack = slack;
-        t.evict_farthest_use = farthest;
-        t.revive_dead_inputs = true;
-        add(fmt::format("deep recompute{}, slack {}", farthest ? ", evict farthest use" : "", slack), opts, t);
+        add(fmt::format("deep recompute{}, slack {}", farthest ? kFarthest : "", slack), opts,
+            tuned(slack, farthest, false, true));
       }
     }
   }
   // Note [Planning for a stretched iteration]
   if (const double stretch = link_stretch(trace, opts, out.front().plan); stretch > kMinStretch) {
-    const bool rc = opts.recompute && has_recomputable(trace);
     for (double f : {std::sqrt(stretch), stretch}) {
-      PlannerOptions o = opts;
-      for (TierSpec& tier : o.tiers) {
-        tier.read_gbps *= f;
-        tier.write_gbps *= f;
-        tier.duplex_gbps *= f;
-      }
+      const PlannerOptions o = scaled(f);
       for (bool farthest : {false, true}) {
-        for (bool without_persistent_reads : {false, true}) {
-          if (without_persistent_reads && !rc) continue;
+        for (bool without : {false, true}) {
+          if (without && !rc) continue;
           for (double slack : {0.1, 0.5}) {
-            PlannerTuning t = base;
-            t.lazy_slack = slack;
-            t.evict_farthest_use = farthest;
-            t.recompute_without_persistent_reads = without_persistent_reads;
-            add(fmt::format("stretch {:.2f}{}{}, slack {}", f, farthest ? ", evict farthest use" : "",
-                            without_persistent_reads ? ", recompute without persistent reads" : "", slack),
-                o, t);
-            if (without_persistent_reads || !deep) continue;
-            t.revive_dead_inputs = true;
-            add(fmt::format("stretch {:.2f}, deep recompute{}, slack {}", f,
-                            farthest ? ", evict farthest use" : "", slack),
-                o, t);
+            add(fmt::format("stretch {:.2f}{}{}, slack {}", f, farthest ? kFarthest : "", without ? kWithoutReads : "",
+                            slack),
+                o, tuned(slack, farthest, without));
+            if (without || !deep) continue;
+            add(fmt::format("stretch {:.2f}, deep recompute{}, slack {}", f, farthest ? kFarthest : "", slack), o,
+                tuned(slack, farthest, false, true));
           }
         }
       }
     }
   }
-  PlannerOptions slow = opts;
-  for (TierSpec& tier : slow.tiers) {
-    tier.read_gbps *= 0.8;
-    tier.write_gbps *= 0.8;
-    tier.duplex_gbps *= 0.8;
-  }
-  for (double slack : {0.1, 0.25}) {
-    PlannerTuning t = base;
-    t.lazy_slack = slack;
-    add(fmt::format("bandwidth x0.8, slack {}", slack), slow, t);
-  }
+  for (double slack : {0.1, 0.25}) add(fmt::format("bandwidth x0.8, slack {}", slack), scaled(0.8), tuned(slack));
   // See Note [Planning for a duplex link].
   PlannerOptions both = opts;
   bool shared = false;
