@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""One markdown row per bench/llm_bench.py result, the columns of docs/benchmarks.md's tables.
+
+Usage: python3 bench/results_table.py [--ideal SECONDS] RESULT ... (JSON files, folders of them, or
+the .tgz archives bench/h200_run.sh writes). --ideal is the Ideal step of the same model and
+dtype, for the "% of Ideal" column (left out: the column says "–"). Runs that failed are rows with
+their error. Columns: run, step median [min, max], tokens/s, % of Ideal, the Session's prediction
+(and its error against the median), the run's floor and its bound, step / floor, GiB written / read /
+discarded per measured step, recomputes per measured step (their time), GPU max allocated against
+the budget, and the plan variant the Session kept.
+"""
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import tarfile
+
+GIB = 1 << 30
+
+
+def load(paths):
+    """(name, result) for every llm_bench result under paths."""
+    for p in paths:
+        if os.path.isdir(p):
+            for f in sorted(os.listdir(p)):
+                if f.endswith(".json") and not f.startswith(("trace-", "plan-", "timeline-")):
+                    yield from load([os.path.join(p, f)])
+        elif p.endswith((".tgz", ".tar.gz")):
+            with tarfile.open(p) as tf:
+                for m in sorted(tf.getmembers(), key=lambda m: m.name):
+                    base = os.path.basename(m.name)
+                    if m.isfile() and base.endswith(".json") and not base.startswith(("trace-", "plan-", "timeline-")):
+                        yield base[:-5], json.load(io.TextIOWrapper(tf.extractfile(m)))
+        else:
+            with open(p) as f:
+                yield os.path.basename(p)[:-5], json.load(f)
+
+
+def row(name, r, ideal):
+    if not r.get("ok"):
+        return f"| {name} | failed: {r.get('error', 'no result')} |"
+    steps = r["step_s"]
+    med = statistics.median(steps)
+    cells = [name, f"{med:.3f} s [{min(steps):.3f}, {max(steps):.3f}]", f"{r['tokens_per_s']:,.0f}",
+             f"{100 * ideal / med:.1f}%" if ideal else "–"]
+    stats = r.get("system_info", {}).get("stats", {})
+    pred = stats.get("predicted_iteration_us")
+    cells.append(f"{pred / 1e6:.3f} s ({100 * (pred / 1e6 / med - 1):+.1f}%)" if pred else "–")
+    fl = r.get("floor") or {}
+    if fl.get("floor_s"):
+        cells += [f"{fl['floor_s']:.3f} s, {fl['bound']}", f"{med / fl['floor_s']:.2f}x"]
+    else:
+        cells += ["–", "–"]
+    d = stats and r["system_info"].get("measured_delta") or {}
+    n = r["config"]["steps"]
+    if d:
+        cells.append(" / ".join(f"{d.get(k, 0) / n / GIB:.1f}" for k in ("bytes_offloaded", "bytes_prefetched",
+                                                                            "discarded_bytes")))
+        cells.append(f"{d.get('recomputes', 0) / n:.0f} ({d.get('recompute_us', 0) / n / 1e3:.1f} ms)")
+    else:
+        cells += ["–", "–"]
+    mem = r["memory"]["cuda_max_allocated_bytes"] / GIB
+    budget = stats.get("budget_bytes")
+    cells.append(f"{mem:.2f} / {budget / GIB:.2f} GiB" if budget else f"{mem:.2f} GiB")
+    cells.append(stats.get("plan_variant", "–"))
+    return "| " + " | ".join(cells) + " |"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ideal", type=float, default=0.0, help="the Ideal step in seconds (for %% of Ideal)")
+    ap.add_argument("results", nargs="+")
+    a = ap.parse_args()
+    print("| run | step, median [min, max] | tokens/s | % of Ideal | predicted (Session) | floor, bound | "
+          "step / floor | written / read / discarded (GiB per step) | recomputes per step | "
+          "GPU max allocated / budget | plan variant |")
+    print("|---" * 11 + "|")
+    for name, r in load(a.results):
+        print(row(name, r, a.ideal))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
