@@ -144,13 +144,11 @@ void Engine::forget_locked(Entry& e) {
     e.pending.wait();  // the held bytes must outlive the transfer
     e.memory->drop();
   }
+  settle_writeback_locked(e, /*wait=*/true);  // a failed copy is reported even for a dead tensor
   if (e.pending.valid()) e.pending.wait();
   e.pending = {};
   e.write_in_flight = false;
   e.clean = false;
-  if (e.writing_back) e.memory->end_view();  // its copy has ended (waited above)
-  e.writing_back = false;
-  e.writeback_stale = false;
   if (e.has_extent) {
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
@@ -595,7 +593,9 @@ bool Engine::writeback(LogicalId id, uint32_t tier) {
 
 bool Engine::writeback_locked(Entry& e, uint32_t tier) {
   TERAIO_CHECK(tier < tiers_.size(), "writeback of tensor {}: tier {} does not exist", e.id, tier);
-  if (e.loc != Location::kResident || !e.memory->alive() || e.permanent || e.pins > 0) return false;
+  // A writeback's copy is only worth its write as a clean copy (EngineOptions::clean_offloads).
+  if (!options_.clean_offloads || e.loc != Location::kResident || !e.memory->alive() || e.permanent || e.pins > 0)
+    return false;
   if (e.writing_back) settle_writeback_locked(e, /*wait=*/true);
   if (e.clean && e.has_extent && e.tier == tier) return true;  // the tier holds these bytes
   const std::optional<storage::BufferView> bytes = e.memory->view();
@@ -646,8 +646,19 @@ void Engine::settle_writeback_locked(Entry& e, bool wait) {
     e.clean = true;
     stats_.tiers[e.tier].bytes_written += e.bytes;
   } else {
-    stats_.stale_writebacks++;
-    if (!r.ok) event("failed-writeback", e);
+    if (r.ok) {
+      stats_.stale_writebacks++;
+    } else {
+      // A fault like an offload's failed write (Note [Faults in the engine]): reported with the
+      // tensor's name and the tier's message (path, offset); nothing is lost, the tensor is still
+      // resident and its offload writes it again.
+      event("failed-writeback", e);
+      fault_locked(e, r,
+                   fmt::format("writeback of {} to tier '{}' failed (nothing was lost: its bytes stay on "
+                               "the device, and its offload writes them again)",
+                               name_locked(e), tiers_[e.tier].name),
+                   /*lost=*/false);
+    }
     e.pending = {};
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
@@ -694,11 +705,10 @@ bool Engine::finish_write_locked(Entry& e) {
 // A resident tensor keeps the tier space it was read from until the read is known to be complete;
 // this waits for that read and gives the space back.
 void Engine::release_read_extent_locked(Entry& e) {
+  settle_writeback_locked(e, /*wait=*/true);  // a writeback's copy goes with its space (ended now)
+  if (!e.has_extent) return;                  // it failed: its space is free already
   e.pending.wait();
   e.pending = {};
-  if (e.writing_back) e.memory->end_view();  // a writeback's copy goes with its space (ended now)
-  e.writing_back = false;
-  e.writeback_stale = false;
   extents_[e.tier]->free(e.extent);
   e.has_extent = false;
 }

@@ -154,7 +154,7 @@ struct EngineStats {
   uint64_t clean_bytes = 0;       // their bytes (not in bytes_offloaded: they were not written)
   uint64_t writebacks = 0;        // writeback copies started (Note [Writebacks in the engine])
   uint64_t writeback_bytes = 0;   // their bytes
-  uint64_t stale_writebacks = 0;  // copies discarded: written during the copy, or the copy failed
+  uint64_t stale_writebacks = 0;  // copies discarded: written during the copy (a failed one is a fault)
   uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
   uint64_t failed_transfers = 0;  // writes and reads that failed (each is also a Fault)
   uint64_t retried_reads = 0;     // reads tried again after a failure (Note [Read retries])

@@ -1406,8 +1406,9 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   co.recompute = s.options.recompute;
   co.discard_dead = s.options.discard_dead;
   // Writeback moves (docs/pytorch.md, "Writebacks"): off unless TERAIO_WRITEBACKS is set and not 0.
+  // A writeback makes its offload clean: none with clean_offloads=False.
   if (const char* wb = std::getenv("TERAIO_WRITEBACKS"); wb != nullptr && *wb != '\0')
-    co.writebacks = std::strcmp(wb, "0") != 0;
+    co.writebacks = std::strcmp(wb, "0") != 0 && s.options.clean_offloads;
   // Deep recompute chains (docs/pytorch.md, "Recompute"): off unless TERAIO_DEEP_RECOMPUTE is set and not 0.
   if (const char* dr = std::getenv("TERAIO_DEEP_RECOMPUTE"); dr != nullptr && *dr != '\0')
     co.deep_recompute = std::strcmp(dr, "0") != 0;

@@ -341,6 +341,13 @@ TEST_F(EngineTest, WrittenTensorsAndOtherTiersAreWrittenAgain) {
   EXPECT_EQ(off.stats().bytes_offloaded, 8192u);
   EXPECT_EQ(off.stats().clean_offloads, 0u);
   EXPECT_TRUE(has_pattern(*b, 8));
+  // A writeback only makes a clean copy: none without clean offloads, and the offload writes.
+  EXPECT_FALSE(off.writeback(0, 0));
+  EXPECT_EQ(b->lent, 0);
+  ASSERT_TRUE(off.offload(0, 0));
+  off.finish_offload(0);
+  EXPECT_EQ(off.stats().writebacks, 0u);
+  EXPECT_EQ(off.stats().bytes_offloaded, 3u * 4096u);
 }
 
 // Kept copies never make a tier full: an offload that needs their space reclaims them, and the
@@ -909,6 +916,39 @@ TEST_F(EngineFaultTest, AFailedWriteKeepsTheTensorResidentAndIsReportedWithItsNa
   EXPECT_TRUE(has_pattern(*a, 1));
   e->end_use(ids);
   EXPECT_EQ(e->stats().failed_transfers, 1u);
+}
+
+// A writeback whose write fails is a fault like an offload's (never silent): named, counted, the
+// tensor still resident and intact, and its offload writes it again once the fault has cleared.
+TEST_F(EngineFaultTest, AFailedWritebackIsReportedAndTheOffloadWritesAgain) {
+  auto e = make_faulty(0);
+  e->set_namer([](LogicalId id) { return id == 0 ? std::string("layers.3.weight") : std::string(); });
+  auto a = make_tensor(10000, 8);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  fail(storage::Direction::kWrite, EIO);
+  ASSERT_TRUE(e->writeback(0, 0));
+  e->poll();
+  EXPECT_EQ(a->lent, 0) << "the failed copy gave its bytes back";
+  EXPECT_EQ(e->location(0), Location::kResident);
+  EXPECT_TRUE(has_pattern(*a, 8));
+  auto faults = e->take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_FALSE(faults[0].lost);
+  EXPECT_FALSE(faults[0].read);
+  for (const char* part : {"writeback of", "layers.3.weight", "10000 bytes", "tier 'file'", "nothing was lost",
+                           "Input/output error", "offset 0"})
+    EXPECT_NE(faults[0].message.find(part), std::string::npos) << part << ": " << faults[0].message;
+  EXPECT_EQ(e->stats().failed_transfers, 1u);
+  EXPECT_EQ(e->stats().stale_writebacks, 0u);
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  EXPECT_EQ(e->stats().clean_offloads, 0u) << "nothing was kept from the failed copy";
+  EXPECT_EQ(e->stats().bytes_offloaded, 10000u);
+  const LogicalId ids[] = {0};
+  e->begin_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 8));
+  e->end_use(ids);
+  EXPECT_TRUE(e->take_faults().empty());
 }
 
 TEST_F(EngineFaultTest, ATransientReadFailureLeavesTheTensorOffloadedAndTheNextUseRetries) {
