@@ -7,7 +7,8 @@ dtype, for the "% of Ideal" column (left out: the column says "–"). Runs that 
 their error. Columns: run, step median [min, max], tokens/s, % of Ideal, the Session's prediction
 (and its error against the median), the run's floor and its bound, step / floor, GiB written / read /
 discarded per measured step, recomputes per measured step (their time), GPU max allocated against
-the budget, and the plan variant the Session kept.
+the budget, and the plan variant the Session kept. --kinds prints instead, per run, the plan's GiB
+per step offloaded / prefetched / recomputed for each kind of tensor (which bytes cross the link).
 """
 import argparse
 import io
@@ -68,11 +69,31 @@ def row(name, r, ideal):
     return "| " + " | ".join(cells) + " |"
 
 
+def kinds_row(name, r):
+    """The plan's bytes per tensor kind (GiB per step): offloaded / prefetched / recomputed."""
+    by = r.get("plan_bytes_by_kind") or {}
+    cells = [name]
+    for kind in ("parameter", "optimizer_state", "gradient", "activation", "temporary"):
+        b = by.get(kind, {})
+        cells.append(" / ".join(f"{b.get(k, 0) / GIB:.2f}" for k in ("offload_bytes", "prefetch_bytes",
+                                                                      "recompute_bytes")))
+    return "| " + " | ".join(cells) + " |"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ideal", type=float, default=0.0, help="the Ideal step in seconds (for %% of Ideal)")
+    ap.add_argument("--kinds", action="store_true",
+                    help="instead: the plan's bytes per tensor kind (offloaded / prefetched / recomputed GiB)")
     ap.add_argument("results", nargs="+")
     a = ap.parse_args()
+    if a.kinds:
+        print("| run | parameters | optimizer states | gradients | activations | temporaries |")
+        print("|---" * 6 + "|")
+        for name, r in load(a.results):
+            if r.get("ok"):
+                print(kinds_row(name, r))
+        return
     print("| run | step, median [min, max] | tokens/s | % of Ideal | predicted (Session) | floor, bound | "
           "step / floor | written / read / discarded (GiB per step) | recomputes per step | "
           "GPU max allocated / budget | plan variant |")
