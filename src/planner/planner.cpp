@@ -6,7 +6,6 @@
 // their bytes are recomputed instead (see Note [Recompute in the planner]). docs/planner.md
 // describes the algorithm and every decision.
 #include <algorithm>
-#include <cstdlib>
 #include <functional>
 #include <chrono>
 #include <cmath>
@@ -89,7 +88,6 @@ struct Span {
   KernelIndex start;
   KernelIndex point;
   std::vector<TensorId> reads;  // the producer's inputs read at `point` that the kernel there does not use
-  bool dropped = false;         // no kernel left to free it over (a revive split it): not taken
 };
 
 struct Window {
@@ -339,15 +337,16 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     KernelIndex producer, start, end;
     TensorId tensor;
   };
+  // Cheaper to make again than to move: its producer's time within recompute_factor x its link time.
+  auto cheap = [&](TensorId t) {
+    return recompute_time_us(trace_, t) <=
+           tuning_.recompute_factor * static_cast<double>(trace_.tensors[t].bytes) / bytes_per_us;
+  };
   std::vector<Cand> cands;
   const size_t nt = trace_.num_tensors();
   for (TensorId t = 0; t < nt; ++t) {
     const TensorInfo& info = trace_.tensors[t];
-    if (!info.recomputable || info.bytes < opts_.min_tensor_bytes || !lifetimes.used(t)) continue;
-    if (recompute_time_us(trace_, t) >
-        tuning_.recompute_factor * static_cast<double>(info.bytes) / bytes_per_us) {
-      continue;
-    }
+    if (!info.recomputable || info.bytes < opts_.min_tensor_bytes || !lifetimes.used(t) || !cheap(t)) continue;
     auto uses = lifetimes.uses(t);
     for (size_t j = 1; j < uses.size(); ++j) {
       if (uses[j] > uses[j - 1] + 1 && over[uses[j]] > over[uses[j - 1] + 1]) {
@@ -381,7 +380,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   // The span of tensor t freeing it at kernel k (start < k < point), or -1.
   auto freed_at = [&](TensorId t, KernelIndex k) -> int64_t {
     for (uint32_t si : spans_of[t]) {
-      if (!spans[si].dropped && spans[si].start < k && k < spans[si].point) return si;
+      if (spans[si].start < k && k < spans[si].point) return si;
     }
     return -1;
   };
@@ -396,17 +395,12 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     }
     return r;
   };
-  // Note [Deep recompute chains]: a tensor read at d that the trace has dead by then.
-  auto cheap = [&](TensorId t) {
-    return recompute_time_us(trace_, t) <=
-           tuning_.recompute_factor * static_cast<double>(trace_.tensors[t].bytes) / bytes_per_us;
-  };
+  // Note [Deep recompute chains]: a tensor read at d that the trace has dead by then, which could be
+  // made there (its inputs: gather).
   auto revivable = [&](TensorId i, KernelIndex d) {
     const TensorInfo& info = trace_.tensors[i];
-    if (!tuning_.revive_dead_inputs || info.persistent || !info.recomputable || !info.producer ||
-        !lifetimes.used(i) || lifetimes.alive_until(i) >= d || !cheap(i))
-      return false;
-    return true;  // its inputs: gather
+    return tuning_.revive_dead_inputs && !info.persistent && info.recomputable && info.producer &&
+           lifetimes.used(i) && lifetimes.alive_until(i) < d && cheap(i);
   };
   // A dead tensor i read at d: the last kernel before d that uses or reads it, and whether d needs
   // it made again (a kernel or more in between, and not read at d already).
@@ -561,7 +555,6 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
 // Recomputed gaps are absent from the start (the greedy loop and the forced pass leave them alone).
 void Planner::take_recomputes(const std::vector<Span>& spans) {
   for (const Span& sp : spans) {
-    if (sp.dropped) continue;
     auto it = std::lower_bound(gaps_.begin(), gaps_.end(), sp, [](const Gap& g, const Span& x) {
       return g.tensor != x.tensor ? g.tensor < x.tensor : g.start < x.start;
     });
