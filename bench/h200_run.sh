@@ -74,7 +74,8 @@ source bench/h200_env.sh
 DISK=${DISK_DIR:-/tmp}
 STEPS=${STEPS:-3}
 step() { echo; echo "== $(date -u +%T) $*"; }
-finish() { tar czf "$OUT/h200_$PHASE.tgz" -C "$R" .; }
+# the archive is replaced whole, so a call cut short mid-write still returns the previous one
+finish() { tar czf "$OUT/.h200_$PHASE.tgz.part" -C "$R" . && mv "$OUT/.h200_$PHASE.tgz.part" "$OUT/h200_$PHASE.tgz"; }
 trap finish EXIT
 
 # bench NAME TIMEOUT ARGS...: one llm_bench.py configuration (skipped when NAME misses the filter)
@@ -305,7 +306,7 @@ recompute)
   # measured bandwidth), traces and plans kept (the simulator's prediction). RC_MODEL (llama-1b),
   # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"; each mode is a
   # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors", "step-in-backward"
-  # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks"); the footprint
+  # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks", its files named with '_' for '+'); the footprint
   # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
   m=${RC_MODEL:-llama-1b}
   for dt in ${RC_DTYPES:-fp32 amp}; do
@@ -315,10 +316,11 @@ recompute)
     (( fp > 0 )) || { echo "no footprint for $m $dt"; continue; }
     for frac in ${RC_FRACS:-2 4}; do
       for mode in ${RC_MODES:-recompute no-recompute}; do
+        n=${mode//+/_}  # file names without '+' (the device call returns only plain names)
         # shellcheck disable=SC2046  # a mode may join flags with '+': step-in-backward+writebacks
-        bench teraio-$mode-1of$frac-$m-$dt 300 --system teraio --model $m --dtype $dt --tiers host \
+        bench teraio-$n-1of$frac-$m-$dt 300 --system teraio --model $m --dtype $dt --tiers host \
           --budget "$(fraction "$fp" "$frac")" --host-gbps 0 $(sed 's/^/--/; s/+/ --/g' <<<"$mode") \
-          --trace-out "$R/trace-$mode-1of$frac-$m-$dt.json" --plan-out "$R/plan-$mode-1of$frac-$m-$dt.json"
+          --trace-out "$R/trace-$n-1of$frac-$m-$dt.json" --plan-out "$R/plan-$n-1of$frac-$m-$dt.json"
       done
     done
   done

@@ -387,8 +387,10 @@ def step_floor(info, steps, step_s):
     compute_s = (st["profiled_kernel_us"] + delta.get("recompute_us", 0) / steps) / 1e6
     write_gbps = max(t["write_gbps"] for t in tiers)
     read_gbps = max(t["read_gbps"] for t in tiers)
+    # the write direction carries the offloads and the writebacks (a writeback's offload is clean)
+    written = delta["bytes_offloaded"] + delta.get("writeback_bytes", 0)
     terms = {"compute": compute_s,
-             "offload": delta["bytes_offloaded"] / steps / (write_gbps * 1e9),
+             "offload": written / steps / (write_gbps * 1e9),
              "prefetch": delta["bytes_prefetched"] / steps / (read_gbps * 1e9)}
     bound = max(terms, key=terms.get)
     return {"compute_s": compute_s, "offload_s": terms["offload"], "prefetch_s": terms["prefetch"],
@@ -398,8 +400,9 @@ def step_floor(info, steps, step_s):
 
 def plan_bytes_by_kind(trace_path, plan_path):
     """Which bytes the Session's plan moves per iteration, by tensor kind: {kind: {"offload_bytes",
-    "prefetch_bytes", "recompute_bytes", "discard_bytes"}} from the trace and plan it wrote (the plan
-    of the last planned shape). A persistent tensor no kernel uses (an idle expert) is offloaded once
+    "prefetch_bytes", "recompute_bytes", "discard_bytes", "writeback_bytes"}} from the trace and plan it
+    wrote (the plan of the last planned shape; an offload a writeback made clean writes nothing at
+    run time but still counts in offload_bytes). A persistent tensor no kernel uses (an idle expert) is offloaded once
     and then moves nothing, so it is left out, as `teraio simulate` does; an offload the Session
     discards (the plan's discard_dead, a transient tensor after its last use) counts in
     discard_bytes. {"note": ...} when the files are not there."""
@@ -421,7 +424,7 @@ def plan_bytes_by_kind(trace_path, plan_path):
         if t["persistent"] and t["id"] not in last_use:
             continue
         d = out.setdefault(t["kind"], {"offload_bytes": 0, "prefetch_bytes": 0, "recompute_bytes": 0,
-                                       "discard_bytes": 0})
+                                       "discard_bytes": 0, "writeback_bytes": 0})
         discard = (plan.get("discard_dead") and m["op"] == "offload" and not t["persistent"]
                    and m["start"] >= last_use.get(t["id"], 0))
         d["discard_bytes" if discard else m["op"] + "_bytes"] += t["bytes"]

@@ -5,8 +5,8 @@ Usage: python3 bench/results_table.py [--ideal SECONDS] RESULT ... (JSON files, 
 the .tgz archives bench/h200_run.sh writes). --ideal is the Ideal step of the same model and
 dtype, for the "% of Ideal" column (left out: the column says "–"). Runs that failed are rows with
 their error. Columns: run, step median [min, max], tokens/s, % of Ideal, the Session's prediction
-(and its error against the median), the run's floor and its bound, step / floor, GiB written / read /
-discarded per measured step, recomputes per measured step (their time), GPU max allocated against
+(and its error against the median), the run's floor and its bound, step / floor, GiB written
+(offloads and writebacks) / read / discarded per measured step, recomputes per measured step (their time), GPU max allocated against
 the budget, and the plan variant the Session kept. --kinds prints instead, per run, the plan's GiB
 per step offloaded / prefetched / recomputed for each kind of tensor (which bytes cross the link).
 """
@@ -57,8 +57,9 @@ def row(name, r, ideal):
     d = stats and r["system_info"].get("measured_delta") or {}
     n = r["config"]["steps"]
     if d:
-        cells.append(" / ".join(f"{d.get(k, 0) / n / GIB:.1f}" for k in ("bytes_offloaded", "bytes_prefetched",
-                                                                            "discarded_bytes")))
+        written = d.get("bytes_offloaded", 0) + d.get("writeback_bytes", 0)  # writebacks write too
+        cells.append(" / ".join(f"{b / n / GIB:.1f}" for b in (written, d.get("bytes_prefetched", 0),
+                                                                d.get("discarded_bytes", 0))))
         cells.append(f"{d.get('recomputes', 0) / n:.0f} ({d.get('recompute_us', 0) / n / 1e3:.1f} ms)")
     else:
         cells += ["–", "–"]
