@@ -25,3 +25,4 @@ fi
 FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS="$fracs" RC_MODES="$modes" \
   bash bench/h200_run.sh recompute > /dev/null 2>&1
 grep -h -E '^== |mean .* s/step|FAILED|rc=' "$OUT"/log_*.txt | cut -c1-220
+grep -h -o -E '^[a-z-]+ \{"equal": [a-z]+|"(error|writebacks|recomputes)": [^,]*' "$OUT/log_torch_gpu.txt" 2>/dev/null
