@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <queue>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "structures.h"
 #include "teraio/analysis.h"
 #include "teraio/error.h"
+#include "teraio/parallel.h"
 #include "teraio/units.h"
 
 namespace teraio {
@@ -1193,20 +1195,21 @@ double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& 
 
 std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts) {
   using planner_detail::PlannerTuning;
+  // make_plan's own plan first: its failure is the answer (nothing fits), and the stretched
+  // variants are scaled by its bytes (Note [Planning for a stretched iteration]).
   std::vector<PlanVariant> out;
+  out.push_back({"default", planner_detail::make_plan_tuned(trace, opts, PlannerTuning{}, nullptr, nullptr)});
+  // The other settings are queued and planned on parallel threads (each planner is independent
+  // of the others), kept in the order queued. One failing (no recompute, small tensors left to the
+  // forced pass: more to hold than the tiers can) only leaves that variant out.
+  struct Job {
+    std::string name;
+    PlannerOptions opts;
+    PlannerTuning tuning;
+  };
+  std::vector<Job> jobs;
   auto add = [&](std::string name, const PlannerOptions& o, const PlannerTuning& t) {
-    Plan p;
-    try {
-      p = planner_detail::make_plan_tuned(trace, o, t, nullptr, nullptr);
-    } catch (const Error&) {
-      // make_plan's own plan failing is the answer (nothing fits); another setting failing (no
-      // recompute, small tensors left to the forced pass: more to hold than the tiers can) only
-      // leaves that variant out.
-      if (out.empty()) throw;
-      return;
-    }
-    p.tiers = opts.tiers;  // the true bandwidths, whatever the variant planned with
-    out.push_back({std::move(name), std::move(p)});
+    jobs.push_back({std::move(name), o, t});
   };
   const PlannerTuning base;
   // A variant's tuning: the base with these knobs.
@@ -1231,7 +1234,6 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
   };
   const char* const kFarthest = ", evict farthest use";
   const char* const kWithoutReads = ", recompute without persistent reads";
-  add("default", opts, base);
   for (double slack : {0.0, 0.03, 0.25, 0.5, 0.75, 1.0}) add(fmt::format("slack {}", slack), opts, tuned(slack));
   for (double slack : {0.1, 0.25}) {
     PlannerTuning t = tuned(slack);
@@ -1324,20 +1326,36 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       add(fmt::format("both-ways bandwidth, slack {}", slack), both, t);
     }
   }
+  std::vector<std::optional<Plan>> plans(jobs.size());
+  parallel_for(jobs.size(), [&](size_t i) {
+    try {
+      plans[i] = planner_detail::make_plan_tuned(trace, jobs[i].opts, jobs[i].tuning, nullptr, nullptr);
+      plans[i]->tiers = opts.tiers;  // the true bandwidths, whatever the variant planned with
+    } catch (const Error&) {
+      // left out (above)
+    }
+  });
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (plans[i]) out.push_back({std::move(jobs[i].name), std::move(*plans[i])});
+  }
   // Note [Planning writebacks] (writeback.cpp): every variant again with its dirty offloads written
   // early where the write slots have room, at the slot model's bandwidth and at the stretch the
   // variant's own bytes imply (a link-bound iteration lasts longer than its kernels).
   if (opts.writebacks && trace.writes_recorded) {
     const size_t planned = out.size();
-    for (size_t i = 0; i < planned; ++i) {
+    std::vector<std::vector<PlanVariant>> more(planned);
+    parallel_for(planned, [&](size_t i) {
       const double stretch = link_stretch(trace, opts, out[i].plan);
       std::vector<double> fractions{1.0};
       if (stretch > kMinStretch) fractions.push_back(stretch);
       for (double f : fractions) {
         Plan p = planner_detail::add_writebacks(trace, out[i].plan, f);
         if (p.moves.size() == out[i].plan.moves.size()) continue;  // none fits
-        out.push_back({fmt::format("{}, writebacks x{:.2f}", out[i].name, f), std::move(p)});
+        more[i].push_back({fmt::format("{}, writebacks x{:.2f}", out[i].name, f), std::move(p)});
       }
+    });
+    for (std::vector<PlanVariant>& m : more) {
+      for (PlanVariant& v : m) out.push_back(std::move(v));
     }
   }
   return out;

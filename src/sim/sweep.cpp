@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "teraio/error.h"
+#include "teraio/parallel.h"
 #include "teraio/simulator.h"
 
 namespace teraio {
@@ -98,18 +99,25 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
   std::vector<SimResult> results;
   size_t fastest = 0;
   std::optional<size_t> fastest_first;  // the fastest on the most preferred tier alone
-  auto consider = [&](PlanVariant v) {
-    // As the Session runs it (Note [Issue in deadline order]).
-    v.plan = issue_in_deadline_order(trace, v.plan, so);
-    results.push_back(simulate(trace, v.plan, so));
-    variants.push_back(std::move(v));
-    const size_t i = variants.size() - 1;
-    if (results[i].iteration_us < results[fastest].iteration_us) fastest = i;
-    if (first_tier_only(variants[i].plan) &&
-        (!fastest_first || results[i].iteration_us < results[*fastest_first].iteration_us))
-      fastest_first = i;
+  // Simulates each of vs as the Session runs it (Note [Issue in deadline order]), on parallel
+  // threads, then takes them in order (ties go to the earlier).
+  auto consider = [&](std::vector<PlanVariant> vs) {
+    std::vector<SimResult> rs(vs.size());
+    parallel_for(vs.size(), [&](size_t j) {
+      vs[j].plan = issue_in_deadline_order(trace, vs[j].plan, so);
+      rs[j] = simulate(trace, vs[j].plan, so);
+    });
+    for (size_t j = 0; j < vs.size(); ++j) {
+      results.push_back(std::move(rs[j]));
+      variants.push_back(std::move(vs[j]));
+      const size_t i = variants.size() - 1;
+      if (results[i].iteration_us < results[fastest].iteration_us) fastest = i;
+      if (first_tier_only(variants[i].plan) &&
+          (!fastest_first || results[i].iteration_us < results[*fastest_first].iteration_us))
+        fastest_first = i;
+    }
   };
-  for (PlanVariant& v : make_plan_variants(trace, opts)) consider(std::move(v));
+  consider(make_plan_variants(trace, opts));
   if (opts.tiers.size() > 1 && !first_tier_only(variants[fastest].plan)) {
     // The same settings on the most preferred tier alone (when it can hold what must move).
     PlannerOptions first = opts;
@@ -123,8 +131,8 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
     for (PlanVariant& v : more) {
       v.name = fmt::format("{} only: {}", opts.tiers[0].name, v.name);
       v.plan.tiers = opts.tiers;  // tier 0 is the same tier; the others carry nothing
-      consider(std::move(v));
     }
+    consider(std::move(more));
   }
   BestPlan best;
   best.variants = variants.size();
