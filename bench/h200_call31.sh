@@ -14,7 +14,10 @@ bitwise() {
       timeout 150 $PY bench/torch_gpu.py "$OUT/torch_gpu_deep_wb.json" > "$OUT/log_torch_gpu.txt" 2>&1
     echo "torch_gpu rc=$?" >> "$OUT/log_torch_gpu.txt" )
 }
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+if [[ ${SHORT:-0} == 1 ]]; then  # SHORT=1: the bitwise checks and llama-1b at 1/4 with both, alone
+  bitwise
+  fracs=4 modes="step-in-backward+deep-recompute+writebacks"
+elif nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   TERAIO_DEEP_RECOMPUTE=1 TERAIO_WRITEBACKS=1 bash bench/h200_run.sh real teraio-host-inbwd-8b-amp > /dev/null 2>&1
   bitwise
   fracs=4 modes="step-in-backward+deep-recompute+writebacks step-in-backward"
