@@ -179,9 +179,8 @@ const Registration kPlan{{
                      "tensors smaller than this move only when nothing else fits the budget")
           ->capture_default_str();
       sub.add_flag("--search", args->search,
-                   "plan with several settings of the heuristics, simulate each, keep the fastest "
-                   "(about 10x "
-                   "the planning time)");
+                   "plan with several settings of the heuristics (60 to 250 variants), simulate each, "
+                   "keep the fastest; variants are planned and simulated on parallel threads");
       sub.add_flag("--no-recompute", args->no_recompute,
                    "plan moves only: recompute no tensor, even where the trace marks it recomputable");
       sub.add_flag("--no-discard-dead", args->no_discard_dead,
