@@ -62,7 +62,9 @@ Plan make_plan(const Trace& trace, const PlannerOptions& opts, PlannerStats* sta
 // Candidate plans for a search (plan_best in teraio/sweep.h): make_plan's plan first, then plans
 // made with other settings of the planner's heuristics (the greedy loop's slack, prefetch hoisting,
 // planning for 80% of each tier's bandwidth so that transfers get slack). Each is valid for `opts`;
-// which one runs fastest depends on the trace, and planning is cheap next to training.
+// which one runs fastest depends on the trace, and planning is cheap next to training. The
+// variants are planned on parallel threads (each planner single-threaded); the list and its order
+// do not depend on the thread count.
 struct PlanVariant {
   std::string name;  // e.g. "default", "slack 0.25, no hoisting", "bandwidth x0.8"
   Plan plan;
