@@ -44,9 +44,9 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
                                         const SweepOptions& opts = {});
 
 // The fastest of make_plan_variants(trace, opts), each simulated (`iterations` iterations, on
-// parallel threads) at the tiers' bandwidths; ties go to the earlier variant. With several tiers, the fastest plan that moves
-// tensors to the first (most preferred) tier only is kept unless one using the others is more than
-// 2% faster (Note [A second tier must pay for itself], sweep.cpp); so the result is never slower
+// parallel threads) at the tiers' bandwidths; ties go to the earlier variant. With several tiers,
+// the fastest plan that moves tensors to the first (most preferred) tier only is kept unless one
+// using the others is more than 2% faster (Note [A second tier must pay for itself], sweep.cpp); so the result is never slower
 // than make_plan's own plan in the simulator with one tier, and at most 2% slower than the fastest
 // variant with several. Its `predicted` field is filled from that simulation.
 struct BestPlan {

@@ -1195,10 +1195,11 @@ double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& 
 
 std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts) {
   using planner_detail::PlannerTuning;
+  const PlannerTuning base;
   // make_plan's own plan first: its failure is the answer (nothing fits), and the stretched
   // variants are scaled by its bytes (Note [Planning for a stretched iteration]).
   std::vector<PlanVariant> out;
-  out.push_back({"default", planner_detail::make_plan_tuned(trace, opts, PlannerTuning{}, nullptr, nullptr)});
+  out.push_back({"default", planner_detail::make_plan_tuned(trace, opts, base, nullptr, nullptr)});
   // The other settings are queued and planned on parallel threads (each planner is independent
   // of the others), kept in the order queued. One failing (no recompute, small tensors left to the
   // forced pass: more to hold than the tiers can) only leaves that variant out.
@@ -1211,7 +1212,6 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
   auto add = [&](std::string name, const PlannerOptions& o, const PlannerTuning& t) {
     jobs.push_back({std::move(name), o, t});
   };
-  const PlannerTuning base;
   // A variant's tuning: the base with these knobs.
   const auto tuned = [&](double slack, bool farthest = false, bool without_persistent_reads = false,
                          bool deep_chains = false) {
