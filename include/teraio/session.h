@@ -346,6 +346,11 @@ class Session {
   void set_predict_step_in_backward(bool on);
   // Names a tensor (parameter name, "<param>.<state key>") and its kind for the trace.
   void name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind);
+  // Tracks tensors that exist before the step's operators use them (a watched model's parameters,
+  // in the first step) from now on, so that a budget smaller than they are can move them out
+  // before their first use; call inside a step. Tensors on another device, smaller than
+  // min_tensor_bytes or tracked already are left as they are (Note [Adopted tensors]).
+  void adopt(const std::vector<at::Tensor>& tensors);
 
   SessionStats stats() const;
   const SessionOptions& options() const;

@@ -289,6 +289,7 @@ class Session:
         # docs/pytorch.md, "Writebacks": read when the Session is made, as the C++ side reads it.
         self._writebacks = os.environ.get("TERAIO_WRITEBACKS", "") not in ("", "0")
         self._watched = []
+        self._adopted = set()  # id() of the watched models whose parameters are tracked (_adopt)
         self._split = []  # optimizers whose steps teraio wraps (watch)
         self._names = None  # id(parameter) -> name in a watched model (_param_name)
         self._predict_in_backward = False  # plans predict steps in backward (watch)
@@ -310,6 +311,7 @@ class Session:
         impl = self._require()
         impl.begin_step()
         try:
+            self._adopt(impl)
             yield self
         except BaseException as body_error:
             fault = None
@@ -505,6 +507,16 @@ class Session:
                     f"at most {self._part_bytes()} bytes, but a part holds one gradient at least: "
                     f"a gradient did not fit: raise the budget")
         return None
+
+    def _adopt(self, impl) -> None:
+        """Tracks the parameters of each watched model from the first step's start, so that a budget
+        below their bytes can move them before their first use (Note [Adopted tensors] in
+        src/torch/session.cpp)."""
+        for model, _ in self._watched:
+            if model is None or id(model) in self._adopted:
+                continue
+            impl.adopt(list(model.parameters()))
+            self._adopted.add(id(model))
 
     def _name_watched(self):
         impl = self._require()

@@ -236,6 +236,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("error_code"))
       .def("clear_faults", &teraio::Session::clear_faults)
       .def("name_tensor", &teraio::Session::name_tensor)
+      .def("adopt", &teraio::Session::adopt)
       .def("set_predict_step_in_backward", &teraio::Session::set_predict_step_in_backward)
       .def("stats", [](const teraio::Session& s) { return stats_dict(s.stats()); });
 }

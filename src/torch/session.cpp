@@ -34,6 +34,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <span>
 #include <tuple>
@@ -753,6 +754,35 @@ struct Session::Impl final : offload::StepBinding {
     id_storage[id] = si;
     rec.note_bound(id, key, si->nbytes(), t.requires_grad() && !t.grad_fn());
     return id;
+  }
+
+  // Note [Adopted tensors]: in the first step a tensor that exists already (a parameter) is bound
+  // only at its first operator, and until then the device memory it takes is untracked: nothing
+  // can move it, so a budget below the parameters' bytes failed at the first operator that needed
+  // room ("... plus N of device memory used outside tracked tensors"), although a plan that streams
+  // the parameters would fit. The Python Session adopts its watched models' parameters at the start
+  // of the first step: they are bound here, resident and unused, under keys of a pseudo-operator
+  // past every real one (kAdopted, the slot the tensor's place in the list), so that the reactive
+  // step can offload them before their first use, least recently bound first. A tensor no
+  // operator uses in an iteration is already a persistent tensor no kernel uses in the trace (Note
+  // [Trace of a recording]). The first adopted parameter names the device, as the first step's
+  // first parameter input does otherwise (on_start).
+  static constexpr uint32_t kAdopted = std::numeric_limits<uint32_t>::max();
+  uint32_t adopted_slots = 0;
+  void adopt(const std::vector<at::Tensor>& tensors) {
+    TERAIO_CHECK(ctl->in_step(), "Session.adopt: call it inside a step (after begin_step)");
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || !t.has_storage()) continue;
+      if (!device && t.requires_grad() && !t.grad_fn()) {
+        device = t.device();
+        ctl->set_device_margin(measuring_device());
+        measure_tiers(t.storage().unsafeGetStorageImpl()->allocator());
+      }
+      if (!device || t.device() != *device) continue;
+      c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+      if (storages.count(si)) continue;
+      lookup_or_bind(t, si, offload::make_key(kAdopted, adopted_slots++, false), true);
+    }
   }
 
   // Note [Recipes from the dispatcher]: what rerunning `fn` needs, taken at its start; null when it
@@ -1533,6 +1563,11 @@ void Session::fetch_all() {
 void Session::set_predict_step_in_backward(bool on) {
   std::lock_guard lock(impl_->mu);
   impl_->ctl->set_predict_step_in_backward(on);
+}
+
+void Session::adopt(const std::vector<at::Tensor>& tensors) {
+  std::lock_guard lock(impl_->mu);
+  impl_->adopt(tensors);
 }
 
 void Session::name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind) {

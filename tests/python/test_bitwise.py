@@ -94,6 +94,57 @@ def test_planned_steps_follow_the_plan_within_budget(tmp_path):
         assert st["plan_moves"] > before["plan_moves"], st
 
 
+def deep_mlp():
+    layers = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+
+
+def deep_mlp_batch(g):
+    return (torch.randn(16, 256, generator=g), torch.randint(0, 10, (16,), generator=g))
+
+
+@pytest.mark.parametrize("planning", [False, True], ids=["reactive", "planned"])
+def test_parameters_larger_than_the_budget_train_bitwise(tmp_path, planning):
+    """Parameters that exceed the budget on their own (2.1 MiB against 768 KiB): the watched
+    model's parameters are tracked from the first step's start (Note [Adopted tensors]), so the
+    first step moves the ones it does not need yet instead of failing at the first operator that
+    needs room, and training stays bitwise."""
+    ref = train(deep_mlp, deep_mlp_batch, 5)
+    param_bytes = sum(p.numel() * p.element_size() for p in ref[1].parameters())
+    budget = 768 * 1024
+    assert param_bytes > 2 * budget
+    with session(tmp_path, f"{budget}B", planning=planning) as s:
+        got = train(deep_mlp, deep_mlp_batch, 5, session=s)
+        st = s.stats()
+        assert st["last_error"] == "", st["last_error"]
+        assert st["evictions"] > 0 and st["bytes_offloaded"] > 0, st
+        assert st["mode"] == ("planned" if planning else "reactive"), st
+        with s.resident():
+            assert_bitwise(ref, got)
+
+
+def test_watched_parameters_count_against_the_budget_from_the_first_step(tmp_path):
+    """The watched model's parameters are tracked when the first step begins, before any operator
+    uses them: the first operator that needs room moves out the ones not needed yet (here the 8
+    layers a step that runs only the first layer never reaches), and the tracked bytes resident
+    are then within the budget."""
+    torch.manual_seed(0)
+    model = deep_mlp()
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    tracked = [p for p in model.parameters() if p.numel() * p.element_size() >= 1024]
+    with session(tmp_path, f"{768 * 1024}B") as s:
+        s.watch(model, opt)
+        with s.step():
+            assert s.stats()["tracked_tensors"] == len(tracked)
+            model[1](model[0](torch.randn(16, 256)))
+        st = s.stats()
+        assert st["evictions"] > 0 and st["bytes_offloaded"] > 0, st
+        assert st["resident_bytes"] <= st["budget_bytes"], st
+        assert st["last_error"] == "", st["last_error"]
+
+
 @pytest.mark.parametrize("foreach,budget", [(False, "200KiB"), (True, "310KiB")])
 def test_sgd_foreach_false_and_true(tmp_path, foreach, budget):
     # A foreach step touches all parameters, gradients and momenta of the group in one operator:
