@@ -915,6 +915,14 @@ void Engine::touch(std::span<const LogicalId> ids) {
 
 // Forgets up to `max_entries` dead tensors (all when 0), resuming where the last sweep stopped, so
 // that freed tensors stop counting as resident soon after they die at O(1) cost per operator.
+// Note [Sweeps where they matter]: a full sweep asks every bound tensor's storage whether it
+// still lives (a weak reference locked and released each), so one per operator that reads costs
+// O(tracked tensors): on llama-1b (2,600 tracked tensors, 930 reads a step) that was a large part
+// of the host time the callbacks take in planned steps (docs/benchmarks.md, "Host time in planned
+// steps"). A dead tensor counted as resident only overstates the resident bytes, so the full
+// sweeps run where that could matter: before memory is taken past the target (make_room_locked,
+// and before_operator's reads when they would cross it) and when the device's untracked bytes are
+// measured (forget_dead). Elsewhere touch() sweeps a few entries per call.
 void Engine::sweep_dead_locked(size_t max_entries) {
   const size_t n = entries_.size();
   if (n == 0) return;
@@ -1217,8 +1225,15 @@ void Engine::before_operator(uint32_t k, std::span<const LogicalId> in_use) {
     if (e && e->loc != Location::kUnbound && e->pins == 0 && !e->memory->alive()) forget_locked(*e);
   }
   // Tensors that died since the last sweep still count as resident; forget them before taking
-  // memory, so that the resident bytes (and their peak) are the live ones.
-  if (!op.prefetch_at.empty()) sweep_dead_locked(0);
+  // memory, so that the resident bytes (and their peak) are the live ones, where the reads could
+  // take the resident bytes past the budget's target (Note [Sweeps where they matter]).
+  if (!op.prefetch_at.empty() && budget_.limited()) {
+    uint64_t incoming = 0;
+    for (const Move& m : op.prefetch_at)
+      if (const Entry* e = find(m.tensor); e && e->loc == Location::kOffloaded)
+        incoming += e->memory->bytes();
+    if (stats_.resident_bytes + incoming > budget_.resident_target_bytes()) sweep_dead_locked(0);
+  }
   for (const Move& m : op.prefetch_at) {
     Entry* e = find(m.tensor);
     if (!e || e->loc == Location::kUnbound) continue;  // died (swept): nothing to bring back
