@@ -154,10 +154,12 @@ int run_plan(const PlanArgs& args) {
              format_bytes(static_cast<double>(check.peak_bytes)),
              format_bytes(static_cast<double>(plan.budget_bytes)),
              format_bytes(static_cast<double>(stats.peak_before_bytes)));
-  fmt::print("predicted            iteration {}, ideal {}, stall {} ({:.2f}%){}\n",
+  fmt::print("predicted            iteration {}, ideal {}, stall {} ({:.2f}%){}{}\n",
              format_us(sim.iteration_us), format_us(sim.ideal_us), format_us(sim.stall_us),
              sim.ideal_us > 0 ? 100.0 * sim.stall_us / sim.ideal_us : 0.0,
-             sim.recomputes ? fmt::format(", recompute {}", format_us(sim.recompute_us)) : std::string());
+             sim.recomputes ? fmt::format(", recompute {}", format_us(sim.recompute_us)) : std::string(),
+             trace.has_host_times() ? fmt::format(", waiting for the host {}", format_us(sim.host_wait_us))
+                                    : std::string());
   fmt::print("moved per iteration  {}\n", bytes_by_kind_text(sim));
   fmt::print("floor                {} ({}); the prediction is {:.2f}x of it\n", format_us(sim.floor_us),
              sim.floor_bound, sim.floor_us > 0 ? sim.iteration_us / sim.floor_us : 0.0);

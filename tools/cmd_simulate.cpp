@@ -44,10 +44,11 @@ std::string timeline_json(const Trace& trace, const Plan& plan, const std::vecto
   out.reserve(64 * (trace.num_kernels() + r.transfers.size()) + 256);
   out += fmt::format(
       "{{\"format\": \"teraio.timeline\", \"version\": 1, \"iteration_us\": {}, "
-      "\"last_iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"recompute_us\": {},\n"
+      "\"last_iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"recompute_us\": {}, "
+      "\"host_wait_us\": {},\n"
       "\"kernels\": [",
       json_number(r.iteration_us), json_number(r.last_iteration_us), json_number(r.ideal_us),
-      json_number(r.stall_us), json_number(r.recompute_us));
+      json_number(r.stall_us), json_number(r.recompute_us), json_number(r.host_wait_us));
   for (KernelIndex k = 0; k < trace.num_kernels(); ++k) {
     out += fmt::format("{}\n{{\"name\": {}, \"start_us\": {}, \"time_us\": {}}}", k ? "," : "",
                        json_quote(trace.kernel_name(k)), json_number(r.kernel_start_us[k]),
@@ -118,7 +119,7 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
         "{{\"iteration_us\": {}, \"ideal_us\": {}, \"stall_us\": {}, \"overlap_us\": {}, "
         "\"peak_bytes\": {}, "
         "\"tiers\": [{}], \"urgent_fetches\": {}, \"floor_us\": {}, \"floor_bound\": {}, "
-        "\"bytes_by_kind\": {}{}{}{}}}\n",
+        "\"bytes_by_kind\": {}{}{}{}{}}}\n",
         json_number(r.iteration_us), json_number(r.ideal_us), json_number(r.stall_us),
         json_number(r.overlap_us), r.peak_bytes, tiers_json, r.urgent_fetches,
         json_number(r.floor_us), json_quote(r.floor_bound), bytes_by_kind_json(r),
@@ -132,7 +133,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
                               : std::string(),
         plan.discard_dead ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", r.discards,
                                         r.discarded_bytes)
-                          : std::string());
+                          : std::string(),
+        trace.has_host_times() ? fmt::format(", \"host_us\": {}, \"host_wait_us\": {}",
+                                             json_number(r.host_us), json_number(r.host_wait_us))
+                               : std::string());
     return;
   }
   fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
@@ -143,6 +147,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
   fmt::print("ideal                {}\n", format_us(r.ideal_us));
   fmt::print("stall                {}  ({:.2f}% of ideal)\n", format_us(r.stall_us),
              pct(r.stall_us, r.ideal_us));
+  if (trace.has_host_times()) {  // Note [The host lane] in src/sim/simulator.cpp
+    fmt::print("host                 {} per iteration; the stream waited {} for launches\n",
+               format_us(r.host_us), format_us(r.host_wait_us));
+  }
   if (r.recomputes) {
     fmt::print("recompute            {}  ({} recomputes per iteration, {:.2f}% of ideal)\n",
                format_us(r.recompute_us), r.recomputes, pct(r.recompute_us, r.ideal_us));

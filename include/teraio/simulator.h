@@ -65,7 +65,12 @@ struct SimTransfer {
 struct SimResult {
   double iteration_us = 0;  // wall time of an iteration, mean over the simulated iterations
   double ideal_us = 0;      // sum of kernel times
-  double stall_us = 0;      // time the compute stream waits for transfers: iteration - ideal - recompute
+  double stall_us = 0;      // time the compute stream waits for transfers: iteration - ideal - recompute - host_wait
+  // Time the compute stream waits for the host to launch the next kernel, per iteration (Note [The
+  // host lane] in simulator.cpp); 0 for a trace without host times.
+  double host_wait_us = 0;
+  // The host's time per iteration: the trace's host times and the recomputes' (0 without them).
+  double host_us = 0;
   double recompute_us = 0;  // producer time rerun by the plan's recompute moves, per iteration
   size_t recomputes = 0;    // recompute moves per iteration
   double overlap_us = 0;    // transfer time hidden behind kernels (per iteration, summed over links)

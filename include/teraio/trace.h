@@ -85,6 +85,16 @@ class Trace {
     return {tensor_ids_.data() + offsets_[k], tensor_ids_.data() + offsets_[k + 1]};
   }
   std::span<const double> kernel_times_us() const { return kernel_time_us_; }
+  // Format v2, optional: the host's time to reach and launch kernel k (from the end of the
+  // previous operator's launch to the end of this one's, callbacks of whoever recorded it
+  // excluded; docs/formats.md). 0 where the trace records none: the simulator then takes the host
+  // to keep ahead of the device (Note [The host lane] in simulator.cpp).
+  double kernel_host_us(KernelIndex k) const {
+    return kernel_host_us_.empty() ? 0.0 : kernel_host_us_[k];
+  }
+  bool has_host_times() const { return !kernel_host_us_.empty(); }
+  // Sets kernel k's host time (the first call gives every other kernel 0).
+  void set_kernel_host_us(KernelIndex k, double host_us);
 
   // Appends a kernel. Tensor ids must refer to tensors already added (checked by validate()).
   // Duplicate ids within one kernel are collapsed.
@@ -102,7 +112,7 @@ class Trace {
   // Sum of all kernel times.
   double total_time_us() const;
 
-  // Throws teraio::Error on ids out of range, negative or non-finite times, traces beyond the
+  // Throws teraio::Error on ids out of range, negative or non-finite times (host times too), traces beyond the
   // bounds above, an alive_until that is out of range, before the tensor's last use, on a
   // persistent tensor or on an unused one, and a producer that is not the tensor's first use (or
   // is on a persistent tensor) or a recomputable tensor without a producer, recompute_inputs or
@@ -119,6 +129,7 @@ class Trace {
   std::vector<std::string> names_;
   std::vector<uint32_t> kernel_name_id_;
   std::vector<double> kernel_time_us_;
+  std::vector<double> kernel_host_us_;  // empty: none recorded
   std::vector<uint64_t> offsets_{0};
   std::vector<TensorId> tensor_ids_;
   std::vector<std::pair<std::string, uint32_t>> name_index_;  // sorted lookup for interning

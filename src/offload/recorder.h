@@ -113,6 +113,7 @@ struct OperatorRecord {
   std::string name;
   double time_us = 0;
   std::vector<LogicalId> ids;
+  double host_us = 0;  // the host's time to reach and launch it (TensorSource::host_times)
 };
 
 // What the recorder asks of the binding layer (src/torch; fakes in tests).
@@ -125,6 +126,9 @@ class TensorSource {
   virtual std::vector<LogicalId> live_tensors() const = 0;
   // The device time of recorded operator k, given the host time measured around it (CUDA: from
   // events on the operator's stream; may wait for them).
+  // Whether the recorded operators' host times (add_operator's host_us) go into the trace
+  // (kernels[k].host_us): only where operator_time_us is the device's time, not the host's.
+  virtual bool host_times() const { return false; }
   virtual double operator_time_us(size_t k, double host_us) const {
     (void)k;
     return host_us;
@@ -189,9 +193,11 @@ class Recorder {
   void add_signature(uint64_t signature) { signatures_.push_back(signature); }
   const std::vector<uint64_t>& signatures() const { return signatures_; }
   // Appends an operator touching `inputs` and then `outputs` (duplicates dropped), and marks every
-  // recorded tensor still alive after it (source.alive) as alive there.
+  // recorded tensor still alive after it (source.alive) as alive there. host_us: the host's time
+  // to reach and launch it (Note [Host times of a recording] in src/torch/session.cpp).
   void add_operator(std::string name, double time_us, std::span<const LogicalId> inputs,
-                    std::span<const LogicalId> outputs, const TensorSource& source);
+                    std::span<const LogicalId> outputs, const TensorSource& source,
+                    double host_us = 0);
   // Replaces the recorded operators and signatures with these (a plan's own profile of the
   // operators before a drift: the iteration can still become the profile of its shape).
   void splice(std::span<const OperatorRecord> ops, std::span<const uint64_t> signatures);

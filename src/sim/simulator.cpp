@@ -304,6 +304,19 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
 // anything else queued): chunked preemption with chunks small enough to ignore. Without preemption
 // (urgent only jumps the queue) more bandwidth can make a plan slower: a small urgent prefetch
 // stuck behind a large transfer that started only because the link got free earlier.
+// Note [The host lane]: on a GPU the host launches kernels ahead of the device, and a step is as
+// fast as its kernels and transfers only while the host keeps ahead. Small kernels (bf16 autocast
+// at small batches: 4,817 operators in 94 ms for llama-1b) leave it no lead, and every recompute
+// costs host time to rerun its producer besides the producer's kernels (docs/benchmarks.md,
+// "Recompute chains, writebacks and the peers with checkpointing on the H200": predictions 22-31%
+// fast where the host was the bound). A trace with host times (kernels[k].host_us, recorded by a
+// Session on CUDA) is replayed with a host lane: the host reaches kernel k's operator when it has
+// launched kernel k-1, spends the host time of the recomputes due there, then kernel k's host
+// time, and only then can kernel k start; the compute stream waits for it (host_wait_us) where the
+// host is behind. The host waits for the device once a step (a training loop reads its loss), so
+// kernel 0 of every iteration after the first starts its host time when the device is done. Host
+// times do not depend on bandwidth, so a kernel's start still never grows with it. Without host
+// times the host is taken to keep ahead, as before.
 // Note [Reported iteration]
 // iteration_us is the mean over the simulated iterations: ideal plus every stall from time 0 to the
 // start of kernel 0 of the iteration after the last, divided by the iteration count. Each kernel's
@@ -358,6 +371,21 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     result.recompute_us += r.time_us;
   }
   result.recomputes = check.recomputes.size();
+  // Host time spent before each kernel's own launch by the recomputes due for it: each reruns its
+  // producer (or the nested part of it: the share of the producer's time it takes) through the
+  // dispatcher, at the producer's host time.
+  const bool host_lane = trace.has_host_times();
+  std::vector<double> host_recompute_before;
+  if (host_lane) {
+    host_recompute_before.assign(static_cast<size_t>(n), 0);
+    for (const RecomputeMove& r : check.recomputes) {
+      const double producer_us = trace.kernel_time_us(r.producer);
+      const double share = producer_us > 0 ? std::min(1.0, r.time_us / producer_us) : 1.0;
+      host_recompute_before[r.deadline] += trace.kernel_host_us(r.producer) * share;
+    }
+    for (size_t k = 0; k < static_cast<size_t>(n); ++k)
+      result.host_us += trace.kernel_host_us(static_cast<KernelIndex>(k)) + host_recompute_before[k];
+  }
 
   const int64_t iters = opts.iterations;
   const int64_t last_g = iters * n;  // kernel 0 of the iteration after the last: only its start
@@ -502,8 +530,21 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   };
 
   double t = 0;  // when the compute stream is free
+  double h = 0;  // when the host has launched every kernel so far (Note [The host lane])
+  double host_wait_us = 0;  // all iterations
   const std::span<const double> times = trace.kernel_times_us();
   for (int64_t g = 0; g <= last_g; ++g) {
+    const auto k = static_cast<size_t>(g % n);
+    double host_reach = 0;  // when the host reaches kernel g's operator
+    if (host_lane) {
+      if (k == 0 && g > 0) h = std::max(h, t);  // the loop waits for the device once a step
+      host_reach = h;
+      if (host_reach > t) {
+        host_wait_us += host_reach - t;
+        gaps.push_back({t, host_reach});
+        t = host_reach;
+      }
+    }
     const double free_us = t;
     t = satisfy(g, true, t);   // offloads that free the memory kernel g needs
     issue_all(g, false, t);    // prefetches issued as kernel g begins take memory now
@@ -512,7 +553,15 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
       stall_us += t - free_us;
       gaps.push_back({free_us, t});
     }
-    if (g < last_g) t += recompute_before[static_cast<size_t>(g % n)];  // inputs resident (check_plan)
+    if (g < last_g) t += recompute_before[k];  // inputs resident (check_plan)
+    if (host_lane && g < last_g) {
+      h = host_reach + host_recompute_before[k] + trace.kernel_host_us(static_cast<KernelIndex>(k));
+      if (h > t) {
+        host_wait_us += h - t;
+        gaps.push_back({t, h});
+        t = h;
+      }
+    }
     if (g >= first_g) start_us[static_cast<size_t>(g - first_g)] = t;
     if (g == last_g) break;
     t += times[static_cast<size_t>(g % n)];
@@ -522,7 +571,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
 
   // See Note [Reported iteration].
   result.stall_us = stall_us / static_cast<double>(iters);
-  result.iteration_us = result.ideal_us + result.stall_us + result.recompute_us;
+  result.host_wait_us = host_wait_us / static_cast<double>(iters);
+  result.iteration_us = result.ideal_us + result.stall_us + result.recompute_us + result.host_wait_us;
   result.last_iteration_us = start_us[static_cast<size_t>(n)] - start_us[0];
   result.urgent_fetches = urgent;
 

@@ -276,6 +276,10 @@ struct OpCtx final : at::ObserverContext {
   std::vector<LogicalId> unwatched;
   bool untracked_input = false;
   double t0_us = 0;
+  // Note [Host times of a recording]: the host time before this operator's callback since the
+  // previous operator's ended, and the nested callbacks' time at its start (tl_nested_hook_us).
+  double gap_us = 0;
+  double nested_hook_us0 = 0;
   uint64_t timer_token = 0;  // nonzero while the KernelTimer attributes this thread's work to it
   bool violation = false;  // the budget could not be met at this operator (reported once)
   // A planned step's capture for the outputs a recompute makes again (Note [Recipes from the
@@ -314,6 +318,9 @@ std::pair<uint64_t, uint64_t> device_allocated(c10::DeviceIndex device) {
 thread_local int tl_depth = 0;     // nesting of observed operators on this thread
 thread_local OpCtx* tl_top = nullptr;  // the running top-level step operator on this thread
 thread_local int tl_backward = 0;  // inside an autograd node on this thread
+// Host time this thread spent in the callbacks of nested operators (Note [Host times of a
+// recording]): not the operator's own host time.
+thread_local double tl_nested_hook_us = 0;
 // The thread that began the step. Operators of the step are those of this thread and of autograd
 // nodes (backward on autograd's device threads); other threads (a DataLoader's pin-memory thread)
 // are treated as outside the step, so they neither shift operator indices nor get tracked.
@@ -607,6 +614,9 @@ struct Session::Impl final : offload::StepBinding {
   std::vector<double> op_device_us;
   double event_us_sum = 0;  // the last recording's operators timed with events (CUDA)
   std::atomic<double> hook_us{0};  // host time inside the operator callbacks (stats()["hook_us"])
+  // When the last step operator's callbacks ended, or the step began (Note [Host times of a
+  // recording]).
+  std::atomic<double> last_op_exit_us{0};
 
   // Begins timing operators with CUPTI at a recording's first operator on CUDA; when it cannot,
   // `timing` says why and events time them.
@@ -693,6 +703,7 @@ struct Session::Impl final : offload::StepBinding {
       if (!b.weak.expired()) out.push_back(b.id);
     return out;
   }
+  bool host_times() const override { return measuring_device(); }
   double operator_time_us(size_t k, double host_us) const override {
     return k < op_device_us.size() && op_device_us[k] >= 0 ? op_device_us[k] : host_us;
   }
@@ -812,6 +823,7 @@ struct Session::Impl final : offload::StepBinding {
   }
 
   std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    const double enter_us = now_us();
     std::lock_guard lock(mu);
     auto ctx = std::make_unique<OpCtx>();
     const bool step_op = ctl->in_step() && (tl_step_thread || tl_backward > 0);
@@ -908,6 +920,8 @@ struct Session::Impl final : offload::StepBinding {
         }
       }
 #endif
+      ctx->gap_us = std::max(0.0, enter_us - last_op_exit_us.load(std::memory_order_relaxed));
+      ctx->nested_hook_us0 = tl_nested_hook_us;
       ctx->t0_us = now_us();
     }
     return ctx;
@@ -995,7 +1009,12 @@ struct Session::Impl final : offload::StepBinding {
           ctl->recorder().note_nested(outs[i], n->op, n->inputs);
         ctl->recorder().note_produced(outs[i], fn.name(), f);
       }
-      ctl->recorder().add_operator(fn.name(), t1 - ctx->t0_us, ctx->ids, outs, *this);
+      // Note [Host times of a recording]: the operator's body on the host (its dispatch and
+      // launches, nested operators' callbacks excluded) is its host-clock time; with the host
+      // time before its callback since the previous operator ended (the Python and autograd
+      // engine work between them), its host time in the trace (kernels[k].host_us, CUDA only).
+      const double body_us = std::max(0.0, t1 - ctx->t0_us - (tl_nested_hook_us - ctx->nested_hook_us0));
+      ctl->recorder().add_operator(fn.name(), body_us, ctx->ids, outs, *this, ctx->gap_us + body_us);
 #ifdef TERAIO_TORCH_CUDA
       if (ctx->events) {
         ctx->events->second.record(c10::cuda::getCurrentCUDAStream(device->index()));
@@ -1215,6 +1234,7 @@ struct Session::Impl final : offload::StepBinding {
     ctl->begin_step(*this);
     tl_step_thread = true;
     op_device_us.clear();
+    last_op_exit_us.store(now_us(), std::memory_order_relaxed);
 #ifdef TERAIO_TORCH_CUDA
     op_events.clear();
     op_tokens.clear();
@@ -1287,7 +1307,10 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
         !(s->ctl->in_step() && (tl_step_thread || tl_backward > 0) && Session::Impl::reads_absent(fn)))
       return nullptr;
     try {
-      return s->on_nested_start(fn, top, producers);
+      const double t0 = now_us();
+      std::unique_ptr<at::ObserverContext> nested = s->on_nested_start(fn, top, producers);
+      tl_nested_hook_us += now_us() - t0;
+      return nested;
     } catch (const std::exception& e) {
       std::lock_guard lock(s->mu);
       s->ctl->note_error(e.what());
@@ -1332,11 +1355,17 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   try {
     auto* nested = dynamic_cast<NestedCtx*>(ctx);
     if (ctx == nullptr || nested != nullptr) {
-      if (tl_depth > 0 && (tl_top != nullptr || nested != nullptr)) s->on_nested_end(fn, tl_top, nested);
+      if (tl_depth > 0 && (tl_top != nullptr || nested != nullptr)) {
+        s->on_nested_end(fn, tl_top, nested);
+        tl_nested_hook_us += now_us() - timed.t0;
+      }
       return;
     }
     if (ctx == tl_top) tl_top = nullptr;
-    s->on_end(fn, static_cast<OpCtx*>(ctx));
+    auto* op = static_cast<OpCtx*>(ctx);
+    const bool in_step = op->in_step;
+    s->on_end(fn, op);
+    if (in_step) s->last_op_exit_us.store(now_us(), std::memory_order_relaxed);
   } catch (const std::exception& e) {
     std::lock_guard lock(s->mu);
     s->ctl->note_error(e.what());

@@ -40,6 +40,7 @@ uint32_t Trace::intern(std::string_view name) {
 void Trace::add_kernel(std::string_view name, double time_us, std::span<const TensorId> ids) {
   kernel_name_id_.push_back(intern(name));
   kernel_time_us_.push_back(time_us);
+  if (!kernel_host_us_.empty()) kernel_host_us_.push_back(0.0);
   const size_t begin = tensor_ids_.size();
   for (TensorId t : ids) {
     // Collapse duplicates: a kernel touching a tensor twice uses it once.
@@ -48,6 +49,13 @@ void Trace::add_kernel(std::string_view name, double time_us, std::span<const Te
       tensor_ids_.push_back(t);
   }
   offsets_.push_back(tensor_ids_.size());
+}
+
+void Trace::set_kernel_host_us(KernelIndex k, double host_us) {
+  TERAIO_CHECK(k < num_kernels(), "set_kernel_host_us: kernel {} is out of range ({} kernels)", k,
+               num_kernels());
+  if (kernel_host_us_.empty()) kernel_host_us_.assign(num_kernels(), 0.0);
+  kernel_host_us_[k] = host_us;
 }
 
 void Trace::reserve_kernels(size_t kernels, size_t uses) {
@@ -102,12 +110,21 @@ void Trace::validate() const {
     total_bytes += b;
   }
   double total_us = 0;
+  double total_host_us = 0;
   for (size_t k = 0; k < num_kernels(); ++k) {
     const double t = kernel_time_us_[k];
     TERAIO_CHECK(std::isfinite(t) && t >= 0, "kernels[{}].time_us: must be a finite number >= 0, got {}",
                  k, t);
     total_us += t;
     TERAIO_CHECK(total_us <= kMaxTraceTimeUs, "kernels[{}].time_us: {}", k, time_bound_message(t));
+    if (!kernel_host_us_.empty()) {
+      const double h = kernel_host_us_[k];
+      TERAIO_CHECK(std::isfinite(h) && h >= 0,
+                   "kernels[{}].host_us: must be a finite number >= 0, got {}", k, h);
+      total_host_us += h;
+      TERAIO_CHECK(total_host_us <= kMaxTraceTimeUs, "kernels[{}].host_us: {}", k,
+                   time_bound_message(h));
+    }
     for (TensorId id : kernel_tensors(static_cast<KernelIndex>(k))) {
       TERAIO_CHECK(id < n, "kernels[{}].tensors: tensor id {} is out of range (the trace has {} tensors)",
                    k, id, n);

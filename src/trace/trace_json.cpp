@@ -128,6 +128,7 @@ Trace parse_trace(std::string_view text, std::string_view source) {
   const uint64_t num_tensors = trace.tensors.size();
   size_t k = 0;
   double total_us = 0;
+  double total_host_us = 0;
   for (auto e : kernels) {
     const json::Path p = kp.at(k);
     auto o = r.object(e, p);
@@ -148,6 +149,12 @@ Trace parse_trace(std::string_view text, std::string_view source) {
       ++j;
     }
     trace.add_kernel(name, time_us, ids);
+    if (version >= 2 && r.has(o, "host_us")) {
+      const double host_us = r.non_negative(r.field(o, "host_us", p), p.field("host_us"));
+      total_host_us += host_us;
+      if (total_host_us > kMaxTraceTimeUs) r.fail(p.field("host_us"), Trace::time_bound_message(host_us));
+      trace.set_kernel_host_us(static_cast<KernelIndex>(k), host_us);
+    }
     ++k;
   }
   if (check_uses) {  // checked against the uses, which are known only now
@@ -169,8 +176,10 @@ std::string trace_to_json(const Trace& trace) {
   std::string out;
   out.reserve(64 + trace.num_tensors() * 96 + trace.num_kernels() * 64);
   // v1 when nothing needs v2, so that files without producers stay readable by older teraio.
-  const bool v2 = std::any_of(trace.tensors.begin(), trace.tensors.end(),
-                              [](const TensorInfo& t) { return t.producer.has_value() || t.recomputable; });
+  const bool v2 = trace.has_host_times() ||
+                  std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const TensorInfo& t) {
+                    return t.producer.has_value() || t.recomputable;
+                  });
   out += v2 ? "{\n  \"format\": \"teraio.trace\", \"version\": 2,\n"
             : "{\n  \"format\": \"teraio.trace\", \"version\": 1,\n";
   if (trace.writes_recorded) out += "  \"writes_recorded\": true,\n";
@@ -226,6 +235,10 @@ std::string trace_to_json(const Trace& trace) {
     append_json_quoted(out, trace.kernel_name(ki));
     out += ", \"time_us\": ";
     append_json_number(out, trace.kernel_time_us(ki), "a kernel time");
+    if (trace.has_host_times()) {
+      out += ", \"host_us\": ";
+      append_json_number(out, trace.kernel_host_us(ki), "a host time");
+    }
     fmt::format_to(std::back_inserter(out), ", \"tensors\": [{}]}}",
                    fmt::join(trace.kernel_tensors(ki), ", "));
   }

@@ -231,6 +231,7 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
   for (const Part& part : order) {
     const auto tensors = trace.kernel_tensors(part.old);
     double time_us = trace.kernel_time_us(part.old);
+    double host_us = trace.kernel_host_us(part.old);
     if (part.owner == kNone) {
       ids.assign(tensors.begin(), tensors.end());
     } else {
@@ -243,9 +244,12 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
         if (owner[t] == part.owner || owner[t] == kNone) ids.push_back(t);
       }
       time_us = all > 0 ? time_us * mine / all : 0;
+      host_us = all > 0 ? host_us * mine / all : 0;
     }
     new_at[part.old].push_back(static_cast<KernelIndex>(out.num_kernels()));
     out.add_kernel(trace.kernel_name(part.old), time_us, ids);
+    if (trace.has_host_times())
+      out.set_kernel_host_us(static_cast<KernelIndex>(out.num_kernels() - 1), host_us);
   }
 
   // Kernel indices of the tensors follow their kernels: for a split kernel, the part that lists

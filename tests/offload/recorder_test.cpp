@@ -37,8 +37,33 @@ class FakeSource : public TensorSource {
     return host_us + static_cast<double>(k);  // "device time": distinguishable from the host's
   }
   std::string device_name() const override { return "fake:0"; }
+  bool host_times() const override { return with_host_times; }
   std::set<LogicalId> live;
+  bool with_host_times = false;
 };
+
+// Note [Host times of a recording]: where the operators' times are the device's, the trace keeps
+// each operator's host time as kernels[k].host_us; where they are the host's (CPU), it has none.
+TEST(Recorder, HostTimesGoIntoTheTraceOnlyWhereTimesAreTheDevices) {
+  for (bool device : {false, true}) {
+    Recorder r;
+    FakeSource src;
+    src.with_host_times = device;
+    r.begin_iteration(1);
+    const LogicalId a = r.id_for_key(make_key(0, 0, false), src);
+    r.note_bound(a, make_key(0, 0, false), 4096, true);
+    src.live.insert(a);
+    r.add_operator("first", 10, std::vector<LogicalId>{a}, {}, src, 25);
+    r.add_operator("second", 10, std::vector<LogicalId>{a}, {}, src, 7.5);
+    runtime::Engine engine(runtime::EngineOptions{}, {});
+    const Trace t = r.build_trace(engine, src).trace;
+    ASSERT_EQ(t.num_kernels(), 2u);
+    EXPECT_EQ(t.has_host_times(), device);
+    EXPECT_DOUBLE_EQ(t.kernel_host_us(0), device ? 25 : 0);
+    EXPECT_DOUBLE_EQ(t.kernel_host_us(1), device ? 7.5 : 0);
+    EXPECT_DOUBLE_EQ(t.kernel_time_us(1), 11);  // the device's time (the fake's)
+  }
+}
 
 TEST(Recorder, KeysNameTheSameTensorAcrossIterationsWhileItIsGone) {
   Recorder r;

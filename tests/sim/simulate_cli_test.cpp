@@ -66,6 +66,24 @@ TEST_F(SimulateCli, JsonHasExactlyTheDocumentedKeys) {
   EXPECT_DOUBLE_EQ(j["tiers"][0]["read_busy_us"].get<double>(), 20);
 }
 
+TEST_F(SimulateCli, HostTimesAreReportedWhenTheTraceHasThem) {
+  // The golden case with a host that needs 15 us per kernel: 5 us behind each 10 us kernel.
+  Trace tr = read_trace(trace_);
+  for (KernelIndex k = 0; k < tr.num_kernels(); ++k) tr.set_kernel_host_us(k, 15);
+  const std::string t = (dir_ / "th.json").string();
+  write_trace(tr, t);
+  const CmdResult r = run_teraio("simulate " + t + " " + plan_ + " --json --iterations 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(j["host_us"].get<double>(), 75);
+  EXPECT_GT(j["host_wait_us"].get<double>(), 0);
+  EXPECT_GE(j["iteration_us"].get<double>(), 75);
+  const CmdResult table = run_teraio("simulate " + t + " " + plan_);
+  ASSERT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("host                 75.0 us per iteration"), std::string::npos)
+      << table.out;
+}
+
 TEST_F(SimulateCli, TierBandwidthOverridesThePlan) {
   const CmdResult r =
       run_teraio("simulate " + trace_ + " " + plan_ + " --json --tier-bandwidth ssd:2:2");

@@ -770,6 +770,119 @@ TEST(SimClean, TransientTensorsFirstOffloadWritesAndARecomputeInBetweenToo) {
   EXPECT_EQ(r.tiers[0].offload_bytes, 20000u);
 }
 
+// Note [The host lane]: a host slower than the kernels sets the pace; one that keeps ahead changes
+// nothing; a recompute costs its producer's host time too.
+TEST(SimHost, AHostBehindTheKernelsSetsThePace) {
+  Trace tr = make_trace({10, 10, 10, 10}, {{100, true}}, {{0}, {}, {}, {0}});
+  Plan plan;
+  plan.tiers = {tier("host", kGbps, kGbps)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  EXPECT_DOUBLE_EQ(simulate(tr, plan, o).iteration_us, 40);
+  // Host times 10, 30, 10, 10: kernel 0 is launched at 10, kernel 1 at 40 (the stream, free at
+  // 20, waits 20 us), kernels 2 and 3 at 50 and 60, as the stream frees (starts relative to
+  // kernel 0's).
+  const std::vector<double> host = {10, 30, 10, 10};
+  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, host[k]);
+  SimResult r = simulate(tr, plan, o);
+  ASSERT_EQ(r.kernel_start_us.size(), 4u);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[1], 30);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[2], 40);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 50);
+  EXPECT_DOUBLE_EQ(r.host_us, 60);
+  EXPECT_DOUBLE_EQ(r.host_wait_us, 30);  // 10 before kernel 0, 20 before kernel 1
+  EXPECT_DOUBLE_EQ(r.stall_us, 0);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 70);
+  // A host that keeps ahead (1 us a kernel) costs only the first launch.
+  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, 1);
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 41);
+  EXPECT_DOUBLE_EQ(r.host_wait_us, 1);
+  // The host waits for the device at each step's end, so every iteration pays its first launch:
+  // kernel 0 of the second iteration starts 1 us after the first iteration's kernels end.
+  o.iterations = 2;
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 41);
+  EXPECT_DOUBLE_EQ(r.host_wait_us, 1);
+}
+
+TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
+  // An activation made at kernel 0 and used at 3, recomputed before 3 (10 us on the stream).
+  Trace tr = make_trace({10, 10, 10, 10}, {{10000, false}, {100, true}}, {{0, 1}, {}, {}, {0}});
+  tr.tensors[0].producer = 0;
+  tr.tensors[0].recomputable = true;
+  Plan plan;
+  plan.tiers = {tier("host", kGbps, kGbps)};
+  plan.moves = {Move{0, MoveOp::recompute, 0, 0, 3}};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  SimResult r = simulate(tr, plan, o);
+  EXPECT_EQ(r.recomputes, 1u);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 50);
+  // Host times 20, 1, 1, 1: kernels start at 20, 30, 40; the host reaches kernel 3's operator at
+  // 22, reruns the producer (20 us) and launches kernel 3 at 43, while the stream runs the
+  // recompute's kernel 50-60: kernel 3 starts at 60, 40 after kernel 0.
+  const std::vector<double> host = {20, 1, 1, 1};
+  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, host[k]);
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 40);
+  EXPECT_DOUBLE_EQ(r.host_us, 43);
+  EXPECT_DOUBLE_EQ(r.host_wait_us, 20);
+  // Host time 40 for the producer: kernels at 40, 50, 60; the host reaches kernel 3 at 42 and
+  // launches it at 83, after the rerun; the stream, free at 80, waits 3 us.
+  tr.set_kernel_host_us(0, 40);
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 43);
+  EXPECT_DOUBLE_EQ(r.host_wait_us, 43);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 40 + 10 + 43);
+}
+
+// With host times, more bandwidth is still never slower, and the host never makes a step faster
+// than without them (Note [The host lane]).
+TEST(SimHost, RandomPlansStayMonotoneAndNoFasterThanWithoutHostTimes) {
+  std::mt19937_64 rng(4242);
+  std::uniform_real_distribution<double> host(0.0, 30.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    Trace tr = test::random_trace(rng, trial % 2 == 1);
+    const Plan plan = test::random_plan(tr, rng);
+    SimOptions o;
+    o.link_order = SimOptions::LinkOrder::kPreemptive;  // see check_random_plan
+    const double without = simulate(tr, plan, o).iteration_us;
+    for (KernelIndex k = 0; k < tr.num_kernels(); ++k) tr.set_kernel_host_us(k, host(rng));
+    const SimResult with = simulate(tr, plan, o);
+    ASSERT_GE(with.iteration_us, without * (1 - 1e-12) - 1e-9) << "trial " << trial;
+    ASSERT_GE(with.iteration_us, with.host_us * (1 - 1e-12) - 1e-9) << "trial " << trial;
+    double prev = std::numeric_limits<double>::infinity();
+    for (double sc = 0.05; sc < 20; sc *= 1.5) {
+      o.actual_tiers = plan.tiers;
+      for (TierSpec& t : o.actual_tiers) {
+        t.read_gbps *= sc;
+        t.write_gbps *= sc;
+      }
+      const double it = simulate(tr, plan, o).iteration_us;
+      ASSERT_LE(it, prev * (1 + 1e-12) + 1e-9) << "trial " << trial << " scale " << sc;
+      prev = it;
+    }
+  }
+}
+
+TEST(SimHost, HostTimesRoundTripThroughJson) {
+  Trace tr = make_trace({10, 10}, {{100, true}}, {{0}, {0}});
+  EXPECT_FALSE(tr.has_host_times());
+  EXPECT_EQ(trace_to_json(tr).find("host_us"), std::string::npos);
+  tr.set_kernel_host_us(1, 12.5);
+  const Trace back = parse_trace(trace_to_json(tr), "t.json");
+  ASSERT_TRUE(back.has_host_times());
+  EXPECT_DOUBLE_EQ(back.kernel_host_us(0), 0);
+  EXPECT_DOUBLE_EQ(back.kernel_host_us(1), 12.5);
+  tr.set_kernel_host_us(0, -1);
+  EXPECT_THROW(tr.validate(), Error);
+}
+
 // On random plans over traces that record random writes: every offload's bytes are either written
 // or clean, exactly the bytes of the same plan over the trace without writes recorded.
 TEST(SimProperty, CleanOffloadsSplitTheOffloadedBytes) {
