@@ -40,19 +40,16 @@
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
-# Still to measure (docs/benchmarks.md, "Deep recompute chains, predicted", "Recompute priced at the
-# true link, predicted", "Eager writebacks, predicted", "Deep recompute chains and writebacks on an
-# H100" and "Recomputable autocast copies, predicted"), one device call each (< 10 min), in this
-# order; footprints as measured on 2026-12-04:
-#   bash bench/h200_call31.sh                                (on an H200: the 8B at 110 GiB with deep chains
-#                                                             and writebacks, the CUDA bitwise checks with
-#                                                             them, llama-1b autocast 1/4 with and without)
-#   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS=2 RC_MODES="step-in-backward
-#     step-in-backward+deep-recompute step-in-backward+deep-recompute+writebacks" bash bench/h200_run.sh recompute
-#                                                            (issue 15's autocast goal at 1/2: no gain shown
-#                                                             on the H100; TIMELINE=1 to see where it waits)
+# Still to measure (docs/benchmarks.md, "Host time per operator in planned steps" and "Recompute
+# chains, writebacks and the peers with checkpointing on the H200"), one device call each (< 10 min),
+# in this order; footprints as measured on 2026-12-04:
+#   bash bench/h200_call32.sh                                (on an H200: llama-1b autocast 1/2 and 1/4 with
+#                                                             and without deep chains + writebacks: host time
+#                                                             per step and the host lane's predictions; teraio
+#                                                             at FSDP2 + checkpointing's 4.11 GiB)
+#   OUT=... bash bench/host_profile.sh                       (where the host's time goes, under perf)
 #   bash bench/h200_run.sh real largest-inbwd
-#   bash bench/h200_run.sh peers1b -ac-                      (issue 15's peers with activation checkpointing)
+#   bash bench/h200_run.sh peers1b                           (the peers without checkpointing, again)
 #   bash bench/h200_run.sh real inbwd-hostdisk               (the 8B in fp32 at 1 x 4096, host + disk)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
 # TIMELINE=1: every llm_bench run also profiles one step after the measured ones (bench/timeline.py;
