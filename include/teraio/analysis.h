@@ -84,6 +84,10 @@ std::vector<TensorId> kernel_inputs(const Trace& trace, const Lifetimes& lifetim
 // inputs (kernel_inputs) and kernel time.
 std::vector<TensorId> recompute_reads(const Trace& trace, const Lifetimes& lifetimes, TensorId t);
 double recompute_time_us(const Trace& trace, TensorId t);
+// The host's time to rerun t's producer (or the nested part of it: the producer's host time times
+// the share of its time the recompute takes); 0 for a trace without host times (Note [The host
+// lane] in src/sim/simulator.cpp).
+double recompute_host_us(const Trace& trace, TensorId t);
 
 // Whether some kernel from `first_kernel` through `last_kernel` (both included) writes tensor t in
 // place (TensorInfo::written_at). first_kernel > last_kernel wraps around the iteration's end (a

@@ -327,6 +327,17 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // recompute_without_persistent_reads). On the H200's autocast traces (docs/planner.md, "Recompute")
 // that variant won: Llama-3-8B at 110 GiB 1.966 -> 1.811 s, llama-1b at 1/2 379 -> 360 ms and at
 // 1/4 818 -> 773 ms, simulated; fp32 traces kept their plans.
+// Note [Recompute's host time]
+// A recompute reruns its producer through the dispatcher: its kernels take the producer's time on
+// the device, and the host spends the producer's host time to launch them (Note [The host lane] in
+// simulator.cpp). With host times in the trace, a recompute is priced at the longer of the two (a
+// nested one at the share of its producer it reruns): where small kernels leave the host no lead
+// (bf16 autocast at small batches), its host time is what the step pays; elsewhere its device
+// time, as without host times.
+double recompute_cost_us(const Trace& trace, TensorId t) {
+  return std::max(recompute_time_us(trace, t), recompute_host_us(trace, t));
+}
+
 std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const std::vector<uint64_t>& curve,
                                              std::vector<std::vector<TensorId>>* reads) const {
   std::vector<Span> spans;
@@ -339,9 +350,10 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     KernelIndex producer, start, end;
     TensorId tensor;
   };
-  // Cheaper to make again than to move: its producer's time within recompute_factor x its link time.
+  // Cheaper to make again than to move: its producer's time within recompute_factor x its link time
+  // (Note [Recompute's host time]: the host's time to rerun it where that is longer).
   auto cheap = [&](TensorId t) {
-    return recompute_time_us(trace_, t) <=
+    return recompute_cost_us(trace_, t) <=
            tuning_.recompute_factor * static_cast<double>(trace_.tensors[t].bytes) / bytes_per_us;
   };
   std::vector<Cand> cands;

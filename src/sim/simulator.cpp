@@ -378,11 +378,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   std::vector<double> host_recompute_before;
   if (host_lane) {
     host_recompute_before.assign(static_cast<size_t>(n), 0);
-    for (const RecomputeMove& r : check.recomputes) {
-      const double producer_us = trace.kernel_time_us(r.producer);
-      const double share = producer_us > 0 ? std::min(1.0, r.time_us / producer_us) : 1.0;
-      host_recompute_before[r.deadline] += trace.kernel_host_us(r.producer) * share;
-    }
+    for (const RecomputeMove& r : check.recomputes)
+      host_recompute_before[r.deadline] += recompute_host_us(trace, r.tensor);
     for (size_t k = 0; k < static_cast<size_t>(n); ++k)
       result.host_us += trace.kernel_host_us(static_cast<KernelIndex>(k)) + host_recompute_before[k];
   }

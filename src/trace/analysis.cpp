@@ -168,4 +168,12 @@ double recompute_time_us(const Trace& trace, TensorId t) {
   return info.recompute_us ? *info.recompute_us : trace.kernel_time_us(*info.producer);
 }
 
+double recompute_host_us(const Trace& trace, TensorId t) {
+  if (!trace.has_host_times()) return 0;
+  const KernelIndex p = *trace.tensors[t].producer;
+  const double producer_us = trace.kernel_time_us(p);
+  const double share = producer_us > 0 ? std::min(1.0, recompute_time_us(trace, t) / producer_us) : 1.0;
+  return trace.kernel_host_us(p) * share;
+}
+
 }  // namespace teraio

@@ -89,6 +89,23 @@ TEST(RecomputePlanner, AnExpensiveProducerIsMovedInstead) {
   EXPECT_GE(count(p, MoveOp::offload, 1) + count(p, MoveOp::offload, 2), 1u);
 }
 
+// Note [Recompute's host time]: with host times, a producer whose kernel is cheap but whose host
+// time is not (2 s to launch, against 1 s to move the gigabyte) is moved instead; host times below
+// its kernel's time change nothing.
+TEST(RecomputePlanner, AProducerTheHostTakesLongToRerunIsMovedInstead) {
+  Trace t = producer_trace(500);
+  const TensorId bi = 2;
+  t.set_kernel_host_us(1, 2e6);
+  const Plan slow_host = make_plan(t, options());
+  expect_valid(t, slow_host);
+  EXPECT_EQ(count(slow_host, MoveOp::recompute, bi), 0u);
+  EXPECT_GE(count(slow_host, MoveOp::offload, 1) + count(slow_host, MoveOp::offload, bi), 1u);
+  t.set_kernel_host_us(1, 100);
+  const Plan fast_host = make_plan(t, options());
+  expect_valid(t, fast_host);
+  EXPECT_EQ(count(fast_host, MoveOp::recompute, bi), 1u);
+}
+
 TEST(RecomputePlanner, TheOptionTurnsRecomputeOff) {
   const Trace t = producer_trace(500);
   PlannerOptions o = options();
