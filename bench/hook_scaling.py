@@ -60,4 +60,5 @@ st = s.stats()
 hook = (st["hook_us"] - st0["hook_us"]) / steps
 print(f"layers {layers} {st['mode']}: {dt * 1e3:.1f} ms/step, callbacks {hook / 1e3:.1f} ms/step "
       f"({hook / st['operators']:.2f} us per operator), {st['operators']} operators, "
-      f"{st['tracked_tensors']} tracked tensors, {(st['plan_moves'] - st0['plan_moves']) / steps:.0f} moves/step")
+      f"{st['tracked_tensors']} tracked tensors, {(st['plan_moves'] - st0['plan_moves']) / steps:.0f} moves/step, "
+      f"{(st['full_sweeps'] - st0['full_sweeps']) / steps:.0f} full sweeps/step")

@@ -148,6 +148,7 @@ struct SessionStats {
   double hook_us = 0;  // host time inside teraio's operator callbacks in steps (stalls included)
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
+  uint64_t full_sweeps = 0;  // scans of every tracked tensor for dead ones (host time each)
   uint64_t aligned_moves = 0;  // moves made at step start to put tensors where the plan begins
   uint64_t stream_ordered_offloads = 0;  // offloads completed on the GPU's side (option of that name)
   uint64_t clean_offloads = 0;  // offloads that wrote nothing: the tier's copy was still valid
@@ -234,6 +235,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("hook_us", &S::hook_us, K::kCounter);
   f("plan_moves", &S::plan_moves, K::kCounter);
   f("skipped_moves", &S::skipped_moves, K::kCounter);
+  f("full_sweeps", &S::full_sweeps, K::kCounter);
   f("aligned_moves", &S::aligned_moves, K::kCounter);
   f("stream_ordered_offloads", &S::stream_ordered_offloads, K::kCounter);
   f("clean_offloads", &S::clean_offloads, K::kCounter);

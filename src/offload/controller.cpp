@@ -445,6 +445,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->stall_room_us = e.stall_room_us;
   r->plan_moves = e.plan_moves;
   r->skipped_moves = e.skipped_moves;
+  r->full_sweeps = e.full_sweeps;
   r->aligned_moves = e.aligned;
   r->stream_ordered_offloads = e.stream_ordered;
   r->clean_offloads = e.clean_offloads;

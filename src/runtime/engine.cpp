@@ -927,6 +927,7 @@ void Engine::sweep_dead_locked(size_t max_entries) {
   const size_t n = entries_.size();
   if (n == 0) return;
   const size_t count = max_entries == 0 ? n : std::min(max_entries, n);
+  if (count == n) stats_.full_sweeps++;
   for (size_t i = 0; i < count; ++i) {
     sweep_cursor_ = (sweep_cursor_ + 1) % n;
     Entry* e = entries_[sweep_cursor_].get();

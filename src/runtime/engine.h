@@ -148,6 +148,7 @@ struct EngineStats {
   uint64_t cancelled_offloads = 0;  // offloads undone because the tensor was used again
   uint64_t plan_moves = 0;          // planned moves issued
   uint64_t skipped_moves = 0;  // planned moves whose tensor was not bound or not in the right place
+  uint64_t full_sweeps = 0;    // scans of every bound tensor for dead ones (Note [Sweeps where they matter])
   uint64_t spilled_moves = 0;     // planned offloads sent to another tier (the planned one was full)
   uint64_t stream_ordered = 0;    // offloads whose memory was freed in stream order (not CPU-waited)
   uint64_t clean_offloads = 0;    // offloads that wrote nothing: the tier's copy was still valid
