@@ -289,7 +289,7 @@ class Session:
         # docs/pytorch.md, "Writebacks": read when the Session is made, as the C++ side reads it.
         self._writebacks = os.environ.get("TERAIO_WRITEBACKS", "") not in ("", "0")
         self._watched = []
-        self._adopted = set()  # id() of the watched models whose parameters are tracked (_adopt)
+        self._adopted = set()  # (id(model), id(optimizer)) of the watched pairs adopted (_adopt)
         self._split = []  # optimizers whose steps teraio wraps (watch)
         self._names = None  # id(parameter) -> name in a watched model (_param_name)
         self._predict_in_backward = False  # plans predict steps in backward (watch)
@@ -509,14 +509,25 @@ class Session:
         return None
 
     def _adopt(self, impl) -> None:
-        """Tracks the parameters of each watched model from the first step's start, so that a budget
-        below their bytes can move them before their first use (Note [Adopted tensors] in
-        src/torch/session.cpp)."""
-        for model, _ in self._watched:
-            if model is None or id(model) in self._adopted:
+        """Tracks what each watched model and optimizer hold from the next step's start (the
+        parameters, their gradients, and optimizer states that exist already, as after loading a
+        checkpoint), so that a budget below their bytes can move them before their first use
+        (Note [Adopted tensors] in src/torch/session.cpp)."""
+        for model, optimizer in self._watched:
+            key = (id(model), id(optimizer))
+            if key in self._adopted:
                 continue
-            impl.adopt(list(model.parameters()))
-            self._adopted.add(id(model))
+            tensors = []
+            if model is not None:
+                for p in model.parameters():
+                    tensors.append(p)
+                    if p.grad is not None:
+                        tensors.append(p.grad)
+            if optimizer is not None:
+                for state in optimizer.state.values():
+                    tensors.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+            impl.adopt(tensors)
+            self._adopted.add(key)
 
     def _name_watched(self):
         impl = self._require()

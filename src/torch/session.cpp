@@ -771,8 +771,10 @@ struct Session::Impl final : offload::StepBinding {
   // only at its first operator, and until then the device memory it takes is untracked: nothing
   // can move it, so a budget below the parameters' bytes failed at the first operator that needed
   // room ("... plus N of device memory used outside tracked tensors"), although a plan that streams
-  // the parameters would fit. The Python Session adopts its watched models' parameters at the start
-  // of the first step: they are bound here, resident and unused, under keys of a pseudo-operator
+  // the parameters would fit. The Python Session adopts what its watched models and optimizers hold
+  // at the start of the first step after watch() (parameters, their gradients, and optimizer
+  // states that exist already, as after loading a checkpoint): they are bound here, resident and
+  // unused, under keys of a pseudo-operator
   // past every real one (kAdopted, the slot the tensor's place in the list), so that the reactive
   // step can offload them before their first use, least recently bound first. A tensor no
   // operator uses in an iteration is already a persistent tensor no kernel uses in the trace (Note

@@ -145,6 +145,38 @@ def test_watched_parameters_count_against_the_budget_from_the_first_step(tmp_pat
         assert st["last_error"] == "", st["last_error"]
 
 
+def test_optimizer_states_loaded_before_the_session_are_tracked_from_its_first_step(tmp_path):
+    """Resuming: the AdamW states exist before the first step (here from two steps without teraio,
+    as after loading a checkpoint) and, with the parameters, exceed the budget: they are tracked
+    from the first step's start and moved before their first use, and training goes on bitwise as
+    without teraio."""
+    ref = train(deep_mlp, deep_mlp_batch, 6)
+    torch.manual_seed(0)
+    model = deep_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    g = torch.Generator().manual_seed(1)
+    from conftest import step
+    losses = [step(model, opt, deep_mlp_batch(g)).detach().clone() for _ in range(2)]
+    states = [v for st in opt.state.values() for v in st.values()
+              if isinstance(v, torch.Tensor) and v.numel() * v.element_size() >= 1024]
+    assert len(states) > 0
+    with session(tmp_path, f"{768 * 1024}B") as s:
+        s.watch(model, opt)
+        for i in range(4):
+            with s.step():
+                if i == 0:
+                    st = s.stats()
+                    big = [p for p in model.parameters() if p.numel() * p.element_size() >= 1024]
+                    grads = [p for p in big if p.grad is not None]  # kept from the last step
+                    assert st["tracked_tensors"] == len(big) + len(grads) + len(states), st
+                losses.append(step(model, opt, deep_mlp_batch(g)).detach().clone())
+        st = s.stats()
+        assert st["last_error"] == "", st["last_error"]
+        assert st["evictions"] > 0, st
+        with s.resident():
+            assert_bitwise(ref, (losses, model, opt))
+
+
 @pytest.mark.parametrize("foreach,budget", [(False, "200KiB"), (True, "310KiB")])
 def test_sgd_foreach_false_and_true(tmp_path, foreach, budget):
     # A foreach step touches all parameters, gradients and momenta of the group in one operator:
