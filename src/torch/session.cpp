@@ -326,6 +326,18 @@ thread_local double tl_nested_hook_us = 0;
 // are treated as outside the step, so they neither shift operator indices nor get tracked.
 thread_local bool tl_step_thread = false;
 
+// Operators whose host side waits for the device to finish what it has queued (Note [Host times of
+// a recording]): a value read back to the host, or an output whose size depends on the data.
+bool waits_for_device(std::string_view name) {
+  static constexpr std::string_view kNames[] = {
+      "aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero",
+      "aten::masked_select", "aten::equal", "aten::allclose", "aten::unique", "aten::_unique",
+      "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim"};
+  for (std::string_view n : kNames)
+    if (name == n) return true;
+  return false;
+}
+
 // A RecordFunction of scope FUNCTION that is not a dispatcher operator is a labelled range around
 // operators: autograd's "autograd::engine::evaluate_function: ...", DDP's
 // "torch::distributed::reducer::mul_out" and "torch.distributed.ddp.reducer::copy_bucket_to_grad".
@@ -1015,8 +1027,12 @@ struct Session::Impl final : offload::StepBinding {
       // launches, nested operators' callbacks excluded) is its host-clock time; with the host
       // time before its callback since the previous operator ended (the Python and autograd
       // engine work between them), its host time in the trace (kernels[k].host_us, CUDA only).
+      // An operator that waits for the device (a scalar read back, nonzero's size) spends its body
+      // waiting for what the GPU had queued, which is device time, not host time: its gap alone
+      // counts.
       const double body_us = std::max(0.0, t1 - ctx->t0_us - (tl_nested_hook_us - ctx->nested_hook_us0));
-      ctl->recorder().add_operator(fn.name(), body_us, ctx->ids, outs, *this, ctx->gap_us + body_us);
+      const double host_us = ctx->gap_us + (waits_for_device(fn.name()) ? 0.0 : body_us);
+      ctl->recorder().add_operator(fn.name(), body_us, ctx->ids, outs, *this, host_us);
 #ifdef TERAIO_TORCH_CUDA
       if (ctx->events) {
         ctx->events->second.record(c10::cuda::getCurrentCUDAStream(device->index()));
