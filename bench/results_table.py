@@ -61,8 +61,10 @@ def row(name, r, ideal):
         cells.append(" / ".join(f"{b / n / GIB:.1f}" for b in (written, d.get("bytes_prefetched", 0),
                                                                 d.get("discarded_bytes", 0))))
         cells.append(f"{d.get('recomputes', 0) / n:.0f} ({d.get('recompute_us', 0) / n / 1e3:.1f} ms)")
+        # the Session's callbacks' host time per step (stats()["hook_us"], stalls included)
+        cells.append(f"{d.get('hook_us', 0) / n / 1e3:.1f} ms")
     else:
-        cells += ["–", "–"]
+        cells += ["–", "–", "–"]
     mem = r["memory"]["cuda_max_allocated_bytes"] / GIB
     budget = stats.get("budget_bytes")
     cells.append(f"{mem:.2f} / {budget / GIB:.2f} GiB" if budget else f"{mem:.2f} GiB")
@@ -97,8 +99,8 @@ def main():
         return
     print("| run | step, median [min, max] | tokens/s | % of Ideal | predicted (Session) | floor, bound | "
           "step / floor | written / read / discarded (GiB per step) | recomputes per step | "
-          "GPU max allocated / budget | plan variant |")
-    print("|---" * 11 + "|")
+          "callbacks' host time per step | GPU max allocated / budget | plan variant |")
+    print("|---" * 12 + "|")
     for name, r in load(a.results):
         print(row(name, r, a.ideal))
 
