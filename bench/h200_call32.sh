@@ -8,11 +8,12 @@
 # (2) teraio at the GPU memory FSDP2 + CPUOffloadPolicy with activation checkpointing took for
 # llama-1b fp32 (4,410,952,192 B, below the parameters' 4.6 GiB), steps in backward, which failed
 # before the watched parameters were tracked from the first step's start (Note [Adopted tensors]).
-# Results: $OUT/h200_recompute.tgz, $OUT/h200_call32.tgz, logs; rows with bench/results_table.py.
+# Results: $OUT/h200_recompute.tgz (with a torch.profiler timeline of one step after each run),
+# $OUT/h200_call32.tgz, logs; rows with bench/results_table.py.
 set -u
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/h200-out}
-FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS="2 4" \
+FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS="2 4" TIMELINE=1 \
   RC_MODES="step-in-backward step-in-backward+deep-recompute+writebacks" bash bench/h200_run.sh recompute > /dev/null 2>&1
 R=$OUT/res_call32
 mkdir -p "$R"
