@@ -797,7 +797,12 @@ struct Session::Impl final : offload::StepBinding {
   void adopt(const std::vector<at::Tensor>& tensors) {
     TERAIO_CHECK(ctl->in_step(), "Session.adopt: call it inside a step (after begin_step)");
     for (const at::Tensor& t : tensors) {
-      if (!t.defined() || !t.has_storage()) continue;
+      // A tensor subclass (FSDP2's DTensor parameters) is watched through the plain tensors its
+      // operators see, as on_subclass does; a storage without bytes (FSDP2 frees unsharded
+      // parameters with resize_(0)) has nothing to move.
+      if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_python_dispatch()) continue;
+      const c10::StorageImpl* bytes = t.storage().unsafeGetStorageImpl();
+      if (bytes->nbytes() == 0 || bytes->data() == nullptr) continue;
       if (!device && t.requires_grad() && !t.grad_fn()) {
         device = t.device();
         ctl->set_device_margin(measuring_device());

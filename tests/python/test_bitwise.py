@@ -1,6 +1,7 @@
 """Training with teraio is bitwise identical to training without it (CPU; the budget is below the
 footprint so tensors really go to files and come back): an MLP, a small CNN and, when transformers
 is installed, a tiny LlamaForCausalLM built from a config. Reactive and planned modes."""
+import contextlib
 import json
 
 import pytest
@@ -175,6 +176,46 @@ def test_optimizer_states_loaded_before_the_session_are_tracked_from_its_first_s
         assert st["evictions"] > 0, st
         with s.resident():
             assert_bitwise(ref, (losses, model, opt))
+
+
+def test_a_watched_fsdp2_model_trains_as_without_teraio(tmp_path):
+    """FSDP2's DTensor parameters are tensor subclasses: watch() leaves them to the plain tensors
+    their operators see (Note [Adopted tensors]), and the steps train as they do without teraio. A
+    one-rank gloo group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        def run(session):
+            torch.manual_seed(0)
+            model = deep_mlp()
+            fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+            if session is not None:
+                session.watch(model, opt)
+            g = torch.Generator().manual_seed(1)
+            losses = []
+            for _ in range(4):
+                x, y = deep_mlp_batch(g)
+                with session.step() if session is not None else contextlib.nullcontext():
+                    opt.zero_grad()
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                losses.append(loss.detach().clone())
+            return losses, [p.full_tensor().detach().clone() for p in model.parameters()]
+
+        ref_losses, ref_params = run(None)
+        with teraio.Session(budget="64MiB", tiers=[teraio.HostTier("64MiB")], min_tensor_bytes=1024) as s:
+            losses, params = run(s)
+            st = s.stats()
+        assert st["last_error"] == "" and st["mode"] == "planned", st
+        assert all(torch.equal(a, b) for a, b in zip(ref_losses, losses))
+        assert all(torch.equal(a, b) for a, b in zip(ref_params, params))
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("foreach,budget", [(False, "200KiB"), (True, "310KiB")])
