@@ -766,7 +766,10 @@ struct Session::Impl final : offload::StepBinding {
                                           bool bind) {
     auto it = storages.find(si);
     if (it != storages.end()) return it->second.id;
-    if (!bind || si->allocator() == nullptr || si->nbytes() < options.min_tensor_bytes)
+    // A storage without bytes (one FSDP2 holds empty, one teraio lost or discarded whose owner
+    // keeps the tensor) has nothing to move: binding it would detach a null pointer.
+    if (!bind || si->allocator() == nullptr || si->nbytes() < options.min_tensor_bytes ||
+        si->_mutable_data_ptr_no_checks().get() == nullptr)
       return std::nullopt;
     offload::Recorder& rec = ctl->recorder();
     const LogicalId id = rec.id_for_key(key, *this);
@@ -801,8 +804,8 @@ struct Session::Impl final : offload::StepBinding {
       // operators see, as on_subclass does; a storage without bytes (FSDP2 frees unsharded
       // parameters with resize_(0)) has nothing to move.
       if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_python_dispatch()) continue;
-      const c10::StorageImpl* bytes = t.storage().unsafeGetStorageImpl();
-      if (bytes->nbytes() == 0 || bytes->data() == nullptr) continue;
+      c10::StorageImpl* bytes = t.storage().unsafeGetStorageImpl();
+      if (bytes->nbytes() == 0 || bytes->_mutable_data_ptr_no_checks().get() == nullptr) continue;
       if (!device && t.requires_grad() && !t.grad_fn()) {
         device = t.device();
         ctl->set_device_margin(measuring_device());
