@@ -795,6 +795,14 @@ struct Session::Impl final : offload::StepBinding {
   // operator uses in an iteration is already a persistent tensor no kernel uses in the trace (Note
   // [Trace of a recording]). The first adopted parameter names the device, as the first step's
   // first parameter input does otherwise (on_start).
+  // The Session's device is the first step's first parameter's (a leaf that requires grad):
+  // named once, when the step's first operator or adopt() meets one; the tiers are measured then.
+  void name_device(const at::Tensor& t) {
+    if (device || !t.requires_grad() || t.grad_fn()) return;
+    device = t.device();
+    ctl->set_device_margin(measuring_device());
+    measure_tiers(t.storage().unsafeGetStorageImpl()->allocator());
+  }
   static constexpr uint32_t kAdopted = std::numeric_limits<uint32_t>::max();
   uint32_t adopted_slots = 0;
   void adopt(const std::vector<at::Tensor>& tensors) {
@@ -804,15 +812,10 @@ struct Session::Impl final : offload::StepBinding {
       // operators see, as on_subclass does; a storage without bytes (FSDP2 frees unsharded
       // parameters with resize_(0)) has nothing to move.
       if (!t.defined() || !t.has_storage() || t.unsafeGetTensorImpl()->is_python_dispatch()) continue;
-      c10::StorageImpl* bytes = t.storage().unsafeGetStorageImpl();
-      if (bytes->nbytes() == 0 || bytes->_mutable_data_ptr_no_checks().get() == nullptr) continue;
-      if (!device && t.requires_grad() && !t.grad_fn()) {
-        device = t.device();
-        ctl->set_device_margin(measuring_device());
-        measure_tiers(t.storage().unsafeGetStorageImpl()->allocator());
-      }
-      if (!device || t.device() != *device) continue;
       c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+      if (si->_mutable_data_ptr_no_checks().get() == nullptr) continue;
+      name_device(t);
+      if (!device || t.device() != *device) continue;
       if (storages.count(si)) continue;
       lookup_or_bind(t, si, offload::make_key(kAdopted, adopted_slots++, false), true);
     }
@@ -873,11 +876,7 @@ struct Session::Impl final : offload::StepBinding {
           ctx->untracked_input = ctx->untracked_input || rec;  // its writes cannot be watched
           return;
         }
-        if (!device && step_op && t.requires_grad() && !t.grad_fn()) {
-          device = t.device();
-          ctl->set_device_margin(measuring_device());
-          measure_tiers(t.storage().unsafeGetStorageImpl()->allocator());
-        }
+        if (step_op) name_device(t);
         if (!device || t.device() != *device) {
           if (rec && !t.unsafeGetTensorImpl()->is_wrapped_number()) ctx->untracked_input = true;
           return;
