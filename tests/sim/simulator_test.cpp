@@ -546,24 +546,30 @@ TEST(SimProperty, RandomPlansWithOffloadsWithoutPrefetch) {
   EXPECT_GT(one_way, 1000);
 }
 
+// Replays `plan` with its tiers' bandwidths scaled from 0.05x to 20x by `step` each time, on the
+// preemptive link (see check_random_plan): the iteration never grows with bandwidth.
+void expect_monotone_in_bandwidth(const Trace& tr, const Plan& plan, double step, int trial) {
+  double prev = std::numeric_limits<double>::infinity();
+  for (double s = 0.05; s < 20; s *= step) {
+    SimOptions o;
+    o.link_order = SimOptions::LinkOrder::kPreemptive;
+    o.actual_tiers = plan.tiers;
+    for (TierSpec& t : o.actual_tiers) {
+      t.read_gbps *= s;
+      t.write_gbps *= s;
+    }
+    const double it = simulate(tr, plan, o).iteration_us;
+    ASSERT_LE(it, prev * (1 + 1e-12) + 1e-9) << "trial " << trial << " scale " << s;
+    prev = it;
+  }
+}
+
 TEST(SimProperty, BandwidthCurveOfOnePlanIsMonotone) {
   std::mt19937_64 rng(777);
   for (int trial = 0; trial < 400; ++trial) {
     const Trace tr = test::random_trace(rng, trial % 2 == 1);
     const Plan plan = test::random_plan(tr, rng);
-    double prev = std::numeric_limits<double>::infinity();
-    for (double s = 0.05; s < 20; s *= 1.3) {
-      SimOptions o;
-      o.link_order = SimOptions::LinkOrder::kPreemptive;  // see check_random_plan
-      o.actual_tiers = plan.tiers;
-      for (TierSpec& t : o.actual_tiers) {
-        t.read_gbps *= s;
-        t.write_gbps *= s;
-      }
-      const double it = simulate(tr, plan, o).iteration_us;
-      ASSERT_LE(it, prev * (1 + 1e-12) + 1e-9) << "trial " << trial << " scale " << s;
-      prev = it;
-    }
+    expect_monotone_in_bandwidth(tr, plan, 1.3, trial);
   }
 }
 
@@ -856,17 +862,7 @@ TEST(SimHost, RandomPlansStayMonotoneAndNoFasterThanWithoutHostTimes) {
     const SimResult with = simulate(tr, plan, o);
     ASSERT_GE(with.iteration_us, without * (1 - 1e-12) - 1e-9) << "trial " << trial;
     ASSERT_GE(with.iteration_us, with.host_us * (1 - 1e-12) - 1e-9) << "trial " << trial;
-    double prev = std::numeric_limits<double>::infinity();
-    for (double sc = 0.05; sc < 20; sc *= 1.5) {
-      o.actual_tiers = plan.tiers;
-      for (TierSpec& t : o.actual_tiers) {
-        t.read_gbps *= sc;
-        t.write_gbps *= sc;
-      }
-      const double it = simulate(tr, plan, o).iteration_us;
-      ASSERT_LE(it, prev * (1 + 1e-12) + 1e-9) << "trial " << trial << " scale " << sc;
-      prev = it;
-    }
+    expect_monotone_in_bandwidth(tr, plan, 1.5, trial);
   }
 }
 
