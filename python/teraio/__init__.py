@@ -172,11 +172,28 @@ def _save_with_hint(*args, **kwargs):
         raise
 
 
+# Owners that free a storage's bytes themselves (FSDP2: untyped_storage().resize_(0) after using an
+# unsharded parameter, resize_(n) before the next all-gather) do it behind the dispatcher, and
+# PyTorch refuses to resize a storage whose bytes teraio holds in a tier. While a Session is open,
+# UntypedStorage.resize_ first tells it (Note [Storages their owner resizes] in
+# src/torch/session.cpp): to 0, teraio drops its copy; to another size, it brings the bytes back.
+_storage_resize = torch.UntypedStorage.resize_
+
+
+def _resize_with_session(self, size):
+    session = _active_session()
+    if session is not None and isinstance(size, int) and size >= 0:
+        session._impl.storage_resizing(self._cdata, size)
+    return _storage_resize(self, size)
+
+
 def _session_opened():
     global _open_sessions
     _open_sessions += 1
     if torch.save is _torch_save:
         torch.save = _save_with_hint
+    if torch.UntypedStorage.resize_ is _storage_resize:
+        torch.UntypedStorage.resize_ = _resize_with_session
 
 
 def _session_closed():
@@ -184,6 +201,8 @@ def _session_closed():
     _open_sessions = max(0, _open_sessions - 1)
     if _open_sessions == 0 and torch.save is _save_with_hint:
         torch.save = _torch_save
+    if _open_sessions == 0 and torch.UntypedStorage.__dict__.get("resize_") is _resize_with_session:
+        del torch.UntypedStorage.resize_  # PyTorch's own again (inherited from torch._C.StorageBase)
 
 
 # How the Session's advice for an operator over a whole group of tensors begins (group_hint in

@@ -237,6 +237,8 @@ PYBIND11_MODULE(_C, m) {
       .def("clear_faults", &teraio::Session::clear_faults)
       .def("name_tensor", &teraio::Session::name_tensor)
       .def("adopt", &teraio::Session::adopt)
+      .def("storage_resizing", &teraio::Session::storage_resizing,
+           py::call_guard<py::gil_scoped_release>())
       .def("set_predict_step_in_backward", &teraio::Session::set_predict_step_in_backward)
       .def("stats", [](const teraio::Session& s) { return stats_dict(s.stats()); });
 }

@@ -685,6 +685,7 @@ struct Session::Impl final : offload::StepBinding {
 #endif
   }
   bool closed = false;
+  uint64_t owner_resizes = 0;  // Note [Storages their owner resizes]
   runtime::EngineStats closed_stats;  // the engine's last stats, after close()
 
   // Two registrations of the same callbacks: `handle` sees inputs and outputs (profiling, plans
@@ -1624,6 +1625,38 @@ void Session::adopt(const std::vector<at::Tensor>& tensors) {
   impl_->adopt(tensors);
 }
 
+// Note [Storages their owner resizes]: FSDP2 frees its unsharded parameters after use with
+// untyped_storage().resize_(0) and re-allocates them with resize_(n) before the next all-gather,
+// behind the dispatcher. A resident storage resized so counts as replaced (StorageMemory::alive):
+// teraio drops it and leaves it to its owner. But an offloaded storage has a null DataPtr and keeps
+// its size, which PyTorch's Python storage methods refuse ("Attempted to call resize_() on an
+// invalid python storage", Note [Invalid Python Storages] in torch/csrc/Storage.cpp): FSDP2 under a
+// budget that moved an unsharded parameter failed there. The Python Session therefore wraps
+// torch.UntypedStorage.resize_ while it is open and calls this first: a resize to 0 frees the
+// bytes, so teraio's copy (in a tier, or none when it was freed for a recompute) is obsolete: the
+// storage's size is set to 0, which makes it replaced, and its entry is forgotten (tier space
+// freed, never installed again); the resize then runs on an empty storage. A resize to another
+// size keeps the bytes: they are brought back first (a failure leaves the storage lost, Note [Lost
+// tensors], and the resize raises that message). Resident storages need nothing here.
+void Session::storage_resizing(uintptr_t storage, uint64_t new_bytes) {
+  std::lock_guard lock(impl_->mu);
+  if (impl_->closed) return;
+  auto it = impl_->storages.find(reinterpret_cast<c10::StorageImpl*>(storage));
+  if (it == impl_->storages.end()) return;
+  c10::intrusive_ptr<c10::StorageImpl> s = it->second.weak.lock();
+  const LogicalId id = it->second.id;
+  if (!s || !impl_->engine->bound(id)) return;
+  if (s->nbytes() == 0 || s->_mutable_data_ptr_no_checks().get() != nullptr) return;
+  impl_->owner_resizes++;
+  if (new_bytes == 0) {
+    s->set_nbytes(0);
+    const LogicalId ids[] = {id};
+    impl_->engine->forget_dead(ids);
+  } else {
+    impl_->engine->unbind(id);  // brings the bytes back, then leaves the storage to its owner
+  }
+}
+
 void Session::name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind) {
   TensorKind k;
   TERAIO_CHECK(parse_tensor_kind(kind, &k), "name_tensor: unknown kind '{}'", kind);
@@ -1646,6 +1679,7 @@ SessionStats Session::stats() const {
   r.profiled_event_us = s.event_us_sum;
   r.tracked_tensors = s.storages.size();
   r.hook_us = s.hook_us.load(std::memory_order_relaxed);
+  r.owner_resizes = s.owner_resizes;
   r.tiers = s.tier_stats;
   for (size_t i = 0; i < r.tiers.size() && i < e.tiers.size(); ++i) {
     r.tiers[i].stall_read_us = e.tiers[i].stall_read_us;

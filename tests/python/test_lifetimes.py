@@ -138,3 +138,47 @@ def test_hf_mixtral_trains_bitwise_planned_without_drift(tmp_path):
     assert_bitwise(ref, got)
     assert st["mode"] == "planned" and st["drift_events"] == 0 and st["last_error"] == "", st
     assert st["bytes_offloaded"] > 0, st
+
+
+def offloaded(t):
+    """Whether teraio holds t's bytes away (PyTorch refuses the data pointer of such a storage)."""
+    try:
+        t.untyped_storage().data_ptr()
+        return False
+    except RuntimeError:
+        return True
+
+
+def test_an_owner_that_resizes_a_storage_teraio_holds_away(tmp_path):
+    """An owner that frees or resizes a storage behind the dispatcher, as FSDP2 frees its unsharded
+    parameters with untyped_storage().resize_(0) (Note [Storages their owner resizes]): while
+    teraio holds the bytes in a tier, resize_(0) drops teraio's copy (the owner's later bytes are
+    never overwritten with it) and another size keeps the bytes, as PyTorch's resize_ does."""
+    n = 65536  # 256 KiB per tensor; 1 MiB budget
+    with teraio.Session(budget="1MiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=1024) as s:
+        g = torch.Generator().manual_seed(0)
+        w = torch.nn.Parameter(torch.ones(1024))  # names the Session's device (the CPU)
+        with s.step():
+            w.mul(2)
+            a = torch.randn(n, generator=g)
+            b = torch.randn(n, generator=g)
+            b_want = b.clone()
+            later = [b_want * (i + 2) for i in range(8)]  # 2 MiB more: a and b go to the tier
+            assert offloaded(a) and offloaded(b)
+            a.untyped_storage().resize_(0)  # the owner frees a
+            assert a.untyped_storage().nbytes() == 0
+            a.untyped_storage().resize_(4 * n)  # and makes it again, with its own bytes
+            a.fill_(3.0)
+            b.untyped_storage().resize_(4 * n + 4096)  # a larger b keeps its bytes
+            later += [later[-1] * (i + 2) for i in range(8)]  # pressure again: a goes out and back
+            assert torch.equal(b, b_want)
+            assert torch.equal(a, torch.full((n,), 3.0))
+        st = s.stats()
+        assert st["owner_resizes"] == 2 and st["last_error"] == "", st
+        for _ in range(2):  # the Session goes on
+            with s.step():
+                w.mul(2)
+                torch.randn(n, generator=g).mul(2).sum()
+        assert s.stats()["last_error"] == ""
+    assert torch.UntypedStorage.__dict__.get("resize_") is None  # PyTorch's own once no Session is open
