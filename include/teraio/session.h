@@ -149,8 +149,9 @@ struct SessionStats {
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
   uint64_t full_sweeps = 0;  // scans of every tracked tensor for dead ones (host time each)
-  // tracked storages away from the device (offloaded, or freed for a recompute) that their owner
-  // resized behind the dispatcher (FSDP2's resize_(0)): Note [Storages their owner resizes]
+  // tracked storages whose bytes were away from the device (offloaded, or freed for a recompute)
+  // when their owner resized them behind the dispatcher (FSDP2's resize_(0)): Note [Storages
+  // their owner resizes]
   uint64_t owner_resizes = 0;
   uint64_t aligned_moves = 0;  // moves made at step start to put tensors where the plan begins
   uint64_t stream_ordered_offloads = 0;  // offloads completed on the GPU's side (option of that name)
@@ -358,12 +359,11 @@ class Session {
   // min_tensor_bytes or tracked already are left as they are (Note [Adopted tensors]).
   void adopt(const std::vector<at::Tensor>& tensors);
   // Called before the owner of a storage resizes it behind the dispatcher
-  // (untyped_storage().resize_(n), as FSDP2 frees and re-allocates its unsharded parameters):
-  // when teraio holds that storage's bytes away (offloaded, or freed for a recompute), resizing it
-  // to 0 drops teraio's copy (the owner frees the bytes), and to another size brings the bytes back
-  // first so that the resize keeps them. Either way the storage is the owner's from then on (Note
-  // [Storages their owner resizes]). `storage` is the c10::StorageImpl's address; one teraio does
-  // not track is left alone. Throws teraio::IoError when the bytes cannot come back.
+  // (untyped_storage().resize_(n), as FSDP2 frees and re-allocates its unsharded parameters): a
+  // tracked storage is handed over to its owner now. Resized to 0, teraio's copy is dropped (not
+  // brought back); to another size, absent bytes are brought back first so that the resize keeps
+  // them; a writeback copy still reading the bytes is waited for (Note [Storages their owner
+  // resizes]). `storage` is the c10::StorageImpl's address; one teraio does not track is left alone.
   void storage_resizing(uintptr_t storage, uint64_t new_bytes);
 
   SessionStats stats() const;

@@ -174,9 +174,10 @@ def _save_with_hint(*args, **kwargs):
 
 # Owners that free a storage's bytes themselves (FSDP2: untyped_storage().resize_(0) after using an
 # unsharded parameter, resize_(n) before the next all-gather) do it behind the dispatcher, and
-# PyTorch refuses to resize a storage whose bytes teraio holds in a tier. While a Session is open,
-# UntypedStorage.resize_ first tells it (Note [Storages their owner resizes] in
-# src/torch/session.cpp): to 0, teraio drops its copy; to another size, it brings the bytes back.
+# PyTorch refuses to resize a storage whose bytes teraio holds in a tier, and a writeback may still
+# be copying a resident one. While a Session is open, UntypedStorage.resize_ first tells it (Note
+# [Storages their owner resizes] in src/torch/session.cpp), which hands the storage over: to 0,
+# teraio drops its copy; to another size, it brings absent bytes back first.
 _storage_resize = torch.UntypedStorage.resize_
 
 
@@ -210,15 +211,6 @@ def _session_closed():
 _HINTS = (". A foreach or fused optimizer step touches every parameter",
           ". The gradient norm (torch.nn.utils.clip_grad_norm_)",
           ". optimizer.zero_grad(set_to_none=False)")
-
-
-def _uses_fsdp2(model: torch.nn.Module) -> bool:
-    """Whether fully_shard (FSDP2) manages any module of `model`."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch built without distributed
-        return False
-    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 class Session:
@@ -431,12 +423,6 @@ class Session:
                             "local gradient during backward, before data-parallel training "
                             "averages the gradients across ranks; use step_in_backward=False "
                             "with DDP or FSDP")
-        if self._writebacks and model is not None and _uses_fsdp2(model):
-            raise Error("Session.watch: TERAIO_WRITEBACKS=1 and the model is sharded with FSDP2 "
-                        "(fully_shard), which frees its parameters' storages itself "
-                        "(untyped_storage().resize_(0)) while a writeback copy may still read "
-                        "them; unset TERAIO_WRITEBACKS for this run (docs/pytorch.md, "
-                        "\"Writebacks\")")
         self._watched.append((model, optimizer))
         self._names = None
         if optimizer is not None and (split_steps or step_in_backward):

@@ -211,9 +211,10 @@ class StorageMemory final : public runtime::Memory {
   // (an offload needs it unpinned): a copy still in flight is then stale, and one already settled
   // as clean loses that (release_clean_copy_locked), before anything could take it as clean.
   // Taking and dropping lent_ moves the refcount as weak_.lock() in alive() does (with a Python
-  // storage object alive, PyTorch increfs and decrefs it then). Not covered: an owner that frees
-  // the bytes themselves while lent (FSDP2's untyped_storage().resize_(0)) frees them under the
-  // copy; the storage then counts as replaced and the copy is discarded, but it read freed memory.
+  // storage object alive, PyTorch increfs and decrefs it then). An owner that frees the bytes
+  // themselves from Python (FSDP2's untyped_storage().resize_(0)) waits for the copy first (Note
+  // [Storages their owner resizes]); one that does it in C++ behind the dispatcher frees them under
+  // the copy (the storage then counts as replaced and the copy is discarded, but it read freed memory).
   std::optional<storage::BufferView> view() override {
     TERAIO_INTERNAL_ASSERT(!lent_, "a second view() before end_view()");
     auto s = weak_.lock();
@@ -1627,17 +1628,21 @@ void Session::adopt(const std::vector<at::Tensor>& tensors) {
 
 // Note [Storages their owner resizes]: FSDP2 frees its unsharded parameters after use with
 // untyped_storage().resize_(0) and re-allocates them with resize_(n) before the next all-gather,
-// behind the dispatcher. A resident storage resized so counts as replaced (StorageMemory::alive):
-// teraio drops it and leaves it to its owner. But an offloaded storage has a null DataPtr and keeps
-// its size, which PyTorch's Python storage methods refuse ("Attempted to call resize_() on an
-// invalid python storage", Note [Invalid Python Storages] in torch/csrc/Storage.cpp): FSDP2 under a
-// budget that moved an unsharded parameter failed there. The Python Session therefore wraps
-// torch.UntypedStorage.resize_ while it is open and calls this first: a resize to 0 frees the
-// bytes, so teraio's copy (in a tier, or none when it was freed for a recompute) is obsolete: the
-// storage's size is set to 0, which makes it replaced, and its entry is forgotten (tier space
-// freed, never installed again); the resize then runs on an empty storage. A resize to another
-// size keeps the bytes: they are brought back first (a failure leaves the storage lost, Note [Lost
-// tensors], and the resize raises that message). Resident storages need nothing here.
+// behind the dispatcher. Two things went wrong when teraio only noticed afterwards (a storage whose
+// size or data changed counts as replaced: StorageMemory::alive). An offloaded storage has a null
+// DataPtr and keeps its size, which PyTorch's Python storage methods refuse ("Attempted to call
+// resize_() on an invalid python storage", Note [Invalid Python Storages] in
+// torch/csrc/Storage.cpp): FSDP2 under a budget that moved an unsharded parameter failed there.
+// And a writeback's copy (Note [Lent bytes]) could still be reading a resident storage's bytes
+// when the owner freed them. The Python Session therefore wraps torch.UntypedStorage.resize_ while
+// it is open and calls this first, for any storage it tracks: the owner takes the storage over.
+// Resized to 0, its bytes are freed, so teraio's copy (in a tier, or none when it was freed for a
+// recompute) is obsolete: an absent storage's size is set to 0 first, which makes it replaced, so
+// that it is forgotten without being brought back; resized to another size, the bytes are kept, so
+// an absent storage gets them back first (a failure leaves it lost, Note [Lost tensors], and the
+// resize raises that message). Either way the entry is forgotten now (Engine::unbind: a writeback
+// in flight is waited for, tier space freed), before the owner's resize runs; the storage stays
+// known (its Binding), unbound: the owner's from then on.
 void Session::storage_resizing(uintptr_t storage, uint64_t new_bytes) {
   std::lock_guard lock(impl_->mu);
   if (impl_->closed) return;
@@ -1646,15 +1651,11 @@ void Session::storage_resizing(uintptr_t storage, uint64_t new_bytes) {
   c10::intrusive_ptr<c10::StorageImpl> s = it->second.weak.lock();
   const LogicalId id = it->second.id;
   if (!s || !impl_->engine->bound(id)) return;
-  if (s->nbytes() == 0 || s->_mutable_data_ptr_no_checks().get() != nullptr) return;
-  impl_->owner_resizes++;
-  if (new_bytes == 0) {
-    s->set_nbytes(0);
-    const LogicalId ids[] = {id};
-    impl_->engine->forget_dead(ids);
-  } else {
-    impl_->engine->unbind(id);  // brings the bytes back, then leaves the storage to its owner
+  if (s->nbytes() > 0 && s->_mutable_data_ptr_no_checks().get() == nullptr) {  // absent
+    impl_->owner_resizes++;
+    if (new_bytes == 0) s->set_nbytes(0);  // and freed by its owner: nothing to bring back
   }
+  impl_->engine->unbind(id);
 }
 
 void Session::name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind) {

@@ -209,7 +209,7 @@ def test_fsdp2_storages_without_bytes_are_not_tracked(tmp_path):
 
 
 _FSDP2_FREES_OFFLOADED = r"""
-import contextlib, sys, torch, teraio
+import contextlib, os, sys, torch, teraio
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -260,19 +260,24 @@ for budget, got, st in runs:
     assert all(torch.equal(a, b) for a, b in zip(got[1], want[1])), budget
     assert st["mode"] == "planned" and st["last_error"] == "", (budget, st)
     resized += st["owner_resizes"]
-    print(budget, "bitwise", st["owner_resizes"], "owner resizes")
+    print(budget, "bitwise", st["owner_resizes"], "owner resizes", st["writebacks"], "writebacks")
 assert len(runs) >= 3 and resized > 0, (len(runs), resized)
+if os.environ.get("TERAIO_WRITEBACKS") == "1":  # the copies FSDP2's resize_(0) must wait for
+    assert sum(st["writebacks"] for _, _, st in runs) > 0, [st for _, _, st in runs]
 print("ok")
 dist.destroy_process_group()
 """
 
 
-def test_fsdp2_frees_unsharded_parameters_teraio_offloaded(tmp_path):
+@pytest.mark.parametrize("writebacks", ["0", "1"])
+def test_fsdp2_frees_unsharded_parameters_teraio_offloaded(tmp_path, writebacks):
     """FSDP2 (one rank, reshard_after_forward=False) under budgets that move its unsharded parameters:
     FSDP2 frees them with untyped_storage().resize_(0) after backward, which PyTorch refuses for a
-    storage whose bytes are in a tier ("invalid python storage"); teraio drops its copy first
-    (Note [Storages their owner resizes]). Each budget trains bitwise as without teraio, or says
-    clearly that it is below what one FSDP2 operator needs."""
+    storage whose bytes are in a tier ("invalid python storage"), and which a writeback's copy may
+    still be reading (TERAIO_WRITEBACKS=1); teraio hands the storage over first (Note [Storages
+    their owner resizes]). Each budget trains bitwise as without teraio, or says clearly that it is
+    below what one FSDP2 operator needs."""
+    env = dict(os.environ, TERAIO_WRITEBACKS=writebacks)
     r = subprocess.run([sys.executable, "-c", _FSDP2_FREES_OFFLOADED, str(tmp_path)], capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=600, env=env)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
