@@ -32,6 +32,7 @@ struct SimulateArgs {
   int sweep_steps = SweepOptions{}.steps;
   std::string min_tensor = "1MiB";
   std::string link_order = "issue";
+  double runner_host_us = 0;
   bool reorder = false;
   std::string timeline_path;
 };
@@ -134,9 +135,10 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
         plan.discard_dead ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", r.discards,
                                         r.discarded_bytes)
                           : std::string(),
-        trace.has_host_times() ? fmt::format(", \"host_us\": {}, \"host_wait_us\": {}",
-                                             json_number(r.host_us), json_number(r.host_wait_us))
-                               : std::string());
+        trace.has_host_times() || args.runner_host_us > 0
+            ? fmt::format(", \"host_us\": {}, \"host_wait_us\": {}", json_number(r.host_us),
+                          json_number(r.host_wait_us))
+            : std::string());
     return;
   }
   fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
@@ -147,7 +149,7 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
   fmt::print("ideal                {}\n", format_us(r.ideal_us));
   fmt::print("stall                {}  ({:.2f}% of ideal)\n", format_us(r.stall_us),
              pct(r.stall_us, r.ideal_us));
-  if (trace.has_host_times()) {  // Note [The host lane] in src/sim/simulator.cpp
+  if (trace.has_host_times() || args.runner_host_us > 0) {  // Note [The host lane] in simulator.cpp
     fmt::print("host                 {} per iteration; the stream waited {} for launches\n",
                format_us(r.host_us), format_us(r.host_wait_us));
   }
@@ -254,6 +256,7 @@ int run_simulate(const SimulateArgs& args) {
   opts.link_order = args.link_order == "deadline"     ? SimOptions::LinkOrder::kDeadline
                     : args.link_order == "preemptive" ? SimOptions::LinkOrder::kPreemptive
                                                       : SimOptions::LinkOrder::kIssue;
+  opts.runner_host_us_per_kernel = args.runner_host_us;
   opts.record_timeline = !args.timeline_path.empty();
   const Plan simulated = args.reorder ? issue_in_deadline_order(trace, plan, opts) : plan;
   const SimResult r = simulate(trace, simulated, opts);
@@ -288,6 +291,12 @@ const Registration kSimulate{{
                      "preemptive (issue order, a transfer a kernel waits for preempting)")
           ->capture_default_str()
           ->check(CLI::IsMember({"issue", "deadline", "preemptive"}));
+      sub.add_option("--runner-host-us", args->runner_host_us,
+                     "host time in us the runner spends per kernel besides the trace's (a "
+                     "Session's stats()['runner_host_us_per_operator']); a trace without host "
+                     "times pays it before every kernel")
+          ->capture_default_str()
+          ->check(CLI::Range(0.0, 1e9));
       sub.add_flag("--deadline-order", args->reorder,
                    "first move each transfer to where it would begin on links that take the one "
                    "due first (what the Session runs: docs/simulator.md, \"Issue order\")");

@@ -127,6 +127,11 @@ struct SessionStats {
   // iterations 2 to 7; the plan file's `predicted` is the 2-iteration mean of `teraio simulate`).
   // 0 before a plan.
   double predicted_iteration_us = 0;
+  // Note [The runner's host time] (src/offload/controller.cpp): the Session's own callback host
+  // time per operator in planned steps (the median of the last five, stalls excluded), which
+  // predicted_iteration_us includes once measured (0 before), and the plan's replay without it.
+  double runner_host_us_per_operator = 0;
+  double plan_predicted_us = 0;
   // The same for the same loop with each optimizer update run in the backward
   // (Session::set_predict_step_in_backward; docs/pytorch.md, "Optimizer steps in backward"): the
   // profile rewritten as that loop records it, planned and replayed alike. 0 when not asked for,
@@ -226,6 +231,8 @@ constexpr void for_each_stats_field(F&& f) {
   f("plan_budget_bytes", &S::plan_budget_bytes, K::kGauge);
   f("plan_variant", &S::plan_variant, K::kText);
   f("predicted_iteration_us", &S::predicted_iteration_us, K::kGauge);
+  f("plan_predicted_us", &S::plan_predicted_us, K::kGauge);
+  f("runner_host_us_per_operator", &S::runner_host_us_per_operator, K::kGauge);
   f("predicted_step_in_backward_us", &S::predicted_step_in_backward_us, K::kGauge);
   f("kernel_timing", &S::kernel_timing, K::kText);
   f("profiled_kernel_us", &S::profiled_kernel_us, K::kGauge);

@@ -34,6 +34,11 @@ struct SimOptions {
   // [Urgent preemption]): an idealised link; more bandwidth never makes a plan slower there.
   enum class LinkOrder { kIssue, kDeadline, kPreemptive };
   LinkOrder link_order = LinkOrder::kIssue;
+  // Host time the runner spends per kernel besides the trace's (a Session's own operator callbacks
+  // in planned steps, as it measured them: Note [The runner's host time] in simulator.cpp). With
+  // host times it lengthens the host lane; without them (a CPU trace, where the host runs the
+  // kernels) every kernel waits for it. 0: none.
+  double runner_host_us_per_kernel = 0;
 };
 
 struct TierTraffic {
@@ -67,9 +72,11 @@ struct SimResult {
   double ideal_us = 0;      // sum of kernel times
   double stall_us = 0;      // time the compute stream waits for transfers: iteration - ideal - recompute - host_wait
   // Time the compute stream waits for the host to launch the next kernel, per iteration (Note [The
-  // host lane] in simulator.cpp); 0 for a trace without host times.
+  // host lane] in simulator.cpp); 0 for a trace without host times and without
+  // SimOptions::runner_host_us_per_kernel.
   double host_wait_us = 0;
-  // The host's time per iteration: the trace's host times and the recomputes' (0 without them).
+  // The host's time per iteration: the trace's host times, the recomputes' and the runner's (0
+  // without any).
   double host_us = 0;
   double recompute_us = 0;  // producer time rerun by the plan's recompute moves, per iteration
   size_t recomputes = 0;    // recompute moves per iteration

@@ -354,8 +354,9 @@ class Session:
 
     def _predicted_gain(self, st: dict) -> Optional[float]:
         """The fraction of the step that steps in backward are predicted to save, once a plan
-        exists (None before; 0 or less when not faster or not predicted)."""
-        now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
+        exists (None before; 0 or less when not faster or not predicted). Both replays without the
+        Session's own measured host time (plan_predicted_us: the in-backward loop's is not measured)."""
+        now, moved = st.get("plan_predicted_us") or st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
         if st["mode"] != "planned" or now <= 0:
             return None
         return 1 - moved / now if moved > 0 else 0.0
@@ -371,7 +372,7 @@ class Session:
         # Decided: later plans (new profiles) need not plan the rewritten profile again; the stats
         # keep this prediction.
         self._require().set_predict_step_in_backward(False)
-        now, moved = st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
+        now, moved = st.get("plan_predicted_us") or st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
         if gain >= HINT_GAIN:
             import warnings
             warnings.warn(PerformanceHint(

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "schedule.h"
 #include "teraio/error.h"
@@ -104,8 +105,44 @@ void Controller::note_shortfall(uint32_t k, const char* op, bool* noted) {
                          engine_.budget_shortfall()));
 }
 
+// Note [The runner's host time]: a recorded trace holds the operators' host time without the
+// Session's own callbacks (Note [Host times of a recording] in src/torch/session.cpp), and in a
+// planned step those callbacks cost host time of their own (the plan's moves, the engine's
+// lookups and sweeps): where the host bounds the step (small kernels, bf16 autocast), the plan's
+// replay came out that much short (docs/benchmarks.md, "Recompute chains, writebacks and the peers
+// with checkpointing on the H200": 22-31% where stats()["hook_us"] was 69-202 ms a step). Like a
+// tier's bandwidth, that cost is measured on the machine rather than guessed: each planned step
+// without drift gives the binding's callback time (runner_host_us) less the engine's stalls (which
+// the simulator models as transfers), per operator; the median of the last five is the runner's
+// host time per kernel, and predicted_iteration_us replays the active plan with it
+// (SimOptions::runner_host_us_per_kernel) once it differs by more than 5% from the one used, so
+// the prediction describes the steps as this Session runs them. Plans are still chosen without
+// it (plan_predicted_us is the plan-time replay). Replanning for a new shape uses the measured
+// value. On CUDA, where the device bounds the step, callbacks also wait for room in the GPU's
+// launch queue, and that counts too: the host lane then comes near the measured step, so the
+// prediction can hide a replay of the kernels and transfers that was short; plan_predicted_us is
+// the number to judge the replay by there.
+void Controller::note_runner_host_us() {
+  constexpr size_t kSamples = 5;
+  if (runner_samples_.empty()) return;
+  if (runner_samples_.size() > kSamples) runner_samples_.erase(runner_samples_.begin());
+  std::vector<double> sorted = runner_samples_;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (runner_us_used_ > 0 && std::abs(median - runner_us_used_) <= 0.05 * runner_us_used_) return;
+  runner_us_used_ = median;
+  if (active_ && active_->trace && active_->plan)
+    predicted_iteration_us_ = steady_iteration_us(*active_->trace, *active_->plan, runner_us_used_);
+}
+
 void Controller::install(const CachedPlan* p) {
   active_ = p;
+  if (p->trace && p->plan) {
+    plan_predicted_us_ = p->predicted_us;
+    predicted_iteration_us_ = runner_us_used_ > 0
+                                  ? steady_iteration_us(*p->trace, *p->plan, runner_us_used_)
+                                  : p->predicted_us;
+  }
   engine_.set_schedule(p->schedule);
   mode_ = Mode::kPlanned;
   if (p->schedule->moves == 0) {
@@ -137,6 +174,8 @@ void Controller::begin_step(StepBinding& binding) {
   iter_sig_ = 0;
   recorder_.begin_iteration(iteration_);
   iteration_reactive_ = false;
+  step_hook_us0_ = binding.runner_host_us();
+  step_stall_us0_ = engine_.stats().stall_us;
   // Measured afresh in each profiled iteration: in the first, tensors not yet seen (parameters
   // before their first operator) are allocated but not tracked, which would count them twice.
   if (mode_ == Mode::kProfiling) {
@@ -180,6 +219,12 @@ StepErrors Controller::end_step(StepBinding& binding) {
         ops_run != active_->schedule->operators.size()) {
       iteration_reactive_ = true;  // the iteration ended early or late: drift
       drift_events_++;
+    }
+    if (mode_ == Mode::kPlanned && !iteration_reactive_ && active_) {
+      const double hook_us = binding.runner_host_us() - step_hook_us0_;
+      const double stall_us = engine_.stats().stall_us - step_stall_us0_;
+      if (hook_us > 0 && ops_run > 0) runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
+      note_runner_host_us();
     }
     if (mode_ == Mode::kProfiling) {
       profiled_++;
@@ -347,11 +392,12 @@ Plan Controller::plan_for(const Trace& trace, const PlannerOptions& po, std::str
 // and through kSteadyIterations (a mean, not the last iteration alone, which is not monotonic in
 // bandwidth: docs/simulator.md, "Which iteration is reported"). On the H200's llama-1b plans that
 // is 3-5% above the 2-iteration mean.
-double Controller::steady_iteration_us(const Trace& trace, const Plan& plan) const {
+double Controller::steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us) const {
   try {
     SimOptions so;
-    so.iterations = kFirstIterations;  // plan_best's replay already is this one
-    const double first = kFirstIterations * (options_.plan_search
+    so.runner_host_us_per_kernel = runner_us;
+    so.iterations = kFirstIterations;  // plan_best's replay already is this one (without runner_us)
+    const double first = kFirstIterations * (options_.plan_search && runner_us == 0
                                                  ? plan.predicted.iteration_us
                                                  : simulate(trace, plan, so).iteration_us);
     so.iterations = kSteadyIterations;
@@ -396,7 +442,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
         e.what(), format_bytes(double(budget_.budget_bytes)),
         format_bytes(double(budget_.untracked_bytes))));
   }
-  predicted_iteration_us_ = steady_iteration_us(rec.trace, plan);
+  plan_predicted_us_ = steady_iteration_us(rec.trace, plan);  // install() adds the runner's time
   // Note [Predicting steps in backward]: the same profile rewritten as the loop would record it
   // with each optimizer update in the backward (teraio transform --step-in-backward), planned and
   // replayed the same way, so that the Python Session can say when that loop would be faster
@@ -418,6 +464,9 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   cp.schedule = std::make_shared<const runtime::Schedule>(
       compile_schedule(rec, plan, recorder_.signatures()));
   cp.ops = recorder_.take_operators();
+  cp.predicted_us = plan_predicted_us_;
+  cp.plan = std::make_shared<const Plan>(std::move(plan));
+  cp.trace = std::make_shared<const Trace>(std::move(rec.trace));
   CachedPlan& slot = cache_[iteration_signature];
   slot = std::move(cp);
   install(&slot);
@@ -433,6 +482,8 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->plan_budget_bytes = plan_budget_bytes_;
   r->plan_variant = plan_variant_;
   r->predicted_iteration_us = predicted_iteration_us_;
+  r->plan_predicted_us = plan_predicted_us_;
+  r->runner_host_us_per_operator = runner_us_used_;
   r->predicted_step_in_backward_us = predicted_in_backward_us_;
   r->profiled_kernel_us = profiled_kernel_us_;
   r->resident_bytes = e.resident_bytes;

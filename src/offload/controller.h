@@ -62,6 +62,10 @@ class StepBinding : public TensorSource {
   // Operators need only their inputs observed (a planned step with an empty plan and no drift:
   // only signatures are checked) or everything (lean = false). Called on every change.
   virtual void use_lean_hooks(bool lean) { (void)lean; }
+  // Host time spent so far in the binding's operator callbacks (stalls included), cumulative: the
+  // runner's own cost per operator in planned steps (Note [The runner's host time] in
+  // controller.cpp). 0: not measured.
+  virtual double runner_host_us() const { return 0; }
 };
 
 // The problems of a step, raised by raise_step_errors once the Session's lock is released.
@@ -165,12 +169,18 @@ class Controller {
   struct CachedPlan {
     std::shared_ptr<const runtime::Schedule> schedule;  // moves name logical ids
     std::vector<OperatorRecord> ops;  // the profiled operators (times final), spliced on drift
+    // What the prediction replays (Note [The runner's host time]), and its replay without the
+    // runner's host time.
+    std::shared_ptr<const Trace> trace;
+    std::shared_ptr<const Plan> plan;
+    double predicted_us = 0;
   };
   void note_drift(uint32_t k, StepBinding& binding);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
   Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const;
-  double steady_iteration_us(const Trace& trace, const Plan& plan) const;
+  double steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us = 0) const;
+  void note_runner_host_us();
   void install(const CachedPlan* p);
   void uninstall(Mode mode);
 
@@ -214,6 +224,13 @@ class Controller {
   std::string plan_variant_;           // which of the planner's variants the last plan is
   double profiled_kernel_us_ = 0;  // the last trace's operator times, summed
   double predicted_iteration_us_ = 0;  // the last plan's steady-state step in the simulator
+  double plan_predicted_us_ = 0;       // the same without the runner's host time
+  // Note [The runner's host time]: the binding's callback time and the engine's stalls at the
+  // step's start, the last planned steps' runner time per operator, and the one the prediction
+  // used (0: none yet).
+  double step_hook_us0_ = 0, step_stall_us0_ = 0;
+  std::vector<double> runner_samples_;
+  double runner_us_used_ = 0;
   // Note [Predicting steps in backward] in controller.cpp: whether to predict, and the prediction.
   bool predict_in_backward_ = false;
   double predicted_in_backward_us_ = 0;

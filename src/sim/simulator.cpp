@@ -317,6 +317,14 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
 // kernel 0 of every iteration after the first starts its host time when the device is done. Host
 // times do not depend on bandwidth, so a kernel's start still never grows with it. Without host
 // times the host is taken to keep ahead, as before.
+// Note [The runner's host time]: what runs the plan costs host time too, which a recorded trace
+// does not hold: a Session's operator callbacks in planned steps (lookups, the plan's moves, the
+// sweeps), measured by the Session per operator over its planned steps (stats()["hook_us"] less
+// the stalls, which the simulator models as such). SimOptions::runner_host_us_per_kernel adds it
+// to every kernel's host time on the host lane; a trace without host times is a CPU's, whose
+// kernels the host runs itself, so there every kernel waits for it (host_wait_us), in series.
+// Spread evenly over the kernels: the callbacks that issue moves cost more than the others, which
+// shifts when the host falls behind within a step but not the host's total.
 // Note [Reported iteration]
 // iteration_us is the mean over the simulated iterations: ideal plus every stall from time 0 to the
 // start of kernel 0 of the iteration after the last, divided by the iteration count. Each kernel's
@@ -374,7 +382,11 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
   // Host time spent before each kernel's own launch by the recomputes due for it: each reruns its
   // producer (or the nested part of it: the share of the producer's time it takes) through the
   // dispatcher, at the producer's host time.
+  TERAIO_CHECK(std::isfinite(opts.runner_host_us_per_kernel) && opts.runner_host_us_per_kernel >= 0,
+               "simulate: runner_host_us_per_kernel must be a finite number >= 0, got {}",
+               opts.runner_host_us_per_kernel);
   const bool host_lane = trace.has_host_times();
+  const double runner_us = opts.runner_host_us_per_kernel;  // Note [The runner's host time]
   std::vector<double> host_recompute_before;
   if (host_lane) {
     host_recompute_before.assign(static_cast<size_t>(n), 0);
@@ -383,6 +395,7 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     for (size_t k = 0; k < static_cast<size_t>(n); ++k)
       result.host_us += trace.kernel_host_us(static_cast<KernelIndex>(k)) + host_recompute_before[k];
   }
+  result.host_us += runner_us * static_cast<double>(n);
 
   const int64_t iters = opts.iterations;
   const int64_t last_g = iters * n;  // kernel 0 of the iteration after the last: only its start
@@ -551,8 +564,14 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
       gaps.push_back({free_us, t});
     }
     if (g < last_g) t += recompute_before[k];  // inputs resident (check_plan)
+    if (!host_lane && runner_us > 0 && g < last_g) {  // the host runs the kernels: in series
+      host_wait_us += runner_us;
+      gaps.push_back({t, t + runner_us});
+      t += runner_us;
+    }
     if (host_lane && g < last_g) {
-      h = host_reach + host_recompute_before[k] + trace.kernel_host_us(static_cast<KernelIndex>(k));
+      h = host_reach + host_recompute_before[k] + trace.kernel_host_us(static_cast<KernelIndex>(k)) +
+          runner_us;
       if (h > t) {
         host_wait_us += h - t;
         gaps.push_back({t, h});

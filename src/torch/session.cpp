@@ -627,6 +627,7 @@ struct Session::Impl final : offload::StepBinding {
   std::vector<double> op_device_us;
   double event_us_sum = 0;  // the last recording's operators timed with events (CUDA)
   std::atomic<double> hook_us{0};  // host time inside the operator callbacks (stats()["hook_us"])
+  double runner_host_us() const override { return hook_us.load(std::memory_order_relaxed); }
   // When the last step operator's callbacks ended, or the step began (Note [Host times of a
   // recording]).
   std::atomic<double> last_op_exit_us{0};

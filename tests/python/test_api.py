@@ -111,6 +111,35 @@ def test_tier_counters_say_which_tier_moved_and_stalled(tmp_path):
     assert stalls == pytest.approx(st["stall_us"], rel=1e-9)
 
 
+def test_predictions_include_the_sessions_own_host_time(tmp_path):
+    """Note [The runner's host time]: once planned steps ran, predicted_iteration_us replays the plan
+    with the Session's own callback time per operator as measured in them
+    (runner_host_us_per_operator); plan_predicted_us keeps the plan-time replay. On the CPU the
+    callbacks run in series with the operators: the prediction grows by that time per operator (the
+    stalls can only shrink with it)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
+    opt = torch.optim.AdamW(m.parameters(), foreach=False)
+    x = torch.randn(64, 512)
+    with teraio.Session(budget="6MiB", tiers=[teraio.HostTier("256MiB")]) as s:
+        s.watch(m, opt)
+        for i in range(7):
+            with s.step():
+                m(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            if i == 1:  # the plan is made; no planned step has run yet
+                st = s.stats()
+                assert st["mode"] == "planned" and st["runner_host_us_per_operator"] == 0, st
+                assert st["predicted_iteration_us"] == st["plan_predicted_us"] > 0, st
+        st = s.stats()
+    assert st["plan_moves"] > 0 and st["drift_events"] == 0, st
+    runner = st["runner_host_us_per_operator"]
+    assert runner > 0, st
+    extra = st["predicted_iteration_us"] - st["plan_predicted_us"]
+    assert 0 < extra <= st["operators"] * runner * (1 + 1e-9), (extra, st)
+
+
 def test_budget_smaller_than_one_operator(tmp_path):
     a = torch.randn(256, 256, requires_grad=True)  # 256 KiB; a parameter-like leaf sets the device
     b = torch.randn(256, 256)

@@ -84,6 +84,20 @@ TEST_F(SimulateCli, HostTimesAreReportedWhenTheTraceHasThem) {
       << table.out;
 }
 
+TEST_F(SimulateCli, RunnerHostTimeIsPaidBeforeEveryKernelOfACpuTrace) {
+  // The golden case (5 kernels of 10 us, no host times) with 4 us of the runner's per kernel: 20 us
+  // of host time in series with the kernels; the transfers get that much longer to hide.
+  const CmdResult r =
+      run_teraio("simulate " + trace_ + " " + plan_ + " --json --iterations 1 --runner-host-us 4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_DOUBLE_EQ(j["host_us"].get<double>(), 20);
+  EXPECT_DOUBLE_EQ(j["host_wait_us"].get<double>(), 20);
+  EXPECT_GE(j["iteration_us"].get<double>(), 70);
+  EXPECT_LE(j["iteration_us"].get<double>(), 90);
+  EXPECT_NE(run_teraio("simulate " + trace_ + " " + plan_ + " --runner-host-us -1").status, 0);
+}
+
 TEST_F(SimulateCli, TierBandwidthOverridesThePlan) {
   const CmdResult r =
       run_teraio("simulate " + trace_ + " " + plan_ + " --json --tier-bandwidth ssd:2:2");

@@ -814,6 +814,40 @@ TEST(SimHost, AHostBehindTheKernelsSetsThePace) {
   EXPECT_DOUBLE_EQ(r.host_wait_us, 1);
 }
 
+// Note [The runner's host time]: the runner's own host time per kernel lengthens the host lane
+// (a host that keeps ahead absorbs it; one behind pays it per kernel) and, on a trace without host
+// times (the CPU runs the kernels itself), adds to every kernel in series.
+TEST(SimHost, TheRunnersHostTimeIsPaidWhereTheHostBounds) {
+  Trace tr = make_trace({10, 10, 10, 10}, {{100, true}}, {{0}, {}, {}, {0}});
+  Plan plan;
+  plan.tiers = {tier("host", kGbps, kGbps)};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  // No host times: 4 kernels of 10 us, each after 2.5 us of the runner's.
+  o.runner_host_us_per_kernel = 2.5;
+  SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 50);
+  EXPECT_DOUBLE_EQ(r.host_wait_us, 10);
+  EXPECT_DOUBLE_EQ(r.host_us, 10);
+  EXPECT_DOUBLE_EQ(r.ideal_us, 40);
+  // Host times of 1 us: the host keeps ahead with 2.5 more per kernel (3.5 < 10): only the first
+  // launch is paid, now 3.5 us.
+  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, 1);
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 43.5);
+  EXPECT_DOUBLE_EQ(r.host_us, 14);
+  // Host times of 8 us: 10.5 us a kernel with the runner's, more than the kernels' 10: the host
+  // sets the pace (launches at 10.5, 21, 31.5, 42; the last kernel ends at 52).
+  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, 8);
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 52);
+  o.runner_host_us_per_kernel = 0;
+  EXPECT_DOUBLE_EQ(simulate(tr, plan, o).iteration_us, 48);  // 8 + 4 x 10
+  o.runner_host_us_per_kernel = -1;
+  EXPECT_THROW(simulate(tr, plan, o), Error);
+}
+
 TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
   // An activation made at kernel 0 and used at 3, recomputed before 3 (10 us on the stream).
   Trace tr = make_trace({10, 10, 10, 10}, {{10000, false}, {100, true}}, {{0, 1}, {}, {}, {0}});
