@@ -45,8 +45,10 @@
 # in this order; footprints as measured on 2026-12-04:
 #   bash bench/h200_call32.sh                                (on an H200: llama-1b autocast 1/2 and 1/4 with
 #                                                             and without deep chains + writebacks: host time
-#                                                             per step and the host lane's predictions; teraio
-#                                                             at FSDP2 + checkpointing's 4.11 GiB)
+#                                                             per step and the host lane's predictions, with and
+#                                                             without the Session's own measured host time
+#                                                             (plan_predicted_us, runner_host_us_per_operator);
+#                                                             teraio at FSDP2 + checkpointing's 4.11 GiB)
 #   OUT=... bash bench/host_profile.sh                       (where the host's time goes, under perf)
 #   bash bench/h200_run.sh real largest-inbwd
 #   bash bench/h200_run.sh peers1b                           (the peers without checkpointing, again)

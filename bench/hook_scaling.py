@@ -4,7 +4,8 @@
 decoder layers (hidden 64, so that the kernels are short and the host's time shows), trained on the
 CPU with per-parameter AdamW, one thread, under a budget that makes the plan move (2 MiB: about 1,500
 moves a step at 16 layers). Prints the planned steps' mean time, the callbacks' host time per step
-(stats()["hook_us"]) and per operator; `none` trains without a Session.
+(stats()["hook_us"]) and per operator, and the Session's prediction with and without its own host
+time (Note [The runner's host time]); `none` trains without a Session.
 
     python3 bench/hook_scaling.py [teraio|none] [LAYERS] [STEPS] [BUDGET]   # teraio 16 5 2MiB
 """
@@ -61,4 +62,6 @@ hook = (st["hook_us"] - st0["hook_us"]) / steps
 print(f"layers {layers} {st['mode']}: {dt * 1e3:.1f} ms/step, callbacks {hook / 1e3:.1f} ms/step "
       f"({hook / st['operators']:.2f} us per operator), {st['operators']} operators, "
       f"{st['tracked_tensors']} tracked tensors, {(st['plan_moves'] - st0['plan_moves']) / steps:.0f} moves/step, "
-      f"{(st['full_sweeps'] - st0['full_sweeps']) / steps:.0f} full sweeps/step")
+      f"{(st['full_sweeps'] - st0['full_sweeps']) / steps:.0f} full sweeps/step; predicted "
+      f"{st['predicted_iteration_us'] / 1e3:.1f} ms (plan-time {st['plan_predicted_us'] / 1e3:.1f}, "
+      f"the Session's own {st['runner_host_us_per_operator']:.2f} us per operator)")

@@ -127,11 +127,11 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
         r.recomputes ? fmt::format(", \"recomputes\": {}, \"recompute_us\": {}", r.recomputes,
                                    json_number(r.recompute_us))
                      : std::string(),
-        trace.writes_recorded ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}, "
-                                            "\"writebacks\": {}, \"writeback_bytes\": {}",
-                                            r.clean_offloads, r.clean_offload_bytes, r.writebacks,
-                                            r.writeback_bytes)
-                              : std::string(),
+        trace.writes_recorded
+            ? fmt::format(", \"clean_offloads\": {}, \"clean_offload_bytes\": {}, "
+                          "\"writebacks\": {}, \"writeback_bytes\": {}",
+                          r.clean_offloads, r.clean_offload_bytes, r.writebacks, r.writeback_bytes)
+            : std::string(),
         plan.discard_dead ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", r.discards,
                                         r.discarded_bytes)
                           : std::string(),

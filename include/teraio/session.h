@@ -370,7 +370,8 @@ class Session {
   // tracked storage is handed over to its owner now. Resized to 0, teraio's copy is dropped (not
   // brought back); to another size, absent bytes are brought back first so that the resize keeps
   // them; a writeback copy still reading the bytes is waited for (Note [Storages their owner
-  // resizes]). `storage` is the c10::StorageImpl's address; one teraio does not track is left alone.
+  // resizes]). `storage` is the c10::StorageImpl's address; one teraio does not track is left
+  // alone.
   void storage_resizing(uintptr_t storage, uint64_t new_bytes);
 
   SessionStats stats() const;

@@ -223,7 +223,8 @@ StepErrors Controller::end_step(StepBinding& binding) {
     if (mode_ == Mode::kPlanned && !iteration_reactive_ && active_) {
       const double hook_us = binding.runner_host_us() - step_hook_us0_;
       const double stall_us = engine_.stats().stall_us - step_stall_us0_;
-      if (hook_us > 0 && ops_run > 0) runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
+      if (hook_us > 0 && ops_run > 0)
+        runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
       note_runner_host_us();
     }
     if (mode_ == Mode::kProfiling) {
@@ -392,7 +393,8 @@ Plan Controller::plan_for(const Trace& trace, const PlannerOptions& po, std::str
 // and through kSteadyIterations (a mean, not the last iteration alone, which is not monotonic in
 // bandwidth: docs/simulator.md, "Which iteration is reported"). On the H200's llama-1b plans that
 // is 3-5% above the 2-iteration mean.
-double Controller::steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us) const {
+double Controller::steady_iteration_us(const Trace& trace, const Plan& plan,
+                                       double runner_us) const {
   try {
     SimOptions so;
     so.runner_host_us_per_kernel = runner_us;

@@ -570,8 +570,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
       t += runner_us;
     }
     if (host_lane && g < last_g) {
-      h = host_reach + host_recompute_before[k] + trace.kernel_host_us(static_cast<KernelIndex>(k)) +
-          runner_us;
+      h = host_reach + host_recompute_before[k] +
+          trace.kernel_host_us(static_cast<KernelIndex>(k)) + runner_us;
       if (h > t) {
         host_wait_us += h - t;
         gaps.push_back({t, h});

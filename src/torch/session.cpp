@@ -214,7 +214,8 @@ class StorageMemory final : public runtime::Memory {
   // storage object alive, PyTorch increfs and decrefs it then). An owner that frees the bytes
   // themselves from Python (FSDP2's untyped_storage().resize_(0)) waits for the copy first (Note
   // [Storages their owner resizes]); one that does it in C++ behind the dispatcher frees them under
-  // the copy (the storage then counts as replaced and the copy is discarded, but it read freed memory).
+  // the copy (the storage then counts as replaced and the copy is discarded, but it read freed
+  // memory).
   std::optional<storage::BufferView> view() override {
     TERAIO_INTERNAL_ASSERT(!lent_, "a second view() before end_view()");
     auto s = weak_.lock();
@@ -627,7 +628,9 @@ struct Session::Impl final : offload::StepBinding {
   std::vector<double> op_device_us;
   double event_us_sum = 0;  // the last recording's operators timed with events (CUDA)
   std::atomic<double> hook_us{0};  // host time inside the operator callbacks (stats()["hook_us"])
-  double runner_host_us() const override { return hook_us.load(std::memory_order_relaxed); }
+  double runner_host_us() const override {
+    return hook_us.load(std::memory_order_relaxed);
+  }
   // When the last step operator's callbacks ended, or the step began (Note [Host times of a
   // recording]).
   std::atomic<double> last_op_exit_us{0};
@@ -687,7 +690,7 @@ struct Session::Impl final : offload::StepBinding {
 #endif
   }
   bool closed = false;
-  uint64_t owner_resizes = 0;  // Note [Storages their owner resizes]
+  uint64_t owner_resizes = 0;         // Note [Storages their owner resizes]
   runtime::EngineStats closed_stats;  // the engine's last stats, after close()
 
   // Two registrations of the same callbacks: `handle` sees inputs and outputs (profiling, plans
