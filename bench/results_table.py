@@ -48,7 +48,11 @@ def row(name, r, ideal):
              f"{100 * ideal / med:.1f}%" if ideal else "–"]
     stats = r.get("system_info", {}).get("stats", {})
     pred = stats.get("predicted_iteration_us")
-    cells.append(f"{pred / 1e6:.3f} s ({100 * (pred / 1e6 / med - 1):+.1f}%)" if pred else "–")
+    cell = f"{pred / 1e6:.3f} s ({100 * (pred / 1e6 / med - 1):+.1f}%)" if pred else "–"
+    plan_pred = stats.get("plan_predicted_us")  # without the Session's measured host time
+    if pred and plan_pred and plan_pred != pred:
+        cell += f"; plan-time {plan_pred / 1e6:.3f} s ({100 * (plan_pred / 1e6 / med - 1):+.1f}%)"
+    cells.append(cell)
     fl = r.get("floor") or {}
     if fl.get("floor_s"):
         cells += [f"{fl['floor_s']:.3f} s, {fl['bound']}", f"{med / fl['floor_s']:.2f}x"]
