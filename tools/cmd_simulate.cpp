@@ -101,6 +101,8 @@ double pct(double part, double whole) {
 
 void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan,
                   const std::vector<TierSpec>& tiers, const SimResult& r) {
+  // Note [The host lane] in src/sim/simulator.cpp
+  const bool host_reported = trace.has_host_times() || args.runner_host_us > 0;
   if (args.json) {
     std::string tiers_json;
     for (size_t i = 0; i < tiers.size(); ++i) {
@@ -135,10 +137,9 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
         plan.discard_dead ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", r.discards,
                                         r.discarded_bytes)
                           : std::string(),
-        trace.has_host_times() || args.runner_host_us > 0
-            ? fmt::format(", \"host_us\": {}, \"host_wait_us\": {}", json_number(r.host_us),
-                          json_number(r.host_wait_us))
-            : std::string());
+        host_reported ? fmt::format(", \"host_us\": {}, \"host_wait_us\": {}",
+                                    json_number(r.host_us), json_number(r.host_wait_us))
+                      : std::string());
     return;
   }
   fmt::print("trace                {} ({} kernels, {} tensors)\n", args.trace_path,
@@ -149,7 +150,7 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
   fmt::print("ideal                {}\n", format_us(r.ideal_us));
   fmt::print("stall                {}  ({:.2f}% of ideal)\n", format_us(r.stall_us),
              pct(r.stall_us, r.ideal_us));
-  if (trace.has_host_times() || args.runner_host_us > 0) {  // Note [The host lane] in simulator.cpp
+  if (host_reported) {
     fmt::print("host                 {} per iteration; the stream waited {} for launches\n",
                format_us(r.host_us), format_us(r.host_wait_us));
   }

@@ -20,7 +20,7 @@ import math
 import os
 import time
 import weakref
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Tuple, Union
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
@@ -352,11 +352,17 @@ class Session:
         elif self._predict_in_backward and not self._hinted:
             self._hint_steps_in_backward(impl.stats())  # once, after the first plan
 
+    @staticmethod
+    def _replays(st: dict) -> Tuple[float, float]:
+        """The step as it runs and with steps in backward, both replayed without the Session's own
+        measured host time (plan_predicted_us: the in-backward loop's is not measured)."""
+        return (st.get("plan_predicted_us") or st["predicted_iteration_us"],
+                st["predicted_step_in_backward_us"])
+
     def _predicted_gain(self, st: dict) -> Optional[float]:
         """The fraction of the step that steps in backward are predicted to save, once a plan
-        exists (None before; 0 or less when not faster or not predicted). Both replays without the
-        Session's own measured host time (plan_predicted_us: the in-backward loop's is not measured)."""
-        now, moved = st.get("plan_predicted_us") or st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
+        exists (None before; 0 or less when not faster or not predicted)."""
+        now, moved = self._replays(st)
         if st["mode"] != "planned" or now <= 0:
             return None
         return 1 - moved / now if moved > 0 else 0.0
@@ -372,7 +378,7 @@ class Session:
         # Decided: later plans (new profiles) need not plan the rewritten profile again; the stats
         # keep this prediction.
         self._require().set_predict_step_in_backward(False)
-        now, moved = st.get("plan_predicted_us") or st["predicted_iteration_us"], st["predicted_step_in_backward_us"]
+        now, moved = self._replays(st)
         if gain >= HINT_GAIN:
             import warnings
             warnings.warn(PerformanceHint(

@@ -131,18 +131,23 @@ void Controller::note_runner_host_us() {
   const double median = sorted[sorted.size() / 2];
   if (runner_us_used_ > 0 && std::abs(median - runner_us_used_) <= 0.05 * runner_us_used_) return;
   runner_us_used_ = median;
-  if (active_ && active_->trace && active_->plan)
-    predicted_iteration_us_ = steady_iteration_us(*active_->trace, *active_->plan, runner_us_used_);
+  predict_active();
+}
+
+// The active plan's prediction: its plan-time replay, with the runner's measured host time once
+// there is one.
+void Controller::predict_active() {
+  const CachedPlan* p = active_;
+  if (!p || !p->trace || !p->plan) return;
+  plan_predicted_us_ = p->predicted_us;
+  predicted_iteration_us_ = runner_us_used_ > 0
+                                ? steady_iteration_us(*p->trace, *p->plan, runner_us_used_)
+                                : p->predicted_us;
 }
 
 void Controller::install(const CachedPlan* p) {
   active_ = p;
-  if (p->trace && p->plan) {
-    plan_predicted_us_ = p->predicted_us;
-    predicted_iteration_us_ = runner_us_used_ > 0
-                                  ? steady_iteration_us(*p->trace, *p->plan, runner_us_used_)
-                                  : p->predicted_us;
-  }
+  predict_active();
   engine_.set_schedule(p->schedule);
   mode_ = Mode::kPlanned;
   if (p->schedule->moves == 0) {

@@ -181,6 +181,7 @@ class Controller {
   Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const;
   double steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us = 0) const;
   void note_runner_host_us();
+  void predict_active();
   void install(const CachedPlan* p);
   void uninstall(Mode mode);
 

@@ -501,6 +501,13 @@ struct NestedCtx final : at::ObserverContext {
   std::vector<c10::StorageImpl*> written;         // arguments its schema writes
   std::shared_ptr<const Capture> capture;         // planned steps: what rerunning it needs
 };
+// Whether a storage's bytes are away (offloaded, or freed for a recompute): it keeps its size
+// with a null DataPtr. Read without the checks an offloaded storage makes throw (Note [Refused
+// tensors]).
+bool bytes_away(c10::StorageImpl& s) {
+  return s.nbytes() > 0 && s._mutable_data_ptr_no_checks().get() == nullptr;
+}
+
 bool on_subclass(const at::RecordFunction& fn) {
   bool found = false;
   for (const c10::IValue& v : fn.inputs()) {
@@ -1115,9 +1122,7 @@ struct Session::Impl final : offload::StepBinding {
     for (const c10::IValue& v : fn.inputs())
       visit_tensors(v, [&](const at::Tensor& t) {
         if (absent || !t.defined() || !t.has_storage()) return;
-        c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-        // without the checks an offloaded storage makes throw (Note [Refused tensors])
-        absent = si->nbytes() > 0 && si->_mutable_data_ptr_no_checks().get() == nullptr;
+        absent = bytes_away(*t.storage().unsafeGetStorageImpl());
       });
     return absent;
   }
@@ -1655,7 +1660,7 @@ void Session::storage_resizing(uintptr_t storage, uint64_t new_bytes) {
   c10::intrusive_ptr<c10::StorageImpl> s = it->second.weak.lock();
   const LogicalId id = it->second.id;
   if (!s || !impl_->engine->bound(id)) return;
-  if (s->nbytes() > 0 && s->_mutable_data_ptr_no_checks().get() == nullptr) {  // absent
+  if (bytes_away(*s)) {
     impl_->owner_resizes++;
     if (new_bytes == 0) s->set_nbytes(0);  // and freed by its owner: nothing to bring back
   }

@@ -87,21 +87,28 @@ def test_options_and_stats_are_declared_once(tmp_path):
         teraio._C.Session(budget=1 << 20, tiers=[])
 
 
-def test_tier_counters_say_which_tier_moved_and_stalled(tmp_path):
-    """stats()["tiers"][i] counts each tier's stalls and bytes; over the tiers they add up to the
-    Session's totals, and a tier the plan does not use moves nothing."""
+def train_linears(s, steps, after_step=lambda i: None):
+    """Eight 512-wide Linear layers (8 MiB of parameters, 24 MiB with AdamW's states) trained
+    `steps` steps under Session `s`, watched; after_step(i) runs after step i."""
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
     opt = torch.optim.AdamW(m.parameters(), foreach=False)
     x = torch.randn(64, 512)
+    s.watch(m, opt)
+    for i in range(steps):
+        with s.step():
+            m(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        after_step(i)
+
+
+def test_tier_counters_say_which_tier_moved_and_stalled(tmp_path):
+    """stats()["tiers"][i] counts each tier's stalls and bytes; over the tiers they add up to the
+    Session's totals, and a tier the plan does not use moves nothing."""
     tiers = [teraio.HostTier("256MiB"), teraio.FileTier([str(tmp_path)], "256MiB")]
     with teraio.Session(budget="6MiB", tiers=tiers) as s:
-        s.watch(m, opt)
-        for _ in range(4):
-            with s.step():
-                m(x).square().mean().backward()
-                opt.step()
-                opt.zero_grad()
+        train_linears(s, 4)
         st = s.stats()
     host, disk = st["tiers"]
     assert host["bytes_written"] > 0 and host["bytes_read"] > 0
@@ -117,21 +124,13 @@ def test_predictions_include_the_sessions_own_host_time(tmp_path):
     (runner_host_us_per_operator); plan_predicted_us keeps the plan-time replay. On the CPU the
     callbacks run in series with the operators: the prediction grows by that time per operator (the
     stalls can only shrink with it)."""
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
-    opt = torch.optim.AdamW(m.parameters(), foreach=False)
-    x = torch.randn(64, 512)
     with teraio.Session(budget="6MiB", tiers=[teraio.HostTier("256MiB")]) as s:
-        s.watch(m, opt)
-        for i in range(7):
-            with s.step():
-                m(x).square().mean().backward()
-                opt.step()
-                opt.zero_grad()
+        def after_step(i):
             if i == 1:  # the plan is made; no planned step has run yet
                 st = s.stats()
                 assert st["mode"] == "planned" and st["runner_host_us_per_operator"] == 0, st
                 assert st["predicted_iteration_us"] == st["plan_predicted_us"] > 0, st
+        train_linears(s, 7, after_step)
         st = s.stats()
     assert st["plan_moves"] > 0 and st["drift_events"] == 0, st
     runner = st["runner_host_us_per_operator"]

@@ -776,13 +776,27 @@ TEST(SimClean, TransientTensorsFirstOffloadWritesAndARecomputeInBetweenToo) {
   EXPECT_EQ(r.tiers[0].offload_bytes, 20000u);
 }
 
+// The host lane's cases: kernel k's host time is us[k], or `us` for every kernel.
+void set_host_us(Trace& tr, const std::vector<double>& us) {
+  for (KernelIndex k = 0; k < tr.num_kernels(); ++k) tr.set_kernel_host_us(k, us[k]);
+}
+void set_host_us(Trace& tr, double us) {
+  set_host_us(tr, std::vector<double>(tr.num_kernels(), us));
+}
+// Four kernels of 10 us and a small parameter read by the first and the last, within the budget.
+struct FourKernels {
+  Trace tr = make_trace({10, 10, 10, 10}, {{100, true}}, {{0}, {}, {}, {0}});
+  Plan plan;
+  FourKernels() {
+    plan.tiers = {tier("host", kGbps, kGbps)};
+    test::fit_budget(tr, plan);
+  }
+};
+
 // Note [The host lane]: a host slower than the kernels sets the pace; one that keeps ahead changes
 // nothing; a recompute costs its producer's host time too.
 TEST(SimHost, AHostBehindTheKernelsSetsThePace) {
-  Trace tr = make_trace({10, 10, 10, 10}, {{100, true}}, {{0}, {}, {}, {0}});
-  Plan plan;
-  plan.tiers = {tier("host", kGbps, kGbps)};
-  test::fit_budget(tr, plan);
+  auto [tr, plan] = FourKernels();
   SimOptions o;
   o.iterations = 1;
   o.record_timeline = true;
@@ -790,8 +804,7 @@ TEST(SimHost, AHostBehindTheKernelsSetsThePace) {
   // Host times 10, 30, 10, 10: kernel 0 is launched at 10, kernel 1 at 40 (the stream, free at
   // 20, waits 20 us), kernels 2 and 3 at 50 and 60, as the stream frees (starts relative to
   // kernel 0's).
-  const std::vector<double> host = {10, 30, 10, 10};
-  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, host[k]);
+  set_host_us(tr, {10, 30, 10, 10});
   SimResult r = simulate(tr, plan, o);
   ASSERT_EQ(r.kernel_start_us.size(), 4u);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[1], 30);
@@ -802,7 +815,7 @@ TEST(SimHost, AHostBehindTheKernelsSetsThePace) {
   EXPECT_DOUBLE_EQ(r.stall_us, 0);
   EXPECT_DOUBLE_EQ(r.iteration_us, 70);
   // A host that keeps ahead (1 us a kernel) costs only the first launch.
-  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, 1);
+  set_host_us(tr, 1);
   r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.iteration_us, 41);
   EXPECT_DOUBLE_EQ(r.host_wait_us, 1);
@@ -818,10 +831,7 @@ TEST(SimHost, AHostBehindTheKernelsSetsThePace) {
 // (a host that keeps ahead absorbs it; one behind pays it per kernel) and, on a trace without host
 // times (the CPU runs the kernels itself), adds to every kernel in series.
 TEST(SimHost, TheRunnersHostTimeIsPaidWhereTheHostBounds) {
-  Trace tr = make_trace({10, 10, 10, 10}, {{100, true}}, {{0}, {}, {}, {0}});
-  Plan plan;
-  plan.tiers = {tier("host", kGbps, kGbps)};
-  test::fit_budget(tr, plan);
+  auto [tr, plan] = FourKernels();
   SimOptions o;
   o.iterations = 1;
   // No host times: 4 kernels of 10 us, each after 2.5 us of the runner's.
@@ -833,13 +843,13 @@ TEST(SimHost, TheRunnersHostTimeIsPaidWhereTheHostBounds) {
   EXPECT_DOUBLE_EQ(r.ideal_us, 40);
   // Host times of 1 us: the host keeps ahead with 2.5 more per kernel (3.5 < 10): only the first
   // launch is paid, now 3.5 us.
-  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, 1);
+  set_host_us(tr, 1);
   r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.iteration_us, 43.5);
   EXPECT_DOUBLE_EQ(r.host_us, 14);
   // Host times of 8 us: 10.5 us a kernel with the runner's, more than the kernels' 10: the host
   // sets the pace (launches at 10.5, 21, 31.5, 42; the last kernel ends at 52).
-  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, 8);
+  set_host_us(tr, 8);
   r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.iteration_us, 52);
   o.runner_host_us_per_kernel = 0;
@@ -866,8 +876,7 @@ TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
   // Host times 20, 1, 1, 1: kernels start at 20, 30, 40; the host reaches kernel 3's operator at
   // 22, reruns the producer (20 us) and launches kernel 3 at 43, while the stream runs the
   // recompute's kernel 50-60: kernel 3 starts at 60, 40 after kernel 0.
-  const std::vector<double> host = {20, 1, 1, 1};
-  for (KernelIndex k = 0; k < 4; ++k) tr.set_kernel_host_us(k, host[k]);
+  set_host_us(tr, {20, 1, 1, 1});
   r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 40);
   EXPECT_DOUBLE_EQ(r.host_us, 43);
