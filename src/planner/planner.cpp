@@ -318,6 +318,25 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // must end at a read and start at a use or read: a split or revive that would leave no kernel
 // between two of them is not taken; one read right after its last need keeps it resident instead.
 // Decided for the whole candidate in gather before any read of d is added, then applied.
+// Note [Inputs kept for a recompute]
+// PlannerTuning::keep_dead_inputs: a recompute's input that the trace has dead by the point d (a
+// temporary its producer read once) need not be made there: the recompute's recipe holds it at run
+// time anyway, so it can simply live on to d, read there like any other input, and the moves may
+// carry it away and bring it back meanwhile. That is what makes an expensive-to-move tensor made
+// from small ones worth recomputing: fp32 math attention saves its 512 MiB of softmax
+// probabilities per layer of llama-1b (4 x 1024), made by one nested operator from the 48 MiB of
+// rotated q, k and v, temporaries dead after the forward's attention; before, such a recompute
+// was refused (its inputs dead), and at FSDP2's 4.1 GiB the probabilities crossed the link both
+// ways, 8 GiB of the 13.3 GiB of activations moved. A kept input costs its bytes from its last
+// use or read before d up to d, counted with the chains' in Note [Chains that cost more than they
+// free], and it may cross the link where the tensor would have: such a recompute is taken only
+// when the tensor's bytes less the kept inputs' and the persistent tensors' the point reads (not
+// read there already) still pay for the producer's time by the rule above. Without that, keeping
+// autocast's 32 MiB normalised input to remake a 64 MiB projection in the backward (which reads the
+// 64 MiB fp32 weight there too) cost the H200's llama-1b at 1/2 10% and the 8B 9%, simulated. With deep chains a dead input is revived when its own inputs can be had at d without
+// keeping any (reviving a chain down to a kept leaf would move as many bytes and compute more),
+// else kept. check_plan and the simulator already count an input resident from the end of its
+// life up to its last read (docs/formats.md, rule 12).
 // Note [Recomputes that read parameters]
 // A recompute's point reads its producer's inputs (above); when one is a persistent tensor the
 // point's kernel does not use (autocast's aten::linear reads its fp32 weight, which the backward
@@ -429,12 +448,20 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     return !read_points[i].count(d) && d > last_need_before(i, d) + 1;
   };
   std::vector<uint32_t> chains, splits, shifts;
-  std::vector<TensorId> revives, visited;
+  std::vector<TensorId> revives, visited, kept;
+  // Note [Inputs kept for a recompute]: an input dead by d, not made there, kept alive to d instead.
+  auto keepable = [&](TensorId i, KernelIndex d) {
+    return tuning_.keep_dead_inputs && !trace_.tensors[i].persistent && lifetimes.used(i) &&
+           lifetimes.alive_until(i) < d && freed_at(i, d) < 0;
+  };
   // Note [Deep recompute chains]: what making t at d needs made there too, up to kMaxDepth
   // producers down: an input freed by a recompute span is made at d as well and again at its own
-  // point (the span split), a dead one is revived; false when some input cannot be.
+  // point (the span split), a dead one is revived when its own inputs can be had at d without
+  // keeping any, else kept (Note [Inputs kept for a recompute]) when allow_keep; false when some
+  // input cannot be.
   constexpr int kMaxDepth = 4;
-  std::function<bool(TensorId, KernelIndex, int)> gather = [&](TensorId t, KernelIndex d, int depth) {
+  std::function<bool(TensorId, KernelIndex, int, bool)> gather = [&](TensorId t, KernelIndex d, int depth,
+                                                                     bool allow_keep) {
     for (TensorId i : recompute_reads(trace_, lifetimes, t)) {
       if (std::find(visited.begin(), visited.end(), i) != visited.end()) continue;
       if (alive_at(i, d)) {
@@ -443,24 +470,46 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
         // Split: made at d too, so freed for a kernel or more on both sides of d.
         if (d <= spans[si].start + 1 || spans[si].point <= d + 1 || depth >= kMaxDepth) return false;
         visited.push_back(i);
-        if (!gather(i, d, depth + 1)) return false;
+        if (!gather(i, d, depth + 1, allow_keep)) return false;
         splits.push_back(static_cast<uint32_t>(si));
         continue;
       }
-      if (!revivable(i, d) || depth >= kMaxDepth) return false;
-      visited.push_back(i);
+      const auto keep = [&] {
+        if (!allow_keep || !keepable(i, d)) return false;
+        visited.push_back(i);
+        kept.push_back(i);
+        return true;
+      };
+      if (!revivable(i, d) || depth >= kMaxDepth) {
+        if (!keep()) return false;
+        continue;
+      }
       // Read right after its last use or read, or read there already: kept alive there, not made
       // again (its inputs are not read).
       if (remade_at(i, d)) {
         const int64_t si = freed_at(i, d);  // a later read's span, split at d: a kernel or more left
-        if ((si >= 0 && spans[si].point <= d + 1) || !gather(i, d, depth + 1)) return false;
+        if (si >= 0 && spans[si].point <= d + 1) return false;
+        const size_t marks[] = {visited.size(), splits.size(), revives.size(), shifts.size(), kept.size()};
+        visited.push_back(i);
+        if (!gather(i, d, depth + 1, false)) {  // undo what the failed attempt gathered
+          visited.resize(marks[0]);
+          splits.resize(marks[1]);
+          revives.resize(marks[2]);
+          shifts.resize(marks[3]);
+          kept.resize(marks[4]);
+          if (!keep()) return false;
+          continue;
+        }
         revives.push_back(i);
       } else if (!read_points[i].count(d)) {  // kept alive from the kernel before d: nothing to make
+        visited.push_back(i);
         const int64_t si = freed_at(i, d);  // a span from d - 1 now starts at d
         if (si >= 0) {
           if (spans[si].point <= d + 1) return false;
           shifts.push_back(static_cast<uint32_t>(si));
         }
+      } else {
+        visited.push_back(i);
       }
     }
     return true;
@@ -472,12 +521,17 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     shifts.clear();
     revives.clear();
     visited.clear();
+    kept.clear();
     bool ok = true;
     if (tuning_.revive_dead_inputs) {
-      ok = gather(c.tensor, d, 0);
+      ok = gather(c.tensor, d, 0, true);
     } else {
       for (TensorId i : recompute_reads(trace_, lifetimes, c.tensor)) {
-        if (!alive_at(i, d)) { ok = false; break; }
+        if (!alive_at(i, d)) {
+          if (!keepable(i, d)) { ok = false; break; }
+          kept.push_back(i);
+          continue;
+        }
         const int64_t si = freed_at(i, d);
         if (si < 0) continue;
         // i made at d must still be freed for a kernel or more before it: its window would be
@@ -493,16 +547,19 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     }
     if (!ok) continue;
     // A chain keeps its input resident from d to the input's old point (Note [Chains that cost
-    // more than they free]): taken only when this gap frees more than the chains give back.
-    if (!chains.empty()) {
+    // more than they free]), a kept input from its last need to d (Note [Inputs kept for a
+    // recompute]): taken only when this gap frees more than they give back.
+    if (!chains.empty() || !kept.empty()) {
       const auto over_in = [&](KernelIndex lo, KernelIndex hi) {  // kernels over the budget in [lo, hi)
         return lo < hi ? static_cast<double>(over[hi] - over[lo]) : 0.0;
       };
       const double freed = static_cast<double>(trace_.tensors[c.tensor].bytes) * over_in(c.start + 1, d);
-      double kept = 0;
+      double held = 0;
       for (uint32_t si : chains)
-        kept += static_cast<double>(trace_.tensors[spans[si].tensor].bytes) * over_in(d, spans[si].point);
-      if (kept >= freed) continue;
+        held += static_cast<double>(trace_.tensors[spans[si].tensor].bytes) * over_in(d, spans[si].point);
+      for (TensorId i : kept)
+        held += static_cast<double>(trace_.tensors[i].bytes) * over_in(last_need_before(i, d) + 1, d);
+      if (held >= freed) continue;
     }
     // Everything that must be resident at d fits: d's own tensors, the reads so far and the new ones.
     Span span{c.tensor, c.start, d, reads_at(c.tensor, d)};
@@ -510,6 +567,21 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
         std::any_of(span.reads.begin(), span.reads.end(),
                     [&](TensorId t) { return trace_.tensors[t].persistent; }))
       continue;
+    // Note [Inputs kept for a recompute]: what keeping costs on the link, the kept inputs and the
+    // persistent tensors the point must bring (not read at d already), comes off what the
+    // recompute saves there.
+    if (!kept.empty()) {
+      double carried = 0;
+      for (TensorId i : kept)
+        if (!count.count(key(i, d))) carried += static_cast<double>(trace_.tensors[i].bytes);
+      for (TensorId i : span.reads)
+        if (trace_.tensors[i].persistent && !count.count(key(i, d)))
+          carried += static_cast<double>(trace_.tensors[i].bytes);
+      const auto bytes = static_cast<double>(trace_.tensors[c.tensor].bytes);
+      if (carried > tuning_.kept_bytes_fraction * bytes ||
+          recompute_cost_us(trace_, c.tensor) > tuning_.recompute_factor * (bytes - carried) / bytes_per_us)
+        continue;
+    }
     std::vector<TensorId> fresh;
     auto note = [&](TensorId t) {
       if (!count.count(key(t, d)) && std::find(fresh.begin(), fresh.end(), t) == fresh.end()) fresh.push_back(t);
@@ -1187,6 +1259,15 @@ namespace {
 // variant is also tried with recompute_factor x f: the stretched slots, recompute priced against
 // the link as it is (docs/planner.md, "Link-bound plans").
 constexpr double kMinStretch = 1.25;
+// Note [Recompute where moving is free]
+// Where the link has room to spare (a compute-bound iteration), moving a tensor costs nothing the
+// step waits for, and a recompute costs its producer's time: recomputing fp32 math attention's
+// probabilities (2.4 ms each for 512 MiB, a quarter of its link time) cost llama-1b at 1/2 of its
+// footprint on the H200's profile 6% simulated, where the link hid the moves. The rule's factor
+// scales what counts as cheap (Note [Recompute in the planner]); these variants recompute only
+// what costs at most a tenth of its link time (elementwise operators, casts), with the settings
+// that won elsewhere.
+constexpr double kCheapOnly = 0.1;
 
 double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& plan) {
   const double ideal_us = trace.total_time_us();
@@ -1267,6 +1348,14 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       PlannerTuning t = base;
       t.recompute_factor = factor;
       add(fmt::format("recompute factor {}", factor), opts, t);
+    }
+    // Note [Recompute where moving is free]
+    for (bool farthest : {false, true}) {
+      for (double slack : {0.1, 0.5, 0.75, 1.0}) {
+        PlannerTuning t = tuned(slack, farthest);
+        t.recompute_factor = kCheapOnly;
+        add(fmt::format("recompute factor {}{}, slack {}", kCheapOnly, farthest ? kFarthest : "", slack), opts, t);
+      }
     }
     // Note [Recomputes that read parameters]
     for (double slack : {0.1, 0.5, 0.75, 1.0}) {

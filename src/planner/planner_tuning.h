@@ -34,6 +34,14 @@ struct PlannerTuning {
   // are freed or dead at its point are made there too, recursively, and freed again. Default off;
   // plan_best variants.
   bool revive_dead_inputs = false;
+  // A recompute's input that the trace has dead by the point (and that is not revived) is kept:
+  // read at the point, so it lives on to it and the moves may carry it away and back meanwhile
+  // (Note [Inputs kept for a recompute], planner.cpp). Default on; off, such a recompute is not
+  // taken.
+  bool keep_dead_inputs = true;
+  // ... and only when what the point must bring for it (kept inputs, persistent reads) is at most
+  // this fraction of the tensor's bytes.
+  double kept_bytes_fraction = 0.25;
   // The forced pass evicts, at a kernel over the budget, the resident tensor whose next use is
   // farthest (Note [Forced eviction by next use], planner.cpp) instead of the smallest that covers
   // the overshoot. Default off; a plan_best variant.

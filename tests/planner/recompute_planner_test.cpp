@@ -139,6 +139,64 @@ TEST(RecomputePlanner, RecomputesThatReadAParameterAreAVariant) {
   EXPECT_TRUE(listed);
 }
 
+// Note [Inputs kept for a recompute]: S (`s_bytes`) = mm(W) at kernel 0, not recomputable, read
+// once more by kernel 1 and dead after it; B (1 GB) = exp(S) at kernel 1, recomputable, 0.5 ms;
+// kernels 2..9 each use C (1 GB); the backward uses B at 10. Under a budget of 1.6 GB B must be
+// away in the middle, and S is dead there in the trace.
+Trace kept_input_trace(uint64_t s_bytes) {
+  Trace t;
+  const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
+  TensorInfo s{s_bytes, TensorKind::temporary, false, "S"};
+  s.producer = 0;
+  const TensorId si = t.add_tensor(s);
+  TensorInfo b{kGB, TensorKind::activation, false, "B"};
+  b.producer = 1;
+  b.recomputable = true;
+  const TensorId bi = t.add_tensor(b);
+  const TensorId c = t.add_tensor({kGB, TensorKind::temporary, false, "C"});
+  t.add_kernel("aten::mm", 50'000, std::vector<TensorId>{w, si});
+  t.add_kernel("aten::exp", 500, std::vector<TensorId>{si, bi});
+  for (int k = 2; k < 10; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{c});
+  t.add_kernel("bwd_b", 50'000, std::vector<TensorId>{bi, w});
+  return t;
+}
+
+TEST(RecomputePlanner, ARecomputeKeepsASmallDeadInput) {
+  const TensorId si = 1, bi = 2;
+  const Trace t = kept_input_trace(kGB / 10);
+  PlannerOptions o = options();
+  o.budget_bytes = 16 * kGB / 10;
+  for (const bool deep : {false, true}) {
+    SCOPED_TRACE(deep ? "deep chains" : "one level");
+    planner_detail::PlannerTuning tuning;
+    tuning.revive_dead_inputs = deep;
+    const Plan kept = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+    expect_valid(t, kept);
+    EXPECT_EQ(count(kept, MoveOp::recompute, bi), 1u);  // S lives on to kernel 10 instead
+    EXPECT_EQ(count(kept, MoveOp::offload, bi), 0u);
+    tuning.keep_dead_inputs = false;
+    const Plan moved = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+    expect_valid(t, moved);
+    EXPECT_EQ(count(moved, MoveOp::recompute, bi), 0u);  // S is dead at kernel 10: B moves
+    EXPECT_EQ(count(moved, MoveOp::offload, bi), 1u);
+    EXPECT_LT(simulate(t, kept).iteration_us, simulate(t, moved).iteration_us);
+    // 0.1 GB of S cross the link (if at all) where 1 GB of B would have.
+    EXPECT_EQ(count(kept, MoveOp::recompute, si), 0u);
+  }
+}
+
+TEST(RecomputePlanner, AnInputTooLargeToKeepLeavesTheTensorToTheMoves) {
+  // S half of B's bytes: keeping it would carry more than a quarter of what recomputing B saves
+  // (PlannerTuning::kept_bytes_fraction), so B is moved.
+  const TensorId bi = 2;
+  const Trace t = kept_input_trace(kGB / 2);
+  PlannerOptions o = options();
+  o.budget_bytes = 16 * kGB / 10;
+  const Plan p = make_plan(t, o);
+  expect_valid(t, p);
+  EXPECT_EQ(count(p, MoveOp::recompute, bi), 0u);
+}
+
 TEST(RecomputeSimulator, ARecomputeIsComputeStreamTimeBeforeItsKernel) {
   const Trace t = producer_trace(700);
   Plan p;

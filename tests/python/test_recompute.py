@@ -277,3 +277,52 @@ def test_deep_recompute_is_bitwise(tmp_path, monkeypatch, model, batch, autocast
     # the plan does revive tensors (3 of 12 recomputes on the MLP, 36 of 116 and 39 of 98 on the
     # Llama on the dev machine, 2026-12-05)
     assert deep_recomputes(plan, json.loads(trace_path.read_text())), plan
+
+
+class Widen(torch.nn.Module):
+    """Large saved activations made from small temporaries: exp over a broadcast of `s`, which no
+    kernel reads after the exp (Note [Inputs kept for a recompute]); two such blocks, so the first
+    block's must be away while the second runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(64, 64)
+        self.l2 = torch.nn.Linear(64, 64)
+        self.w1 = torch.nn.Parameter(torch.randn(64, 32) * 0.1)
+        self.w2 = torch.nn.Parameter(torch.randn(64, 32) * 0.1)
+        self.out = torch.nn.Linear(64, 10)
+
+    @staticmethod
+    def block(x, lin, w):
+        s = lin(x) * 0.5
+        big = torch.exp(s.unsqueeze(-1).expand(-1, -1, 32))  # 32x the bytes of s, saved by exp and mul
+        return (big * w).sum(-1)
+
+    def forward(self, x):
+        return self.out(self.block(self.block(x, self.l1, self.w1), self.l2, self.w2))
+
+
+@pytest.mark.parametrize("deep", ["0", "1"], ids=["one-level", "deep"])
+def test_a_recompute_keeps_its_dead_inputs(tmp_path, monkeypatch, deep):
+    # The exp's output is cheap to make again from `s` but 32x its size to move: the plan recomputes
+    # it, keeping `s` (dead in the trace after the exp) alive to the recompute's point, and training
+    # stays bitwise. Before, a recompute whose inputs the trace had dead was not planned.
+    monkeypatch.setenv("TERAIO_DEEP_RECOMPUTE", deep)
+    trace_path = tmp_path / "trace.json"
+    st, plan = run_both(tmp_path, Widen, mlp_batch, "1700KiB", trace_path=str(trace_path))
+    assert st["mode"] == "planned" and st["recomputes"] > 0, st
+    assert st["lost_tensors"] == 0 and st["skipped_moves"] == 0 and st["urgent_recomputes"] == 0, st
+    assert st["step_peak_resident_bytes"] <= st["budget_bytes"], st
+    trace = json.loads(trace_path.read_text())
+    kernels, tensors = trace["kernels"], trace["tensors"]
+    last = {}
+    for k, kern in enumerate(kernels):
+        for t in kern["tensors"]:
+            last[t] = k
+    kept = []
+    for m in recompute_moves(plan):
+        p = tensors[m["tensor"]]["producer"]
+        inputs = tensors[m["tensor"]].get("recompute_inputs") or [
+            t for t in kernels[p]["tensors"] if tensors[t].get("producer") != p]
+        kept += [t for t in inputs if not tensors[t]["persistent"] and last[t] < m["deadline"] - 1]
+    assert kept, "a recompute reads an input the trace has dead by its point"

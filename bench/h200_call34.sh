@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Session 34's device calls (docs/benchmarks.md, "Inputs kept for a recompute"):
+#   fp32: llama-1b fp32, 4 x 1024, steps in backward, at the GPU memory FSDP2 + CPUOffloadPolicy
+#         with activation checkpointing took (4,410,952,192 B), alone and with deep chains and
+#         writebacks: the plans now recompute math attention's probabilities from their kept q, k
+#         and v (Note [Inputs kept for a recompute]); then the CUDA bitwise checks
+#         (TORCH_GPU_BITWISE_ONLY=1 bench/torch_gpu.py) with the new plans.
+#   amp:  llama-1b in bf16 autocast at 1/2 and 1/4 with steps in backward, alone and with deep
+#         chains and writebacks, one profiled step each (TIMELINE=1): host time per step and the
+#         Session's predictions with its own host time (session 33).
+# Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/h200_call34.sh fp32|amp
+set -u
+cd "$(dirname "$0")/.."
+export OUT=${OUT:-$PWD/h200-out}
+part=${1:?usage: bench/h200_call34.sh fp32|amp}
+source bench/h200_env.sh
+ensure_teraio > "$OUT/log_install.txt" 2>&1 || { tail -20 "$OUT/log_install.txt"; exit 1; }
+tail -1 "$OUT/log_install.txt"
+case $part in
+fp32)
+  R=$OUT/res_fp32
+  mkdir -p "$R"
+  for mode in "" "--deep-recompute --writebacks"; do
+    n=step-in-backward${mode:+-deep-wb}
+    echo "== $(date -u +%T) $n at FSDP2's memory" | tee -a "$OUT/log_fp32.txt"
+    # shellcheck disable=SC2086
+    timeout --signal=INT --kill-after=10 150 $PY bench/llm_bench.py --steps 3 --system teraio --model llama-1b \
+      --tiers host --budget 4410952192B --host-gbps 0 --adamw loop --step-in-backward $mode \
+      --out "$R/teraio-$n-at-fsdp2-offload-ac-llama-1b.json" \
+      --trace-out "$R/trace-$n-at-fsdp2-offload-ac-llama-1b.json" \
+      --plan-out "$R/plan-$n-at-fsdp2-offload-ac-llama-1b.json" >> "$OUT/log_fp32.txt" 2>&1
+    echo "rc=$?" >> "$OUT/log_fp32.txt"
+  done
+  echo "== $(date -u +%T) bitwise" | tee -a "$OUT/log_fp32.txt"
+  TORCH_GPU_BITWISE_ONLY=1 timeout 200 $PY bench/torch_gpu.py "$OUT/torch_gpu_bitwise.json" > "$OUT/log_torch_gpu.txt" 2>&1
+  echo "rc=$?" >> "$OUT/log_torch_gpu.txt"
+  tail -15 "$OUT/log_torch_gpu.txt"
+  ;;
+amp)
+  FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS="2 4" TIMELINE=1 \
+    RC_MODES="step-in-backward step-in-backward+deep-recompute+writebacks" bash bench/h200_run.sh recompute > /dev/null 2>&1
+  ;;
+esac
+grep -h -E '^== |mean .* s/step|FAILED|rc=|Error' "$OUT"/log_*.txt | cut -c1-220
+for f in "$OUT"/res_*/teraio-*.json; do
+  python3 - "$f" <<'PYEOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+if not r.get("ok"):
+    print(sys.argv[1].split("/")[-1], r.get("error", "")[:300]); sys.exit()
+d = r["system_info"]["measured_delta"]; n = len(r["step_s"]); st = r["system_info"]["stats"]
+print(sys.argv[1].split("/")[-1], "steps", " ".join("%.3f" % s for s in r["step_s"]),
+      "median %.3f s" % r["step_s_median"],
+      "predicted %.3f s" % (st["predicted_iteration_us"] / 1e6),
+      "(plan-time %.3f s, runner %.1f us/op)" % (st.get("plan_predicted_us", 0) / 1e6,
+                                                 st.get("runner_host_us_per_operator", 0)),
+      "hook %.1f ms/step" % (d["hook_us"] / n / 1e3),
+      "recompute %.1f ms" % (d["recompute_us"] / n / 1e3), "n %d" % (d["recomputes"] / n),
+      "moves %d" % (d["plan_moves"] / n), "full sweeps %d" % (d.get("full_sweeps", 0) / n),
+      "maxalloc %.2f GiB" % (r["memory"].get("cuda_max_allocated_bytes", 0) / 2**30))
+PYEOF
+done
