@@ -3,7 +3,8 @@
 #   fp32: llama-1b fp32, 4 x 1024, steps in backward, at the GPU memory FSDP2 + CPUOffloadPolicy
 #         with activation checkpointing took (4,410,952,192 B), alone and with deep chains and
 #         writebacks: the plans now recompute math attention's probabilities from their kept q, k
-#         and v (Note [Inputs kept for a recompute]); then the CUDA bitwise checks
+#         and v (Note [Inputs kept for a recompute]); FSDP2 with checkpointing again on the same
+#         machine; then the CUDA bitwise checks
 #         (TORCH_GPU_BITWISE_ONLY=1 bench/torch_gpu.py) with the new plans.
 #   amp:  llama-1b in bf16 autocast at 1/2 and 1/4 with steps in backward, alone and with deep
 #         chains and writebacks, one profiled step each (TIMELINE=1): host time per step and the
@@ -31,6 +32,11 @@ fp32)
       --plan-out "$R/plan-$n-at-fsdp2-offload-ac-llama-1b.json" >> "$OUT/log_fp32.txt" 2>&1
     echo "rc=$?" >> "$OUT/log_fp32.txt"
   done
+  # the peer on the same machine (the card may not be call 3's H200)
+  echo "== $(date -u +%T) fsdp2-offload-ac" | tee -a "$OUT/log_fp32.txt"
+  timeout --signal=INT --kill-after=10 120 $PY bench/llm_bench.py --steps 3 --system fsdp2-offload --model llama-1b \
+    --grad-ckpt --out "$R/fsdp2-offload-ac-llama-1b.json" >> "$OUT/log_fp32.txt" 2>&1
+  echo "rc=$?" >> "$OUT/log_fp32.txt"
   echo "== $(date -u +%T) bitwise" | tee -a "$OUT/log_fp32.txt"
   TORCH_GPU_BITWISE_ONLY=1 timeout 200 $PY bench/torch_gpu.py "$OUT/torch_gpu_bitwise.json" > "$OUT/log_torch_gpu.txt" 2>&1
   echo "rc=$?" >> "$OUT/log_torch_gpu.txt"
@@ -41,7 +47,11 @@ amp)
     RC_MODES="step-in-backward step-in-backward+deep-recompute+writebacks" bash bench/h200_run.sh recompute > /dev/null 2>&1
   ;;
 esac
+xz -T0 -f "$OUT"/res_*/trace-*.json "$OUT"/res_*/plan-*.json 2>/dev/null
 grep -h -E '^== |mean .* s/step|FAILED|rc=|Error' "$OUT"/log_*.txt | cut -c1-220
+for f in "$OUT"/res_*/fsdp2-*.json; do
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(sys.argv[1].split("/")[-1], "median %.3f s" % r["step_s_median"] if r.get("ok") else r.get("error", "")[:300], "maxalloc %.2f GiB" % (r.get("memory", {}).get("cuda_max_allocated_bytes", 0) / 2**30))' "$f"
+done
 for f in "$OUT"/res_*/teraio-*.json; do
   python3 - "$f" <<'PYEOF'
 import json, sys
