@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "teraio/plan.h"
@@ -70,5 +71,12 @@ struct PlanVariant {
   Plan plan;
 };
 std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts);
+
+// The settings of variant `name` (one make_plan_variants returned) planned again with the recompute
+// rule's factor times 0.1, 0.25 and 4 and without inputs kept for a recompute, each also with
+// writebacks when opts.writebacks (Note [Refining the fastest variant's recomputes],
+// src/planner/planner.cpp); empty when the trace has nothing to recompute, recompute is off, or
+// `name` is not a variant with recompute.
+std::vector<PlanVariant> refine_plan_variant(const Trace& trace, const PlannerOptions& opts, std::string_view name);
 
 }  // namespace teraio

@@ -1259,15 +1259,6 @@ namespace {
 // variant is also tried with recompute_factor x f: the stretched slots, recompute priced against
 // the link as it is (docs/planner.md, "Link-bound plans").
 constexpr double kMinStretch = 1.25;
-// Note [Recompute where moving is free]
-// Where the link has room to spare (a compute-bound iteration), moving a tensor costs nothing the
-// step waits for, and a recompute costs its producer's time: recomputing fp32 math attention's
-// probabilities (2.4 ms each for 512 MiB, a quarter of its link time) cost llama-1b at 1/2 of its
-// footprint on the H200's profile 6% simulated, where the link hid the moves. The rule's factor
-// scales what counts as cheap (Note [Recompute in the planner]); these variants recompute only
-// what costs at most a tenth of its link time (elementwise operators, casts), with the settings
-// that won elsewhere.
-constexpr double kCheapOnly = 0.1;
 
 double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& plan) {
   const double ideal_us = trace.total_time_us();
@@ -1286,22 +1277,20 @@ double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& 
 
 }  // namespace
 
-std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts) {
+namespace {
+
+struct VariantJob {
+  std::string name;
+  PlannerOptions opts;
+  planner_detail::PlannerTuning tuning;
+};
+
+// The search's settings besides make_plan's own; `own` is make_plan's plan, by whose bytes the
+// stretched variants are scaled (Note [Planning for a stretched iteration]).
+std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& opts, const Plan& own) {
   using planner_detail::PlannerTuning;
   const PlannerTuning base;
-  // make_plan's own plan first: its failure is the answer (nothing fits), and the stretched
-  // variants are scaled by its bytes (Note [Planning for a stretched iteration]).
-  std::vector<PlanVariant> out;
-  out.push_back({"default", planner_detail::make_plan_tuned(trace, opts, base, nullptr, nullptr)});
-  // The other settings are queued and planned on parallel threads (each planner is independent
-  // of the others), kept in the order queued. One failing (no recompute, small tensors left to the
-  // forced pass: more to hold than the tiers can) only leaves that variant out.
-  struct Job {
-    std::string name;
-    PlannerOptions opts;
-    PlannerTuning tuning;
-  };
-  std::vector<Job> jobs;
+  std::vector<VariantJob> jobs;
   auto add = [&](std::string name, const PlannerOptions& o, const PlannerTuning& t) {
     jobs.push_back({std::move(name), o, t});
   };
@@ -1349,14 +1338,6 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       t.recompute_factor = factor;
       add(fmt::format("recompute factor {}", factor), opts, t);
     }
-    // Note [Recompute where moving is free]
-    for (bool farthest : {false, true}) {
-      for (double slack : {0.1, 0.5, 0.75, 1.0}) {
-        PlannerTuning t = tuned(slack, farthest);
-        t.recompute_factor = kCheapOnly;
-        add(fmt::format("recompute factor {}{}, slack {}", kCheapOnly, farthest ? kFarthest : "", slack), opts, t);
-      }
-    }
     // Note [Recomputes that read parameters]
     for (double slack : {0.1, 0.5, 0.75, 1.0}) {
       add(fmt::format("recompute without persistent reads, slack {}", slack), opts, tuned(slack, false, true));
@@ -1386,7 +1367,7 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
     }
   }
   // Note [Planning for a stretched iteration]
-  if (const double stretch = link_stretch(trace, opts, out.front().plan); stretch > kMinStretch) {
+  if (const double stretch = link_stretch(trace, opts, own); stretch > kMinStretch) {
     for (double f : {std::sqrt(stretch), stretch}) {
       const PlannerOptions o = scaled(f);
       for (bool farthest : {false, true}) {
@@ -1427,6 +1408,15 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
       add(fmt::format("both-ways bandwidth, slack {}", slack), both, t);
     }
   }
+  return jobs;
+}
+
+// Plans `jobs` on parallel threads (each planner is independent of the others) after `out`, kept
+// in the order queued; one failing (no recompute, small tensors left to the forced pass: more to
+// hold than the tiers can) only leaves that variant out. Then, with opts.writebacks, every variant
+// again with writebacks.
+std::vector<PlanVariant> plan_jobs(const Trace& trace, const PlannerOptions& opts, std::vector<VariantJob> jobs,
+                                   std::vector<PlanVariant> out) {
   std::vector<std::optional<Plan>> plans(jobs.size());
   parallel_for(jobs.size(), [&](size_t i) {
     try {
@@ -1460,6 +1450,61 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts) {
+  // make_plan's own plan first: its failure is the answer (nothing fits).
+  std::vector<PlanVariant> out;
+  out.push_back({"default", planner_detail::make_plan_tuned(trace, opts, {}, nullptr, nullptr)});
+  std::vector<VariantJob> jobs = variant_jobs(trace, opts, out.front().plan);
+  return plan_jobs(trace, opts, std::move(jobs), std::move(out));
+}
+
+// Note [Refining the fastest variant's recomputes]
+// How much to recompute is a choice of its own, next to the heuristics' settings the variants
+// cross: where the link has room (a compute-bound iteration) moving a tensor costs the step
+// nothing and a recompute costs its producer's time. Recomputing fp32 math attention's
+// probabilities (2.4 ms each for 512 MiB, a quarter of their link time; Note [Inputs kept for a
+// recompute]) cost llama-1b at 1/2 of its footprint on the H200's profile 6% simulated in the
+// variant that won without them, while a variant recomputing less (factor 0.25) won nothing with
+// the other settings at their defaults. So the search plans the fastest variant's own settings
+// again with the rule's factor times 0.1, 0.25 and 4, and without kept inputs, and keeps whichever
+// the simulator finds fastest (plan_best).
+std::vector<PlanVariant> refine_plan_variant(const Trace& trace, const PlannerOptions& opts, std::string_view name) {
+  if (!opts.recompute || !has_recomputable(trace)) return {};
+  const std::string_view base_name = name.substr(0, name.find(", writebacks x"));
+  std::optional<VariantJob> job;
+  if (base_name == "default") {
+    job = VariantJob{"default", opts, {}};
+  } else {
+    // The stretched settings need make_plan's own plan to be named again (its bytes scale them).
+    const Plan own = base_name.starts_with("stretch")
+                         ? planner_detail::make_plan_tuned(trace, opts, {}, nullptr, nullptr)
+                         : Plan{};
+    for (VariantJob& j : variant_jobs(trace, opts, own)) {
+      if (j.name == base_name) {
+        job = std::move(j);
+        break;
+      }
+    }
+  }
+  if (!job || !job->opts.recompute) return {};
+  std::vector<VariantJob> jobs;
+  for (double f : {0.1, 0.25, 4.0}) {
+    VariantJob j = *job;
+    j.tuning.recompute_factor *= f;
+    j.name = fmt::format("{}, recompute factor x{}", job->name, f);
+    jobs.push_back(std::move(j));
+  }
+  if (job->tuning.keep_dead_inputs) {
+    VariantJob j = *job;
+    j.tuning.keep_dead_inputs = false;
+    j.name = fmt::format("{}, no kept inputs", job->name);
+    jobs.push_back(std::move(j));
+  }
+  return plan_jobs(trace, opts, std::move(jobs), {});
 }
 
 }  // namespace teraio

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <optional>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -82,6 +84,9 @@ constexpr double kSecondTierMinGain = 0.02;
 // writeback's gain within that error (0.1% on the H200's llama-1b fp32 profile at 1/4, step after
 // backward, which was faster over 2 iterations and slower over 8) does not pay for extra traffic.
 constexpr double kWritebackMinGain = 0.003;
+// How many of the fastest settings with recompute are refined (Note [Refining the fastest
+// variant's recomputes], planner.cpp).
+constexpr size_t kRefinedVariants = 6;
 
 namespace {
 
@@ -118,6 +123,26 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
     }
   };
   consider(make_plan_variants(trace, opts));
+  // Note [Refining the fastest variant's recomputes] (planner.cpp): the three fastest settings
+  // that recompute, each planned once.
+  {
+    std::vector<size_t> order(variants.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return results[a].iteration_us < results[b].iteration_us; });
+    std::vector<PlanVariant> refined;
+    std::vector<std::string> done;
+    for (size_t i : order) {
+      if (done.size() == kRefinedVariants) break;
+      const std::string name = variants[i].name.substr(0, variants[i].name.find(", writebacks x"));
+      if (std::find(done.begin(), done.end(), name) != done.end()) continue;
+      std::vector<PlanVariant> more = refine_plan_variant(trace, opts, name);
+      if (more.empty()) continue;
+      done.push_back(name);
+      for (PlanVariant& v : more) refined.push_back(std::move(v));
+    }
+    consider(std::move(refined));
+  }
   if (opts.tiers.size() > 1 && !first_tier_only(variants[fastest].plan)) {
     // The same settings on the most preferred tier alone (when it can hold what must move).
     PlannerOptions first = opts;

@@ -13,6 +13,7 @@
 #include "teraio/plan_check.h"
 #include "teraio/planner.h"
 #include "teraio/simulator.h"
+#include "teraio/sweep.h"
 #include "teraio/synth.h"
 
 namespace teraio {
@@ -195,6 +196,51 @@ TEST(RecomputePlanner, AnInputTooLargeToKeepLeavesTheTensorToTheMoves) {
   const Plan p = make_plan(t, o);
   expect_valid(t, p);
   EXPECT_EQ(count(p, MoveOp::recompute, bi), 0u);
+}
+
+// Note [Refining the fastest variant's recomputes]: a producer taking a quarter of its bytes' link
+// time passes the rule, though moving them would hide behind the middle's seconds; the search's
+// refinement of a setting plans it again with the rule's factor scaled, and the one at x0.1 moves B.
+TEST(RecomputePlanner, TheSearchRefinesHowMuchAVariantRecomputes) {
+  // producer_trace's shape with 1 s middle kernels, C used only by the middle four: B has two
+  // seconds on each side to leave and come back.
+  Trace t;
+  const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
+  TensorInfo a{kGB, TensorKind::activation, false, "A"};
+  a.producer = 0;
+  const TensorId ai = t.add_tensor(a);
+  TensorInfo b{kGB, TensorKind::activation, false, "B"};
+  b.producer = 1;
+  b.recomputable = true;
+  const TensorId bi = t.add_tensor(b);
+  const TensorId c = t.add_tensor({kGB, TensorKind::temporary, false, "C"});
+  t.add_kernel("aten::mm", 50'000, std::vector<TensorId>{w, ai});
+  t.add_kernel("aten::relu", 250'000, std::vector<TensorId>{ai, bi});  // a quarter of B's link time
+  for (int k = 2; k < 10; ++k) t.add_kernel("mid", 1e6, k >= 4 && k < 8 ? std::vector<TensorId>{c} : std::vector<TensorId>{w});
+  t.add_kernel("bwd_b", 50'000, std::vector<TensorId>{bi, w});
+  t.add_kernel("bwd_a", 50'000, std::vector<TensorId>{ai, w});
+  const PlannerOptions o = options();
+  EXPECT_EQ(count(make_plan(t, o), MoveOp::recompute, bi), 1u);
+  const std::vector<PlanVariant> refined = refine_plan_variant(t, o, "default");
+  std::vector<std::string> names;
+  for (const PlanVariant& v : refined) {
+    names.push_back(v.name);
+    expect_valid(t, v.plan);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"default, recompute factor x0.1", "default, recompute factor x0.25",
+                                             "default, recompute factor x4", "default, no kept inputs"}));
+  ASSERT_FALSE(refined.empty());
+  EXPECT_EQ(count(refined[0].plan, MoveOp::recompute, bi), 0u);
+  EXPECT_LT(simulate(t, refined[0].plan).iteration_us, simulate(t, make_plan(t, o)).iteration_us);
+  // Settings that recompute nothing, or a trace with nothing to recompute: nothing to refine.
+  EXPECT_TRUE(refine_plan_variant(t, o, "no recompute").empty());
+  EXPECT_TRUE(refine_plan_variant(t, o, "no such variant").empty());
+  PlannerOptions off = o;
+  off.recompute = false;
+  EXPECT_TRUE(refine_plan_variant(t, off, "default").empty());
+  // plan_best keeps the refined plan where it is the fastest.
+  const BestPlan best = plan_best(t, o);
+  EXPECT_EQ(count(best.plan, MoveOp::recompute, bi), 0u);
 }
 
 TEST(RecomputeSimulator, ARecomputeIsComputeStreamTimeBeforeItsKernel) {
