@@ -217,7 +217,7 @@ void Recorder::note_produced(LogicalId id, std::string_view op_name, const Produ
   m.nested = f.nested_only && m.nested_rerunnable;
   if (!m.nested) m.nested_inputs.clear();
   m.rerunnable = (f.nested_only ? m.nested_rerunnable : rerunnable_operator(op_name)) &&
-                 !f.mutates_input && !f.untracked_input && !f.in_backward;
+                 !f.mutates_input && !f.untracked_input && !f.in_backward && !f.draws_random;
 }
 
 void Recorder::add_operator(std::string name, double time_us, std::span<const LogicalId> inputs,
@@ -417,7 +417,9 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
         ok = it != to_trace.end() && !made_here(in) &&
              std::find(ops_[p].ids.begin(), ops_[p].ids.end(), in) != ops_[p].ids.end();
         if (!ok) break;
-        nested_inputs.push_back(it->second);
+        // Views of one storage (q, k and v split from one projection) are one tensor, listed once.
+        if (std::find(nested_inputs.begin(), nested_inputs.end(), it->second) == nested_inputs.end())
+          nested_inputs.push_back(it->second);
       }
     }
     for (LogicalId in : m.nested ? m.nested_inputs : ops_[p].ids) {

@@ -57,6 +57,9 @@ struct ProductionFacts {
   // An input the recorder cannot watch for later writes (a device tensor under min_tensor_bytes).
   bool untracked_input = false;
   bool in_backward = false;  // run by the backward pass (Note [Rerunnable operators])
+  // A default generator moved while it ran (Note [Operators that draw random numbers] in
+  // src/torch/session.cpp): rerun, it would draw other numbers.
+  bool draws_random = false;
 };
 
 // What the recorder knows of one logical tensor.

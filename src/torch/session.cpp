@@ -9,6 +9,7 @@
 #include "teraio/session.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -20,6 +21,7 @@
 #ifdef TERAIO_TORCH_CUDA
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -260,6 +262,46 @@ struct Binding {
 
 struct Capture;  // Note [Recipes from the dispatcher]
 
+// Note [Operators that draw random numbers]: the recorder rules out rerunning an operator whose
+// name says it draws random numbers (Note [Rerunnable operators] in recorder.cpp), but a composite
+// may draw them inside without any nested operator saying so: scaled_dot_product_attention with
+// dropout_p > 0 runs its dropout inside the CPU flash kernel. Rerun, it would make a new mask, and
+// the step would silently differ from the run without teraio. So in recorded steps the default
+// generators' positions are taken at each operator's start and compared at its end: the CPU
+// generator's (its Mersenne twister's counters and two state words, which every draw or refill
+// moves) and, on CUDA, the device's (its Philox offset). Whatever an operator made while one moved
+// is not recomputable. A generator passed explicitly is an argument of an operator whose name
+// already rules it out (rand*, normal, bernoulli, ...).
+struct RngMark {
+  int cpu_left = 0;
+  uint32_t cpu_next = 0, cpu_first = 0, cpu_last = 0;
+  uint64_t cuda_offset = 0;
+  bool operator==(const RngMark&) const = default;
+};
+
+RngMark rng_mark(const std::optional<c10::Device>& device) {
+  RngMark m;
+  {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard lock(cpu.mutex());
+    const at::mt19937_data_pod d = cpu.get<at::CPUGeneratorImpl>()->engine().data();
+    m.cpu_left = d.left_;
+    m.cpu_next = d.next_;
+    m.cpu_first = d.state_.front();
+    m.cpu_last = d.state_.back();
+  }
+#ifdef TERAIO_TORCH_CUDA
+  if (device && device->is_cuda()) {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(device->index());
+    std::lock_guard lock(gen.mutex());
+    m.cuda_offset = gen.get_offset();
+  }
+#else
+  (void)device;
+#endif
+  return m;
+}
+
 struct OpCtx final : at::ObserverContext {
   uint32_t k = 0;
   bool in_step = false;
@@ -289,6 +331,7 @@ struct OpCtx final : at::ObserverContext {
   std::shared_ptr<const Capture> capture;
   std::vector<LogicalId> captures;
   bool recording = false;  // its step is recorded
+  std::optional<RngMark> rng;  // recording: the generators at its start (Note [Operators that draw random numbers])
   // Note [Nested producers] (recorder.cpp): per tensor made inside this operator, the operator
   // nested in it that made it, while recording or when a recompute needs it.
   struct Nested {
@@ -939,6 +982,7 @@ struct Session::Impl final : offload::StepBinding {
     }
     ctx->recording = ctl->recording();
     if (ctx->recording) {
+      ctx->rng = rng_mark(device);
 #ifdef TERAIO_TORCH_CUDA
       if (device && device->is_cuda()) {
         // Peak of this operator alone (reset here; read at its end). This resets what
@@ -977,6 +1021,7 @@ struct Session::Impl final : offload::StepBinding {
     offload::ProductionFacts made;  // Note [Recomputable tensors] in recorder.cpp
     made.untracked_input = ctx->untracked_input;
     made.in_backward = tl_backward > 0;
+    made.draws_random = ctx->rng && !(*ctx->rng == rng_mark(device));
     if (rec) {
       for (auto& [id, vc, v0] : ctx->versions) {
         const uint32_t v = vc.current_version();

@@ -326,3 +326,36 @@ def test_a_recompute_keeps_its_dead_inputs(tmp_path, monkeypatch, deep):
             t for t in kernels[p]["tensors"] if tensors[t].get("producer") != p]
         kept += [t for t in inputs if not tensors[t]["persistent"] and last[t] < m["deadline"] - 1]
     assert kept, "a recompute reads an input the trace has dead by its point"
+
+
+class DropoutAttention(torch.nn.Module):
+    """Attention with dropout inside aten::scaled_dot_product_attention: no nested operator names
+    the random numbers (the CPU kernel draws them itself), only the generator's state moves."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 3 * 64)
+        self.out = torch.nn.Linear(64, 10)
+
+    def forward(self, x):  # x: batch, 16 positions, 64 features; 4 heads of 16
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.25)
+        h = torch.tanh(h.transpose(1, 2).reshape(b, t, 64)).mean(1)
+        return self.out(h)
+
+
+def test_an_operator_that_draws_random_numbers_inside_is_never_rerun(tmp_path):
+    # Its outputs would come back different (a new dropout mask): the recorder sees the default
+    # generator move during the operator and marks what it made not recomputable; training stays
+    # bitwise with the same seed in both runs.
+    trace_path = tmp_path / "trace.json"
+    st, plan = run_both(tmp_path, DropoutAttention, lambda g: (torch.randn(8, 16, 64, generator=g),
+                                                               torch.randint(0, 10, (8,), generator=g)),
+                        "600KiB", trace_path=str(trace_path))
+    trace = json.loads(trace_path.read_text())
+    names = [k["name"] for k in trace["kernels"]]
+    made = [t for t in trace["tensors"] if "producer" in t and "scaled_dot_product" in names[t["producer"]]]
+    assert made, "the attention's outputs are tracked"
+    assert not any(t.get("recomputable") for t in made), made
+    assert st["lost_tensors"] == 0, st
