@@ -332,17 +332,22 @@ class DropoutAttention(torch.nn.Module):
     """Attention with dropout inside aten::scaled_dot_product_attention: no nested operator names
     the random numbers (the CPU kernel draws them itself), only the generator's state moves."""
 
-    def __init__(self):
+    def __init__(self, dropout_p=0.25):
         super().__init__()
+        self.dropout_p = dropout_p
         self.qkv = torch.nn.Linear(64, 3 * 64)
         self.out = torch.nn.Linear(64, 10)
 
     def forward(self, x):  # x: batch, 16 positions, 64 features; 4 heads of 16
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
-        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.25)
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p)
         h = torch.tanh(h.transpose(1, 2).reshape(b, t, 64)).mean(1)
         return self.out(h)
+
+
+def attention_batch(g):
+    return torch.randn(8, 16, 64, generator=g), torch.randint(0, 10, (8,), generator=g)
 
 
 def test_an_operator_that_draws_random_numbers_inside_is_never_rerun(tmp_path):
@@ -350,12 +355,25 @@ def test_an_operator_that_draws_random_numbers_inside_is_never_rerun(tmp_path):
     # generator move during the operator and marks what it made not recomputable; training stays
     # bitwise with the same seed in both runs.
     trace_path = tmp_path / "trace.json"
-    st, plan = run_both(tmp_path, DropoutAttention, lambda g: (torch.randn(8, 16, 64, generator=g),
-                                                               torch.randint(0, 10, (8,), generator=g)),
-                        "600KiB", trace_path=str(trace_path))
+    st, plan = run_both(tmp_path, DropoutAttention, attention_batch, "600KiB", trace_path=str(trace_path))
     trace = json.loads(trace_path.read_text())
     names = [k["name"] for k in trace["kernels"]]
     made = [t for t in trace["tensors"] if "producer" in t and "scaled_dot_product" in names[t["producer"]]]
     assert made, "the attention's outputs are tracked"
     assert not any(t.get("recomputable") for t in made), made
     assert st["lost_tensors"] == 0, st
+
+
+def test_an_operator_nested_on_views_of_one_storage_lists_it_once(tmp_path):
+    # Without dropout the attention's saved internals (the CPU kernel's log-sum-exp) are remade by
+    # the nested kernel from q, k and v: three views of the projection's one storage, one input of
+    # the trace (a trace listing it thrice is invalid, and the step failed).
+    trace_path = tmp_path / "trace.json"
+    st, plan = run_both(tmp_path, lambda: DropoutAttention(0.0), attention_batch, "600KiB",
+                        trace_path=str(trace_path))
+    trace = json.loads(trace_path.read_text())
+    nested = [t for t in trace["tensors"] if "recompute_inputs" in t]
+    assert nested, "a tensor made by a nested operator"
+    for t in nested:
+        assert len(set(t["recompute_inputs"])) == len(t["recompute_inputs"]), t
+    assert st["mode"] == "planned" and st["lost_tensors"] == 0, st
