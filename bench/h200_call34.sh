@@ -10,6 +10,7 @@
 #         chains and writebacks, one profiled step each (TIMELINE=1): host time per step and the
 #         Session's predictions with its own host time (session 33).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/h200_call34.sh fp32|amp
+#   (fp32 with DEEP=0 and BITWISE=0: the plain plan and FSDP2 alone, a short call)
 set -u
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/h200-out}
@@ -21,7 +22,10 @@ case $part in
 fp32)
   R=$OUT/res_fp32
   mkdir -p "$R"
-  for mode in "" "--deep-recompute --writebacks"; do
+  # DEEP=0: the plain plan alone; BITWISE=0: no bitwise checks (a short call)
+  modes=("")
+  [[ ${DEEP:-1} == 1 ]] && modes+=("--deep-recompute --writebacks")
+  for mode in "${modes[@]}"; do
     n=step-in-backward${mode:+-deep-wb}
     echo "== $(date -u +%T) $n at FSDP2's memory" | tee -a "$OUT/log_fp32.txt"
     # shellcheck disable=SC2086
@@ -37,10 +41,12 @@ fp32)
   timeout --signal=INT --kill-after=10 120 $PY bench/llm_bench.py --steps 3 --system fsdp2-offload --model llama-1b \
     --grad-ckpt --out "$R/fsdp2-offload-ac-llama-1b.json" >> "$OUT/log_fp32.txt" 2>&1
   echo "rc=$?" >> "$OUT/log_fp32.txt"
-  echo "== $(date -u +%T) bitwise" | tee -a "$OUT/log_fp32.txt"
-  TORCH_GPU_BITWISE_ONLY=1 timeout 200 $PY bench/torch_gpu.py "$OUT/torch_gpu_bitwise.json" > "$OUT/log_torch_gpu.txt" 2>&1
-  echo "rc=$?" >> "$OUT/log_torch_gpu.txt"
-  tail -15 "$OUT/log_torch_gpu.txt"
+  if [[ ${BITWISE:-1} == 1 ]]; then
+    echo "== $(date -u +%T) bitwise" | tee -a "$OUT/log_fp32.txt"
+    TORCH_GPU_BITWISE_ONLY=1 timeout 200 $PY bench/torch_gpu.py "$OUT/torch_gpu_bitwise.json" > "$OUT/log_torch_gpu.txt" 2>&1
+    echo "rc=$?" >> "$OUT/log_torch_gpu.txt"
+    tail -15 "$OUT/log_torch_gpu.txt"
+  fi
   ;;
 amp)
   FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS="2 4" TIMELINE=1 \
