@@ -10,7 +10,8 @@
 #         chains and writebacks, one profiled step each (TIMELINE=1): host time per step and the
 #         Session's predictions with its own host time (session 33).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/h200_call34.sh fp32|amp
-#   (fp32 with DEEP=0 and BITWISE=0: the plain plan and FSDP2 alone, a short call)
+#   (fp32 with DEEP=0 and BITWISE=0: the plain plan and FSDP2 alone, a short call; REPEATS=3: each
+#   teraio run three times, for the spread between runs)
 set -u
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/h200-out}
@@ -25,8 +26,10 @@ fp32)
   # DEEP=0: the plain plan alone; BITWISE=0: no bitwise checks (a short call)
   modes=("")
   [[ ${DEEP:-1} == 1 ]] && modes+=("--deep-recompute --writebacks")
+  # REPEATS=N: each mode N times (each run profiles, plans and measures anew; names end in -rI)
+  for run in $(seq 1 "${REPEATS:-1}"); do
   for mode in "${modes[@]}"; do
-    n=step-in-backward${mode:+-deep-wb}
+    n=step-in-backward${mode:+-deep-wb}$( ((${REPEATS:-1} > 1)) && echo "-r$run")
     echo "== $(date -u +%T) $n at FSDP2's memory" | tee -a "$OUT/log_fp32.txt"
     # shellcheck disable=SC2086
     timeout --signal=INT --kill-after=10 150 $PY bench/llm_bench.py --steps 3 --system teraio --model llama-1b \
@@ -35,6 +38,7 @@ fp32)
       --trace-out "$R/trace-$n-at-fsdp2-offload-ac-llama-1b.json" \
       --plan-out "$R/plan-$n-at-fsdp2-offload-ac-llama-1b.json" >> "$OUT/log_fp32.txt" 2>&1
     echo "rc=$?" >> "$OUT/log_fp32.txt"
+  done
   done
   # the peer on the same machine (the card may not be call 3's H200)
   echo "== $(date -u +%T) fsdp2-offload-ac" | tee -a "$OUT/log_fp32.txt"
