@@ -182,7 +182,9 @@ const Registration kPlan{{
           ->capture_default_str();
       sub.add_flag("--search", args->search,
                    "plan with several settings of the heuristics (60 to 250 variants), simulate each, "
-                   "keep the fastest; variants are planned and simulated on parallel threads");
+                   "keep the fastest; with recomputable tensors, the six fastest settings that "
+                   "recompute are planned again with more and less recompute; variants are planned "
+                   "and simulated on parallel threads");
       sub.add_flag("--no-recompute", args->no_recompute,
                    "plan moves only: recompute no tensor, even where the trace marks it recomputable");
       sub.add_flag("--no-discard-dead", args->no_discard_dead,
