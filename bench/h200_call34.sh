@@ -11,7 +11,7 @@
 #         Session's predictions with its own host time (session 33).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/h200_call34.sh fp32|amp
 #   (fp32 with DEEP=0 and BITWISE=0: the plain plan and FSDP2 alone, a short call; REPEATS=3: each
-#   teraio run three times, for the spread between runs)
+#   teraio run three times, for the spread between runs; PEER=0: without FSDP2)
 set -u
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/h200-out}
@@ -40,11 +40,13 @@ fp32)
     echo "rc=$?" >> "$OUT/log_fp32.txt"
   done
   done
-  # the peer on the same machine (the card may not be call 3's H200)
-  echo "== $(date -u +%T) fsdp2-offload-ac" | tee -a "$OUT/log_fp32.txt"
-  timeout --signal=INT --kill-after=10 120 $PY bench/llm_bench.py --steps 3 --system fsdp2-offload --model llama-1b \
-    --grad-ckpt --out "$R/fsdp2-offload-ac-llama-1b.json" >> "$OUT/log_fp32.txt" 2>&1
-  echo "rc=$?" >> "$OUT/log_fp32.txt"
+  # the peer on the same machine (the card may not be call 3's H200); PEER=0 leaves it out
+  if [[ ${PEER:-1} == 1 ]]; then
+    echo "== $(date -u +%T) fsdp2-offload-ac" | tee -a "$OUT/log_fp32.txt"
+    timeout --signal=INT --kill-after=10 120 $PY bench/llm_bench.py --steps 3 --system fsdp2-offload --model llama-1b \
+      --grad-ckpt --out "$R/fsdp2-offload-ac-llama-1b.json" >> "$OUT/log_fp32.txt" 2>&1
+    echo "rc=$?" >> "$OUT/log_fp32.txt"
+  fi
   if [[ ${BITWISE:-1} == 1 ]]; then
     echo "== $(date -u +%T) bitwise" | tee -a "$OUT/log_fp32.txt"
     TORCH_GPU_BITWISE_ONLY=1 timeout 200 $PY bench/torch_gpu.py "$OUT/torch_gpu_bitwise.json" > "$OUT/log_torch_gpu.txt" 2>&1
