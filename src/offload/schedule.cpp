@@ -69,12 +69,26 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
     }
   }
   std::unordered_map<LogicalId, KernelIndex> producer;  // of the recomputed tensors
+  // A recompute reads its inputs before its deadline, which may be past an input's last use in the
+  // trace (planner.cpp, Notes [Deep recompute chains] and [Inputs kept for a recompute]): an
+  // offload before such a read is no tail, its bytes are needed again.
+  std::unordered_map<TensorId, KernelIndex> last_read;
+  for (const Move& m : moves) {
+    if (m.op != MoveOp::recompute) continue;
+    for (TensorId i : recompute_reads(trace, lifetimes, m.tensor)) {
+      KernelIndex& r = last_read[i];
+      r = std::max(r, m.deadline);
+    }
+  }
   for (Move m : moves) {
     const TensorId t = m.tensor;
     m.tensor = recording.tensors.at(t).id;
-    // A tail of a transient tensor: nothing uses it again before it dies (Note [Dead tensors]).
+    // A tail of a transient tensor: nothing uses or reads it again before it dies (Note [Dead
+    // tensors]).
+    const auto read = last_read.find(t);
     if (plan.discard_dead && m.op == MoveOp::offload && !trace.tensors[t].persistent &&
-        lifetimes.used(t) && m.start >= lifetimes.last_use(t)) {
+        lifetimes.used(t) && m.start >= lifetimes.last_use(t) &&
+        (read == last_read.end() || m.start >= read->second)) {
       s.add_discard(m.tensor, m.start);
       continue;
     }
