@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
+#include <span>
 
 #include "schedule.h"
 #include "teraio/error.h"
@@ -129,6 +131,41 @@ TEST(CompileSchedule, TailsOfTransientTensorsAreDiscardedWhenThePlanSaysSo) {
   EXPECT_TRUE(has_move(s.operators[0].offload_at, 10, MoveOp::offload)) << "P is persistent";
   EXPECT_TRUE(has_move(s.operators[4].offload_at, 15, MoveOp::offload)) << "Q is persistent";
   EXPECT_EQ(s.moves, written.moves);
+}
+
+// A recompute reads its producer's inputs at its deadline, which may be past an input's last use
+// (a kept or revived input: planner.cpp, Note [Inputs kept for a recompute]): an offload of that
+// input before the read is a move, not a discard, or the recompute finds its bytes gone.
+TEST(CompileSchedule, AnOffloadBeforeARecomputesReadIsNoTail) {
+  Recording r;
+  Trace& t = r.trace;
+  auto add = [&](uint64_t bytes, LogicalId id, int64_t alive, std::optional<KernelIndex> producer) {
+    TensorInfo info;
+    info.bytes = bytes;
+    info.producer = producer;
+    info.recomputable = producer.has_value();
+    t.add_tensor(info);
+    r.tensors.push_back({id, true, alive});
+  };
+  add(100, 20, 1, std::nullopt);  // S: made at 0, last used at 1 (R's producer)
+  add(1000, 21, 3, 1);            // R = f(S) at 1, used again at 3
+  const TensorId k0[] = {0}, k1[] = {0, 1}, k3[] = {1};
+  t.add_kernel("s", 10, k0);
+  t.add_kernel("f", 10, k1);
+  t.add_kernel("mid", 10, std::span<const TensorId>{});
+  t.add_kernel("use", 10, k3);
+  Plan p;
+  p.discard_dead = true;
+  p.tiers = {{"host", 1 << 20, 10, 10}};
+  p.moves = {
+      {1, MoveOp::recompute, 0, 1, 3},  // R freed after 1, made again before 3 from S
+      {0, MoveOp::offload, 0, 1, 2},    // S out after its last use...
+      {0, MoveOp::prefetch, 0, 2, 3},   // ...and back for the recompute's read
+  };
+  const uint64_t sigs[] = {1, 2, 3, 4};
+  const runtime::Schedule s = compile_schedule(r, p, sigs);
+  for (const auto& op : s.operators) EXPECT_FALSE(has(op.discard_after, 20));
+  EXPECT_TRUE(has_move(s.operators[1].offload_at, 20, MoveOp::offload));
 }
 
 TEST(CompileSchedule, EmptyPlanStillHasDeathsAndSignatures) {
