@@ -72,11 +72,17 @@ struct PlanVariant {
 };
 std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOptions& opts);
 
+// The settings a variant's name stands for: the name less the writebacks make_plan_variants added
+// to it ("slack 0.5, writebacks x1.00" -> "slack 0.5").
+std::string_view variant_settings(std::string_view name);
+
 // The settings of variant `name` (one make_plan_variants returned) planned again with the recompute
 // rule's factor times 0.1, 0.25 and 4 and without inputs kept for a recompute, each also with
 // writebacks when opts.writebacks (Note [Refining the fastest variant's recomputes],
 // src/planner/planner.cpp); empty when the trace has nothing to recompute, recompute is off, or
-// `name` is not a variant with recompute.
-std::vector<PlanVariant> refine_plan_variant(const Trace& trace, const PlannerOptions& opts, std::string_view name);
+// `name` is not a variant with recompute. `own` is make_plan's plan for (trace, opts), the first
+// variant, by whose bytes the stretched settings are scaled.
+std::vector<PlanVariant> refine_plan_variant(const Trace& trace, const PlannerOptions& opts, const Plan& own,
+                                             std::string_view name);
 
 }  // namespace teraio

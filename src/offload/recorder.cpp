@@ -441,8 +441,9 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
       // 0.14 ms).
       bool reads_all = true;
       for (LogicalId in : ops_[p].ids) {
-        if (made_here(in) || !to_trace.count(in)) continue;
-        if (std::find(nested_inputs.begin(), nested_inputs.end(), to_trace.at(in)) == nested_inputs.end()) {
+        const auto it = to_trace.find(in);
+        if (made_here(in) || it == to_trace.end()) continue;
+        if (std::find(nested_inputs.begin(), nested_inputs.end(), it->second) == nested_inputs.end()) {
           reads_all = false;
           break;
         }

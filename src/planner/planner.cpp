@@ -329,11 +329,13 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // was refused (its inputs dead), and at FSDP2's 4.1 GiB the probabilities crossed the link both
 // ways, 8 GiB of the 13.3 GiB of activations moved. A kept input costs its bytes from its last
 // use or read before d up to d, counted with the chains' in Note [Chains that cost more than they
-// free], and it may cross the link where the tensor would have: such a recompute is taken only
-// when the tensor's bytes less the kept inputs' and the persistent tensors' the point reads (not
-// read there already) still pay for the producer's time by the rule above. Without that, keeping
-// autocast's 32 MiB normalised input to remake a 64 MiB projection in the backward (which reads the
-// 64 MiB fp32 weight there too) cost the H200's llama-1b at 1/2 10% and the 8B 9%, simulated. With deep chains a dead input is revived when its own inputs can be had at d without
+// free], and it may cross the link where the tensor would have. So such a recompute is taken only
+// when what the point must bring for it (the kept inputs and the persistent tensors it reads, not
+// read there already) is at most PlannerTuning::kept_bytes_fraction of the tensor's bytes, and the
+// producer's time passes the rule above against the tensor's bytes less those. Without the bound,
+// keeping autocast's 32 MiB normalised input to remake a 64 MiB projection in the backward (which
+// reads the 64 MiB fp32 weight there too) cost the H200's llama-1b at 1/2 10% and the 8B 9%,
+// simulated. With deep chains a dead input is revived when its own inputs can be had at d without
 // keeping any (reviving a chain down to a kept leaf would move as many bytes and compute more),
 // else kept. check_plan and the simulator already count an input resident from the end of its
 // life up to its last read (docs/formats.md, rule 12).
@@ -1259,6 +1261,8 @@ namespace {
 // variant is also tried with recompute_factor x f: the stretched slots, recompute priced against
 // the link as it is (docs/planner.md, "Link-bound plans").
 constexpr double kMinStretch = 1.25;
+// What a variant's name gains when make_plan_variants adds writebacks to it (variant_settings).
+constexpr std::string_view kWritebacksSuffix = ", writebacks x";
 
 double link_stretch(const Trace& trace, const PlannerOptions& opts, const Plan& plan) {
   const double ideal_us = trace.total_time_us();
@@ -1442,7 +1446,7 @@ std::vector<PlanVariant> plan_jobs(const Trace& trace, const PlannerOptions& opt
       for (double f : fractions) {
         Plan p = planner_detail::add_writebacks(trace, out[i].plan, f);
         if (p.moves.size() == out[i].plan.moves.size()) continue;  // none fits
-        more[i].push_back({fmt::format("{}, writebacks x{:.2f}", out[i].name, f), std::move(p)});
+        more[i].push_back({fmt::format("{}{}{:.2f}", out[i].name, kWritebacksSuffix, f), std::move(p)});
       }
     });
     for (std::vector<PlanVariant>& m : more) {
@@ -1472,17 +1476,18 @@ std::vector<PlanVariant> make_plan_variants(const Trace& trace, const PlannerOpt
 // the other settings at their defaults. So the search plans the fastest variant's own settings
 // again with the rule's factor times 0.1, 0.25 and 4, and without kept inputs, and keeps whichever
 // the simulator finds fastest (plan_best).
-std::vector<PlanVariant> refine_plan_variant(const Trace& trace, const PlannerOptions& opts, std::string_view name) {
+std::string_view variant_settings(std::string_view name) {
+  return name.substr(0, name.find(kWritebacksSuffix));
+}
+
+std::vector<PlanVariant> refine_plan_variant(const Trace& trace, const PlannerOptions& opts, const Plan& own,
+                                             std::string_view name) {
   if (!opts.recompute || !has_recomputable(trace)) return {};
-  const std::string_view base_name = name.substr(0, name.find(", writebacks x"));
+  const std::string_view base_name = variant_settings(name);
   std::optional<VariantJob> job;
   if (base_name == "default") {
     job = VariantJob{"default", opts, {}};
   } else {
-    // The stretched settings need make_plan's own plan to be named again (its bytes scale them).
-    const Plan own = base_name.starts_with("stretch")
-                         ? planner_detail::make_plan_tuned(trace, opts, {}, nullptr, nullptr)
-                         : Plan{};
     for (VariantJob& j : variant_jobs(trace, opts, own)) {
       if (j.name == base_name) {
         job = std::move(j);

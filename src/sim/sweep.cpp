@@ -123,8 +123,8 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
     }
   };
   consider(make_plan_variants(trace, opts));
-  // Note [Refining the fastest variant's recomputes] (planner.cpp): the three fastest settings
-  // that recompute, each planned once.
+  // Note [Refining the fastest variant's recomputes] (planner.cpp): the kRefinedVariants fastest
+  // settings that recompute, each refined once (variants[0] is make_plan's own plan).
   {
     std::vector<size_t> order(variants.size());
     std::iota(order.begin(), order.end(), size_t{0});
@@ -134,9 +134,9 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
     std::vector<std::string> done;
     for (size_t i : order) {
       if (done.size() == kRefinedVariants) break;
-      const std::string name = variants[i].name.substr(0, variants[i].name.find(", writebacks x"));
+      const std::string name(variant_settings(variants[i].name));
       if (std::find(done.begin(), done.end(), name) != done.end()) continue;
-      std::vector<PlanVariant> more = refine_plan_variant(trace, opts, name);
+      std::vector<PlanVariant> more = refine_plan_variant(trace, opts, variants.front().plan, name);
       if (more.empty()) continue;
       done.push_back(name);
       for (PlanVariant& v : more) refined.push_back(std::move(v));
