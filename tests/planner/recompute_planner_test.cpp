@@ -25,8 +25,9 @@ constexpr uint64_t kGB = 1'000'000'000;
 // recomputable; kernels 2..9 each use C (1 GB, made at 2); backward uses B at 10 and A at 11.
 // Budget 2 GB + W: one of A and B must be away during the middle. The link moves 1 GB/s.
 // `b_reads_w`: B = mul(A, W) instead, and its backward use does not read W (a parameter), so
-// recomputing B there reads W.
-Trace producer_trace(double b_us, bool b_reads_w = false) {
+// recomputing B there reads W. `mid_us`: each middle kernel's time; `c_first`, `c_end`: the middle
+// kernels that use C (the others read W).
+Trace producer_trace(double b_us, bool b_reads_w = false, double mid_us = 100'000, int c_first = 2, int c_end = 10) {
   Trace t;
   const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
   TensorInfo a{kGB, TensorKind::activation, false, "A"};
@@ -42,7 +43,8 @@ Trace producer_trace(double b_us, bool b_reads_w = false) {
     t.add_kernel("aten::mul", b_us, std::vector<TensorId>{ai, w, bi});
   else
     t.add_kernel("aten::relu", b_us, std::vector<TensorId>{ai, bi});
-  for (int k = 2; k < 10; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{c});
+  for (int k = 2; k < 10; ++k)
+    t.add_kernel("mid", mid_us, k >= c_first && k < c_end ? std::vector<TensorId>{c} : std::vector<TensorId>{w});
   t.add_kernel("bwd_b", 50'000, b_reads_w ? std::vector<TensorId>{bi} : std::vector<TensorId>{bi, w});
   t.add_kernel("bwd_a", 50'000, std::vector<TensorId>{ai, w});
   return t;
@@ -202,26 +204,14 @@ TEST(RecomputePlanner, AnInputTooLargeToKeepLeavesTheTensorToTheMoves) {
 // time passes the rule, though moving them would hide behind the middle's seconds; the search's
 // refinement of a setting plans it again with the rule's factor scaled, and the one at x0.1 moves B.
 TEST(RecomputePlanner, TheSearchRefinesHowMuchAVariantRecomputes) {
-  // producer_trace's shape with 1 s middle kernels, C used only by the middle four: B has two
-  // seconds on each side to leave and come back.
-  Trace t;
-  const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
-  TensorInfo a{kGB, TensorKind::activation, false, "A"};
-  a.producer = 0;
-  const TensorId ai = t.add_tensor(a);
-  TensorInfo b{kGB, TensorKind::activation, false, "B"};
-  b.producer = 1;
-  b.recomputable = true;
-  const TensorId bi = t.add_tensor(b);
-  const TensorId c = t.add_tensor({kGB, TensorKind::temporary, false, "C"});
-  t.add_kernel("aten::mm", 50'000, std::vector<TensorId>{w, ai});
-  t.add_kernel("aten::relu", 250'000, std::vector<TensorId>{ai, bi});  // a quarter of B's link time
-  for (int k = 2; k < 10; ++k) t.add_kernel("mid", 1e6, k >= 4 && k < 8 ? std::vector<TensorId>{c} : std::vector<TensorId>{w});
-  t.add_kernel("bwd_b", 50'000, std::vector<TensorId>{bi, w});
-  t.add_kernel("bwd_a", 50'000, std::vector<TensorId>{ai, w});
+  // 1 s middle kernels, C used only by the middle four: B has two seconds on each side to leave
+  // and come back; B's producer takes a quarter of its link time.
+  const Trace t = producer_trace(250'000, false, 1e6, 4, 8);
+  const TensorId bi = 2;
   const PlannerOptions o = options();
-  EXPECT_EQ(count(make_plan(t, o), MoveOp::recompute, bi), 1u);
-  const std::vector<PlanVariant> refined = refine_plan_variant(t, o, "default");
+  const Plan own = make_plan(t, o);
+  EXPECT_EQ(count(own, MoveOp::recompute, bi), 1u);
+  const std::vector<PlanVariant> refined = refine_plan_variant(t, o, own, "default");
   std::vector<std::string> names;
   for (const PlanVariant& v : refined) {
     names.push_back(v.name);
@@ -231,13 +221,13 @@ TEST(RecomputePlanner, TheSearchRefinesHowMuchAVariantRecomputes) {
                                              "default, recompute factor x4", "default, no kept inputs"}));
   ASSERT_FALSE(refined.empty());
   EXPECT_EQ(count(refined[0].plan, MoveOp::recompute, bi), 0u);
-  EXPECT_LT(simulate(t, refined[0].plan).iteration_us, simulate(t, make_plan(t, o)).iteration_us);
+  EXPECT_LT(simulate(t, refined[0].plan).iteration_us, simulate(t, own).iteration_us);
   // Settings that recompute nothing, or a trace with nothing to recompute: nothing to refine.
-  EXPECT_TRUE(refine_plan_variant(t, o, "no recompute").empty());
-  EXPECT_TRUE(refine_plan_variant(t, o, "no such variant").empty());
+  EXPECT_TRUE(refine_plan_variant(t, o, own, "no recompute").empty());
+  EXPECT_TRUE(refine_plan_variant(t, o, own, "no such variant").empty());
   PlannerOptions off = o;
   off.recompute = false;
-  EXPECT_TRUE(refine_plan_variant(t, off, "default").empty());
+  EXPECT_TRUE(refine_plan_variant(t, off, own, "default").empty());
   // plan_best keeps the refined plan where it is the fastest.
   const BestPlan best = plan_best(t, o);
   EXPECT_EQ(count(best.plan, MoveOp::recompute, bi), 0u);
