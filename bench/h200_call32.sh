@@ -28,19 +28,4 @@ mkdir -p "$R"
   tar czf "$OUT/h200_call32.tgz" -C "$R" .
 )
 grep -h -E '^== |mean .* s/step|FAILED|rc=' "$OUT"/log_*.txt | cut -c1-220
-for f in "$OUT"/res_*/teraio-*.json; do
-  python3 - "$f" <<'PYEOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-if not r.get("ok"):
-    print(sys.argv[1].split("/")[-1], r.get("error", "")[:200]); sys.exit()
-d = r["system_info"]["measured_delta"]; n = len(r["step_s"]); st = r["system_info"]["stats"]
-print(sys.argv[1].split("/")[-1], "median %.3f s" % r["step_s_median"],
-      "predicted %.3f s" % (st["predicted_iteration_us"] / 1e6),
-      "(plan-time %.3f s, runner %.1f us/op)" % (st.get("plan_predicted_us", 0) / 1e6,
-                                                 st.get("runner_host_us_per_operator", 0)),
-      "hook %.1f ms/step" % (d["hook_us"] / n / 1e3),
-      "recompute %.1f" % (d["recompute_us"] / n / 1e3), "moves %d" % (d["plan_moves"] / n),
-      "full sweeps %d" % (d.get("full_sweeps", 0) / n))
-PYEOF
-done
+python3 bench/run_summary.py "$OUT"/res_*/teraio-*.json

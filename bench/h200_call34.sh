@@ -61,24 +61,4 @@ amp)
 esac
 xz -T0 -f "$OUT"/res_*/trace-*.json "$OUT"/res_*/plan-*.json 2>/dev/null
 grep -h -E '^== |mean .* s/step|FAILED|rc=|Error' "$OUT"/log_*.txt | cut -c1-220
-for f in "$OUT"/res_*/fsdp2-*.json; do
-  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(sys.argv[1].split("/")[-1], "median %.3f s" % r["step_s_median"] if r.get("ok") else r.get("error", "")[:300], "maxalloc %.2f GiB" % (r.get("memory", {}).get("cuda_max_allocated_bytes", 0) / 2**30))' "$f"
-done
-for f in "$OUT"/res_*/teraio-*.json; do
-  python3 - "$f" <<'PYEOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-if not r.get("ok"):
-    print(sys.argv[1].split("/")[-1], r.get("error", "")[:300]); sys.exit()
-d = r["system_info"]["measured_delta"]; n = len(r["step_s"]); st = r["system_info"]["stats"]
-print(sys.argv[1].split("/")[-1], "steps", " ".join("%.3f" % s for s in r["step_s"]),
-      "median %.3f s" % r["step_s_median"],
-      "predicted %.3f s" % (st["predicted_iteration_us"] / 1e6),
-      "(plan-time %.3f s, runner %.1f us/op)" % (st.get("plan_predicted_us", 0) / 1e6,
-                                                 st.get("runner_host_us_per_operator", 0)),
-      "hook %.1f ms/step" % (d["hook_us"] / n / 1e3),
-      "recompute %.1f ms" % (d["recompute_us"] / n / 1e3), "n %d" % (d["recomputes"] / n),
-      "moves %d" % (d["plan_moves"] / n), "full sweeps %d" % (d.get("full_sweeps", 0) / n),
-      "maxalloc %.2f GiB" % (r["memory"].get("cuda_max_allocated_bytes", 0) / 2**30))
-PYEOF
-done
+python3 bench/run_summary.py "$OUT"/res_*/fsdp2-*.json "$OUT"/res_*/teraio-*.json

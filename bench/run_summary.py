@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""One line per bench/llm_bench.py result, for a device call's output (bench/h200_call32.sh,
+bench/h200_call34.sh): each measured step and their median, GPU max allocated, and for teraio the
+Session's prediction (with its plan-time replay and its own host time per operator), the callbacks'
+host time, the recomputes, moves and full sweeps per measured step. A failed run prints its error;
+a path that does not exist (an unmatched glob) is skipped.
+
+    python3 bench/run_summary.py RESULT.json ...
+"""
+import json
+import os
+import sys
+
+for path in sys.argv[1:]:
+    if not os.path.exists(path):  # a shell glob that matched nothing
+        continue
+    r = json.load(open(path))
+    name = os.path.basename(path)
+    if not r.get("ok"):
+        print(name, r.get("error", "")[:300])
+        continue
+    line = [name, "steps", " ".join("%.3f" % s for s in r["step_s"]), "median %.3f s" % r["step_s_median"],
+            "maxalloc %.2f GiB" % (r.get("memory", {}).get("cuda_max_allocated_bytes", 0) / 2**30)]
+    st = r.get("system_info", {}).get("stats")
+    if st:  # teraio
+        d, n = r["system_info"]["measured_delta"], len(r["step_s"])
+        line += ["predicted %.3f s" % (st["predicted_iteration_us"] / 1e6),
+                 "(plan-time %.3f s, runner %.1f us/op)" % (st.get("plan_predicted_us", 0) / 1e6,
+                                                            st.get("runner_host_us_per_operator", 0)),
+                 "hook %.1f ms/step" % (d["hook_us"] / n / 1e3),
+                 "recompute %.1f ms" % (d["recompute_us"] / n / 1e3), "n %d" % (d["recomputes"] / n),
+                 "moves %d" % (d["plan_moves"] / n), "full sweeps %d" % (d.get("full_sweeps", 0) / n)]
+    print(*line)
