@@ -141,11 +141,13 @@ void Engine::forget_locked(Entry& e) {
   } else if (e.memory->alive()) {
     make_usable_locked(e);  // on failure the tensor is offloaded or lost: still forgotten below
   } else if (e.loc == Location::kOffloading || e.loc == Location::kPrefetching) {
-    e.pending.wait();  // the held bytes must outlive the transfer
+    // the held bytes must outlive the transfer
+    wait_locked(e.pending, e.loc == Location::kOffloading ? Wait::kWrite : Wait::kRead, e.tier);
     e.memory->drop();
   }
   settle_writeback_locked(e, /*wait=*/true);  // a failed copy is reported even for a dead tensor
-  if (e.pending.valid()) e.pending.wait();
+  // A read back (or a write freed in stream order) may still be running: its tier space goes with it.
+  if (e.pending.valid()) wait_locked(e.pending, e.write_in_flight ? Wait::kWrite : Wait::kRead, e.tier);
   e.pending = {};
   e.write_in_flight = false;
   e.clean = false;
@@ -184,7 +186,10 @@ Location Engine::location(LogicalId id) const {
 // Note [Where the CPU waits]: every wait of the engine for a transfer counts in stall_us, and in
 // one of three parts: reads, writes due (their planned deadline, or a read back that must follow
 // the write), and room (make_room_locked: writes completed, or evictions, to stay within the
-// budget). A wait is the CPU's: for a stream-ordered write or a read on CUDA it lasts until the
+// budget). That includes the waits no plan asks for: forgetting a tensor that died with a transfer
+// still running (its bytes or its tier space must outlive the copy), giving back a read's tier
+// space (wait_locked). Uncounted, they were taken for the Session's own host work (Note [The
+// runner's host time] in src/offload/controller.cpp). A wait is the CPU's: for a stream-ordered write or a read on CUDA it lasts until the
 // copy is on a copy stream, not until it ends. The CPU then launches nothing, so the GPU runs out
 // of queued work if the wait outlasts the CPU's lead: room waits beyond what the plan needed are
 // what make_room_locked avoids by completing the oldest writes first, and only as many as it must.
@@ -201,12 +206,18 @@ void Engine::add_stall_locked(Wait what, double since_us, uint32_t tier) {
   (what == Wait::kRead ? t.stall_read_us : t.stall_write_us) += dt;
 }
 
+storage::IoResult Engine::wait_locked(const storage::Completion& c, Wait what, uint32_t tier) {
+  if (c.ready()) return c.wait();
+  const double t0 = now_us();
+  storage::IoResult r = c.wait();
+  add_stall_locked(what, t0, tier);
+  return r;
+}
+
 // Waits for the entry's transfer (the wait counts as stall), forgets it, and returns its result.
 storage::IoResult Engine::take_pending_locked(Entry& e) {
-  double t0 = e.pending.ready() ? 0 : now_us();
-  storage::IoResult r = e.pending.wait();  // a copy: resetting `pending` frees the state
-  if (t0 != 0)
-    add_stall_locked(e.loc == Location::kPrefetching ? Wait::kRead : Wait::kWrite, t0, e.tier);
+  // a copy: resetting `pending` frees the state
+  storage::IoResult r = wait_locked(e.pending, e.loc == Location::kPrefetching ? Wait::kRead : Wait::kWrite, e.tier);
   e.pending = {};
   return r;
 }
@@ -638,7 +649,7 @@ bool Engine::settle_writeback_alive_locked(Entry& e) {
 
 void Engine::settle_writeback_locked(Entry& e, bool wait) {
   if (!e.writing_back || (!wait && !e.pending.ready())) return;
-  const storage::IoResult r = e.pending.wait();
+  const storage::IoResult r = wait_locked(e.pending, Wait::kWrite, e.tier);
   e.writing_back = false;
   e.memory->end_view();  // the copy no longer reads the lent bytes
   if (r.ok && !e.writeback_stale && e.loc == Location::kResident) {
@@ -707,7 +718,7 @@ bool Engine::finish_write_locked(Entry& e) {
 void Engine::release_read_extent_locked(Entry& e) {
   settle_writeback_locked(e, /*wait=*/true);  // a writeback's copy goes with its space (ended now)
   if (!e.has_extent) return;                  // it failed: its space is free already
-  e.pending.wait();
+  wait_locked(e.pending, Wait::kRead, e.tier);
   e.pending = {};
   extents_[e.tier]->free(e.extent);
   e.has_extent = false;
@@ -720,7 +731,7 @@ bool Engine::release_deferred_locked(uint32_t tier, bool wait) {
   for (size_t i = 0; i < deferred_.size();) {
     Deferred& d = deferred_[i];
     if (d.tier == tier && (wait || d.read.ready())) {
-      d.read.wait();
+      wait_locked(d.read, Wait::kRead, d.tier);
       extents_[d.tier]->free(d.extent);
       deferred_[i] = std::move(deferred_.back());
       deferred_.pop_back();
@@ -760,7 +771,7 @@ bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const L
   }
   if (!finish_write_locked(e)) return false;
   if (e.pending.valid()) {  // the read before a clean offload (Note [Clean offloads]): long done
-    e.pending.wait();
+    wait_locked(e.pending, Wait::kRead, e.tier);
     e.pending = {};
   }
   // The memory is taken now: room first, so that the budget holds. When none can be made, a read

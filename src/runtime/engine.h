@@ -429,6 +429,8 @@ class Engine {
   enum class Wait { kRead, kWrite };
   // Counts now - since_us as stall, of what and of that tier.
   void add_stall_locked(Wait what, double since_us, uint32_t tier);
+  // Waits for a transfer of that tier, counting the wait (if any) as stall of `what`.
+  storage::IoResult wait_locked(const storage::Completion& c, Wait what, uint32_t tier);
   storage::IoResult take_pending_locked(Entry& e);
   bool release_in_stream_order_locked(Entry& e);
   void complete_offload_locked(Entry& e, bool wait);

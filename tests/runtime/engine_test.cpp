@@ -1102,6 +1102,31 @@ TEST_F(EngineFaultTest, RoomWaitsOnlyForTheOldestWritesItNeeds) {
   EXPECT_GT(e->stats().stall_read_us + e->stats().stall_write_us, 0);
 }
 
+// Note [Where the CPU waits]: forgetting a tensor that died with its write still running waits for
+// that write (its bytes must outlive the copy), and the wait counts as stall like every other: the
+// Session's host time per operator is its callbacks' time less the stalls (Note [The runner's host
+// time]), and an uncounted wait there was taken for host work.
+TEST_F(EngineFaultTest, ForgettingADeadTensorWaitsForItsWriteAndCountsTheWait) {
+  auto e = make_faulty(0);
+  auto a = make_tensor(10000, 4);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  storage::FaultRule slow;
+  slow.kind = storage::FaultKind::kSlow;
+  slow.delay_us = 20000;
+  slow.count = 1;
+  faulty_->inject(slow);
+  ASSERT_TRUE(e->offload(0, 0));
+  ASSERT_EQ(e->location(0), Location::kOffloading);
+  a->alive = false;
+  const LogicalId ids[] = {0};
+  e->forget_dead(ids);
+  EXPECT_EQ(e->location(0), Location::kUnbound);
+  const EngineStats st = e->stats();
+  EXPECT_GT(st.stall_write_us, 5000);
+  EXPECT_EQ(st.stall_read_us + st.stall_write_us + st.stall_room_us, st.stall_us);
+  EXPECT_EQ(st.resident_bytes, 0u);
+}
+
 // Per-tier counters: the waits for a slow tier are that tier's, and the per-tier stalls and bytes add
 // up to the engine's totals (stats()["tiers"] says which tier a multi-tier run waited for).
 TEST_F(EngineFaultTest, StallsAndBytesAreCountedPerTier) {
