@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "schedule.h"
@@ -122,30 +123,76 @@ void Controller::note_shortfall(uint32_t k, const char* op, bool* noted) {
 // launch queue, and that counts too: the host lane then comes near the measured step, so the
 // prediction can hide a replay of the kernels and transfers that was short; plan_predicted_us is
 // the number to judge the replay by there.
-void Controller::note_runner_host_us() {
-  constexpr size_t kSamples = 5;
-  if (runner_samples_.empty()) return;
-  if (runner_samples_.size() > kSamples) runner_samples_.erase(runner_samples_.begin());
-  std::vector<double> sorted = runner_samples_;
+namespace {
+constexpr size_t kHostSamples = 5;
+
+double median_of_last(std::vector<double>& samples) {
+  if (samples.size() > kHostSamples) samples.erase(samples.begin());
+  std::vector<double> sorted = samples;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  if (runner_us_used_ > 0 && std::abs(median - runner_us_used_) <= 0.05 * runner_us_used_) return;
-  runner_us_used_ = median;
-  predict_active();
+  return sorted[sorted.size() / 2];
 }
 
-// The active plan's prediction: its plan-time replay, with the runner's measured host time once
-// there is one.
+double wall_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+// True when the runner's host time used changed (the prediction is then made again).
+bool Controller::note_runner_host_us() {
+  if (runner_samples_.empty()) return false;
+  const double median = median_of_last(runner_samples_);
+  if (runner_us_used_ > 0 && std::abs(median - runner_us_used_) <= 0.05 * runner_us_used_) return false;
+  runner_us_used_ = median;
+  return true;
+}
+
+// Note [Host times of planned steps]: a CUDA recording's host times (Note [Host times of a
+// recording] in src/torch/session.cpp) are those of the profiled steps, whose operators run with
+// CUPTI, their outputs boxed for the recorder and the recording's work around them: on an H100 the
+// autocast llama-1b's summed to 165 ms where a planned step with nothing to move took 118 ms, and
+// the replay came out 40% long (docs/benchmarks.md, "Kept inputs at FSDP2's memory, and where
+// autocast steps wait"). Each planned step without drift measures the host time it took outside
+// the Session's callbacks (its wall time on the host less their time, which the runner's host time
+// and the stalls account for) against the active trace's summed host times; when the median of
+// the last five is below 1, the prediction replays the trace with every host time scaled by it.
+// Never above 1: a step the device bounds also waits for the device inside its operators (a full
+// launch queue, a scalar read back), which is not host work. Plans are still made with the
+// recorded times.
+bool Controller::note_host_scale() {
+  if (host_samples_.empty()) return false;
+  const double scale = std::min(1.0, median_of_last(host_samples_));
+  if (std::abs(scale - host_scale_used_) <= 0.05 * host_scale_used_) return false;
+  host_scale_used_ = scale;
+  return true;
+}
+
+// The active plan's prediction: its plan-time replay, with the runner's measured host time and the
+// planned steps' host times once measured.
 void Controller::predict_active() {
   const CachedPlan* p = active_;
   if (!p || !p->trace || !p->plan) return;
   plan_predicted_us_ = p->predicted_us;
-  predicted_iteration_us_ = runner_us_used_ > 0
-                                ? steady_iteration_us(*p->trace, *p->plan, runner_us_used_)
-                                : p->predicted_us;
+  if (runner_us_used_ <= 0 && host_scale_used_ >= 1) {
+    predicted_iteration_us_ = p->predicted_us;
+    return;
+  }
+  if (host_scale_used_ >= 1) {
+    predicted_iteration_us_ = steady_iteration_us(*p->trace, *p->plan, runner_us_used_);
+    return;
+  }
+  Trace scaled = *p->trace;
+  for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)
+    scaled.set_kernel_host_us(k, p->trace->kernel_host_us(k) * host_scale_used_);
+  predicted_iteration_us_ = steady_iteration_us(scaled, *p->plan, runner_us_used_, /*as_planned=*/false);
 }
 
 void Controller::install(const CachedPlan* p) {
+  if (p != active_) {  // another trace: its recorded host times are measured against afresh
+    host_samples_.clear();
+    host_scale_used_ = 1;
+  }
   active_ = p;
   predict_active();
   engine_.set_schedule(p->schedule);
@@ -181,6 +228,7 @@ void Controller::begin_step(StepBinding& binding) {
   iteration_reactive_ = false;
   step_hook_us0_ = binding.runner_host_us();
   step_stall_us0_ = engine_.stats().stall_us;
+  step_wall_us0_ = wall_us();
   // Measured afresh in each profiled iteration: in the first, tensors not yet seen (parameters
   // before their first operator) are allocated but not tracked, which would count them twice.
   if (mode_ == Mode::kProfiling) {
@@ -230,7 +278,15 @@ StepErrors Controller::end_step(StepBinding& binding) {
       const double stall_us = engine_.stats().stall_us - step_stall_us0_;
       if (hook_us > 0 && ops_run > 0)
         runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
-      note_runner_host_us();
+      // Note [Host times of planned steps]
+      if (const Trace* t = active_->trace.get(); t != nullptr && t->has_host_times()) {
+        double recorded_us = 0;
+        for (KernelIndex k = 0; k < t->num_kernels(); ++k) recorded_us += t->kernel_host_us(k);
+        if (recorded_us > 0)
+          host_samples_.push_back(std::max(0.0, wall_us() - step_wall_us0_ - std::max(0.0, hook_us)) / recorded_us);
+      }
+      const bool runner_changed = note_runner_host_us();
+      if (note_host_scale() || runner_changed) predict_active();
     }
     if (mode_ == Mode::kProfiling) {
       profiled_++;
@@ -399,12 +455,13 @@ Plan Controller::plan_for(const Trace& trace, const PlannerOptions& po, std::str
 // bandwidth: docs/simulator.md, "Which iteration is reported"). On the H200's llama-1b plans that
 // is 3-5% above the 2-iteration mean.
 double Controller::steady_iteration_us(const Trace& trace, const Plan& plan,
-                                       double runner_us) const {
+                                       double runner_us, bool as_planned) const {
   try {
     SimOptions so;
     so.runner_host_us_per_kernel = runner_us;
-    so.iterations = kFirstIterations;  // plan_best's replay already is this one (without runner_us)
-    const double first = kFirstIterations * (options_.plan_search && runner_us == 0
+    // plan_best's replay already is this one (without runner_us, of the trace it planned)
+    so.iterations = kFirstIterations;
+    const double first = kFirstIterations * (options_.plan_search && runner_us == 0 && as_planned
                                                  ? plan.predicted.iteration_us
                                                  : simulate(trace, plan, so).iteration_us);
     so.iterations = kSteadyIterations;

@@ -179,8 +179,9 @@ class Controller {
   void note_shortfall(uint32_t k, const char* op, bool* noted);
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
   Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const;
-  double steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us = 0) const;
-  void note_runner_host_us();
+  double steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us = 0,
+                             bool as_planned = true) const;
+  bool note_runner_host_us();
   void predict_active();
   void install(const CachedPlan* p);
   void uninstall(Mode mode);
@@ -232,6 +233,13 @@ class Controller {
   double step_hook_us0_ = 0, step_stall_us0_ = 0;
   std::vector<double> runner_samples_;
   double runner_us_used_ = 0;
+  // Note [Host times of planned steps]: the step's start on the host clock, the last planned
+  // steps' host time outside the callbacks over the active trace's recorded host time, and the
+  // scale of the recorded host times the prediction used (1: as recorded).
+  double step_wall_us0_ = 0;
+  std::vector<double> host_samples_;
+  double host_scale_used_ = 1;
+  bool note_host_scale();
   // Note [Predicting steps in backward] in controller.cpp: whether to predict, and the prediction.
   bool predict_in_backward_ = false;
   double predicted_in_backward_us_ = 0;

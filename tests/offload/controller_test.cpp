@@ -43,7 +43,14 @@ class FakeBinding : public StepBinding {
     return out;
   }
   void use_lean_hooks(bool lean) override { lean_calls.push_back(lean); }
+  // host_us > 0: a CUDA-like recording, whose operators take 100 us of device time and host_us of
+  // host time each (Note [Host times of a recording]).
+  bool host_times() const override { return host_us > 0; }
+  double operator_time_us(size_t, double measured_us) const override {
+    return host_us > 0 ? 100 : measured_us;
+  }
 
+  double host_us = 0;
   std::map<FakeTensor*, LogicalId> ids;
   std::vector<std::shared_ptr<FakeTensor>> id_tensor;
   std::vector<bool> lean_calls;
@@ -142,7 +149,7 @@ class ControllerTest : public ::testing::Test {
             engine_->set_recipe(id, std::make_unique<test::FakeRecipe>(in_ids, ins, recipes_));
           }
         }
-        if (rec) ctl_->recorder().add_operator(op.name, 100, in_ids, out_ids, b_);
+        if (rec) ctl_->recorder().add_operator(op.name, 100, in_ids, out_ids, b_, b_.host_us);
         ctl_->end_operator(k, op.name.c_str(), in_ids, out_ids, false, &violation);
       }
       for (const std::string& in : op.inputs)  // transient tensors die after their last use
@@ -279,6 +286,22 @@ TEST_F(ControllerTest, RecomputableTensorsAreRecomputedWithinTheBudget) {
   EXPECT_EQ(s.budget_violations, 0u);
   EXPECT_LE(s.step_peak_resident_bytes, 260u << 10);
   EXPECT_TRUE(persistent_intact());
+}
+
+// Note [Host times of planned steps]: a recording whose host times are far longer than what the
+// planned steps take outside the callbacks (20 ms an operator recorded; these steps take
+// microseconds) is replayed with its host times scaled down to the measured ones: the prediction
+// leaves the recorded host bound, the plan-time replay keeps it.
+TEST_F(ControllerTest, PlannedStepsMeasureTheHostTimeTheRecordingOverstated) {
+  b_.host_us = 20000;
+  start(260 << 10);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  ASSERT_EQ(s.mode, "planned");
+  const double recorded_us = 20000.0 * static_cast<double>(ControllerChain().size());
+  EXPECT_GE(s.plan_predicted_us, recorded_us) << "the plan-time replay: the recorded host bounds it";
+  EXPECT_LT(s.predicted_iteration_us, 0.5 * recorded_us) << "the planned steps' host times";
+  EXPECT_GT(s.predicted_iteration_us, 0);
 }
 
 TEST_F(ControllerTest, WithoutRecomputeThePlanOnlyMoves) {
