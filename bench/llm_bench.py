@@ -393,9 +393,23 @@ def step_floor(info, steps, step_s):
              "offload": written / steps / (write_gbps * 1e9),
              "prefetch": delta["bytes_prefetched"] / steps / (read_gbps * 1e9)}
     bound = max(terms, key=terms.get)
-    return {"compute_s": compute_s, "offload_s": terms["offload"], "prefetch_s": terms["prefetch"],
-            "floor_s": terms[bound], "bound": bound, "step_over_floor": step_s / terms[bound],
-            "tiers": len(tiers)}
+    out = {"compute_s": compute_s, "offload_s": terms["offload"], "prefetch_s": terms["prefetch"],
+           "floor_s": terms[bound], "bound": bound, "step_over_floor": step_s / terms[bound],
+           "tiers": len(tiers)}
+    # The link with both directions busy: one tier whose probe measured its rate each way with both
+    # running (duplex_gbps, below the one-way rates on the H100: 35.5 against 53-54 GB/s) cannot move
+    # W out and R in faster than min(W, R) at that rate plus the rest one way at a time (when the
+    # duplex rate doubled beats either one-way rate; else one way at a time). A floor still: it
+    # assumes the link busy the whole step.
+    duplex = tiers[0].get("duplex_gbps") if len(tiers) == 1 else None
+    if duplex:
+        w_b, r_b = written / steps, delta["bytes_prefetched"] / steps
+        w_r, r_r, d_r = write_gbps * 1e9, read_gbps * 1e9, duplex * 1e9
+        both = min(w_b, r_b) if d_r / w_r + d_r / r_r > 1 else 0.0
+        link_s = both / d_r + (w_b - both) / w_r + (r_b - both) / r_r
+        floor = max(compute_s, link_s)
+        out.update({"link_s": link_s, "floor_duplex_s": floor, "step_over_floor_duplex": step_s / floor})
+    return out
 
 
 def plan_bytes_by_kind(trace_path, plan_path):
