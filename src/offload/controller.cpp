@@ -174,18 +174,19 @@ void Controller::predict_active() {
   const CachedPlan* p = active_;
   if (!p || !p->trace || !p->plan) return;
   plan_predicted_us_ = p->predicted_us;
-  if (runner_us_used_ <= 0 && host_scale_used_ >= 1) {
+  const bool as_recorded = host_scale_used_ >= 1;
+  if (runner_us_used_ <= 0 && as_recorded) {
     predicted_iteration_us_ = p->predicted_us;
     return;
   }
-  if (host_scale_used_ >= 1) {
-    predicted_iteration_us_ = steady_iteration_us(*p->trace, *p->plan, runner_us_used_);
-    return;
+  Trace scaled;
+  if (!as_recorded) {
+    scaled = *p->trace;
+    for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)
+      scaled.set_kernel_host_us(k, p->trace->kernel_host_us(k) * host_scale_used_);
   }
-  Trace scaled = *p->trace;
-  for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)
-    scaled.set_kernel_host_us(k, p->trace->kernel_host_us(k) * host_scale_used_);
-  predicted_iteration_us_ = steady_iteration_us(scaled, *p->plan, runner_us_used_, /*as_planned=*/false);
+  predicted_iteration_us_ =
+      steady_iteration_us(as_recorded ? *p->trace : scaled, *p->plan, runner_us_used_, as_recorded);
 }
 
 void Controller::install(const CachedPlan* p) {
@@ -279,12 +280,9 @@ StepErrors Controller::end_step(StepBinding& binding) {
       if (hook_us > 0 && ops_run > 0)
         runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
       // Note [Host times of planned steps]
-      if (const Trace* t = active_->trace.get(); t != nullptr && t->has_host_times()) {
-        double recorded_us = 0;
-        for (KernelIndex k = 0; k < t->num_kernels(); ++k) recorded_us += t->kernel_host_us(k);
-        if (recorded_us > 0)
-          host_samples_.push_back(std::max(0.0, wall_us() - step_wall_us0_ - std::max(0.0, hook_us)) / recorded_us);
-      }
+      if (active_->recorded_host_us > 0)
+        host_samples_.push_back(std::max(0.0, wall_us() - step_wall_us0_ - std::max(0.0, hook_us)) /
+                                active_->recorded_host_us);
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();
     }
@@ -531,6 +529,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   cp.predicted_us = plan_predicted_us_;
   cp.plan = std::make_shared<const Plan>(std::move(plan));
   cp.trace = std::make_shared<const Trace>(std::move(rec.trace));
+  for (KernelIndex k = 0; k < cp.trace->num_kernels(); ++k) cp.recorded_host_us += cp.trace->kernel_host_us(k);
   CachedPlan& slot = cache_[iteration_signature];
   slot = std::move(cp);
   install(&slot);

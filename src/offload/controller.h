@@ -174,6 +174,7 @@ class Controller {
     std::shared_ptr<const Trace> trace;
     std::shared_ptr<const Plan> plan;
     double predicted_us = 0;
+    double recorded_host_us = 0;  // the trace's host times, summed (Note [Host times of planned steps])
   };
   void note_drift(uint32_t k, StepBinding& binding);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
