@@ -4,7 +4,8 @@
 #   8b:   Ideal of the 8B in autocast at batch 2 x 2048 (fused AdamW: does a larger batch fit
 #         without offloading, and how much faster per token), then teraio on the 8B in autocast at
 #         4 x 2048 with steps in backward as a user gets it (HostTier("96GiB"), budget 110 GiB, no
-#         bandwidth given, the Session's defaults): the step and the Session's prediction.
+#         bandwidth given, the Session's defaults): the step, the Session's prediction, and one
+#         profiled step after the measured ones (TIMELINE=1: where the GPU waits).
 #   fp32: the paper's regime, the 8B in fp32 at 1 x 4096 (math attention), host + disk tiers, steps
 #         in backward; then the largest model predicted to fit (REAL_LAYERS_INBWD layers, steps in
 #         backward, host tier) when LARGEST=1.
@@ -18,7 +19,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 ||
 case ${1:?usage: bench/h200_call36.sh 8b|fp32} in
 8b)
   bash bench/h200_run.sh real ideal-8b-amp-b2-fused > /dev/null 2>&1
-  bash bench/h200_run.sh real teraio-host-inbwd-8b-amp > /dev/null 2>&1
+  TIMELINE=1 bash bench/h200_run.sh real teraio-host-inbwd-8b-amp > /dev/null 2>&1
   ;;
 fp32)
   bash bench/h200_run.sh real teraio-inbwd-hostdisk-8b-fp32-s4096 > /dev/null 2>&1
