@@ -125,6 +125,7 @@ void Controller::note_shortfall(uint32_t k, const char* op, bool* noted) {
 // the number to judge the replay by there.
 namespace {
 constexpr size_t kHostSamples = 5;
+constexpr size_t kMinHostSamples = 3;  // Note [Plans for the host that runs them]
 
 double median_of_last(std::vector<double>& samples) {
   if (samples.size() > kHostSamples) samples.erase(samples.begin());
@@ -166,6 +167,55 @@ bool Controller::note_host_scale() {
   if (std::abs(scale - host_scale_used_) <= 0.05 * host_scale_used_) return false;
   host_scale_used_ = scale;
   return true;
+}
+
+// Note [Plans for the host that runs them]: the planner prices a recompute at its producer's host
+// time and replays every operator's host time (docs/simulator.md, "The host"), so where the host
+// bounds the step (bf16 autocast, small kernels) the plan it keeps depends on those times. Made
+// with the recording's, which overstate the planned steps' (Note [Host times of planned steps]),
+// it is the plan for a slower host: on an H100 two profiles of the same autocast llama-1b at 1/2,
+// recorded with 231 and 308 ms of host time, were planned to 234 and 310 ms, and the second ran
+// at 310 ms; planned with its host times scaled to the first's, the second profile predicts 234
+// ms too (docs/benchmarks.md, "Plans for the host that runs them"). So once kMinHostSamples
+// planned steps have measured the scale and it differs by more than a tenth from the one the
+// active plan was made for, the trace is planned again (the same planner options) with its host
+// times scaled so, and the new plan replaces the active one when its replay, with the runner's
+// host time, is more than 2% faster than the active plan's on the same scaled trace. Each cached
+// plan is planned again at most once per such change of scale; a planner error keeps the active
+// plan. The new plan takes effect from the next step (its start placement is aligned to, as
+// after any install); stats()["plan_variant"] says it was planned again, and plan_path gets it.
+void Controller::replan_for_host() {
+  if (!active_ || !active_->trace || !active_->plan || host_samples_.size() < kMinHostSamples) return;
+  const double scale = host_scale_used_;
+  if (std::abs(scale - active_->host_scale) <= 0.1 * active_->host_scale) return;
+  auto it = cache_.find(active_->iteration_signature);
+  if (it == cache_.end() || &it->second != active_) return;
+  CachedPlan& slot = it->second;
+  slot.host_scale = scale;  // tried at this scale: not again unless it changes
+  try {
+    Trace scaled = *slot.trace;
+    for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)
+      scaled.set_kernel_host_us(k, slot.trace->kernel_host_us(k) * scale);
+    std::string variant;
+    Plan plan = plan_for(scaled, slot.planner_options, &variant);
+    const double active_us = predicted_iteration_us_;  // predict_active: the same scaled replay
+    const double new_us = steady_iteration_us(scaled, plan, runner_us_used_, false);
+    if (!(new_us < 0.98 * active_us)) return;
+    Recording rec;
+    rec.trace = *slot.trace;
+    rec.tensors = slot.tensors;
+    auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, plan, slot.signatures));
+    slot.predicted_us = steady_iteration_us(scaled, plan);
+    if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);
+    slot.schedule = std::move(schedule);
+    slot.plan = std::make_shared<const Plan>(std::move(plan));
+    plan_predicted_us_ = slot.predicted_us;
+    plan_variant_ = fmt::format("{}; planned again for host times x{:.2f} of the recording's", variant, scale);
+    host_replans_++;
+    install(&slot);  // the same slot: the host samples stay
+  } catch (const std::exception&) {
+    // the active plan stays
+  }
 }
 
 // The active plan's prediction: its plan-time replay, with the runner's measured host time and the
@@ -285,6 +335,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
                                 active_->recorded_host_us);
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();
+      replan_for_host();
     }
     if (mode_ == Mode::kProfiling) {
       profiled_++;
@@ -525,6 +576,10 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   CachedPlan cp;
   cp.schedule = std::make_shared<const runtime::Schedule>(
       compile_schedule(rec, plan, recorder_.signatures()));
+  cp.signatures = recorder_.signatures();
+  cp.tensors = std::move(rec.tensors);
+  cp.planner_options = po;
+  cp.iteration_signature = iteration_signature;
   cp.ops = recorder_.take_operators();
   cp.predicted_us = plan_predicted_us_;
   cp.plan = std::make_shared<const Plan>(std::move(plan));

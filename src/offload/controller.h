@@ -103,6 +103,8 @@ class Controller {
   // The step runs the installed plan (no drift so far).
   bool planned_now() const { return in_step() && mode_ == Mode::kPlanned && !iteration_reactive_; }
   size_t plans_cached() const { return cache_.size(); }
+  // Plans made again for the planned steps' host times (Note [Plans for the host that runs them]).
+  uint64_t host_replans() const { return host_replans_; }
 
   // --- steps --------------------------------------------------------------------------------
   // Begins a step: resets its errors, puts tensors within the budget and where the plan starts.
@@ -175,6 +177,14 @@ class Controller {
     std::shared_ptr<const Plan> plan;
     double predicted_us = 0;
     double recorded_host_us = 0;  // the trace's host times, summed (Note [Host times of planned steps])
+    // Note [Plans for the host that runs them]: what planning again needs (the recording's tensors,
+    // the iteration's signatures, the planner's options) and the scale of the recorded host times
+    // the plan was made for (1: as recorded).
+    std::vector<RecordedTensor> tensors;
+    std::vector<uint64_t> signatures;
+    PlannerOptions planner_options;
+    double host_scale = 1;
+    uint64_t iteration_signature = 0;
   };
   void note_drift(uint32_t k, StepBinding& binding);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
@@ -241,6 +251,8 @@ class Controller {
   std::vector<double> host_samples_;
   double host_scale_used_ = 1;
   bool note_host_scale();
+  void replan_for_host();
+  uint64_t host_replans_ = 0;  // plans made again for the planned steps' host times
   // Note [Predicting steps in backward] in controller.cpp: whether to predict, and the prediction.
   bool predict_in_backward_ = false;
   double predicted_in_backward_us_ = 0;
