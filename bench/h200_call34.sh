@@ -8,7 +8,8 @@
 #         (TORCH_GPU_BITWISE_ONLY=1 bench/torch_gpu.py) with the new plans.
 #   amp:  llama-1b in bf16 autocast at 1/2 and 1/4 with steps in backward, alone and with deep
 #         chains and writebacks, one profiled step each (TIMELINE=1): host time per step and the
-#         Session's predictions with its own host time (session 33).
+#         Session's predictions with its own host time (session 33); 6 warm-up steps (WARMUP), so
+#         that the plan is made again for the planned steps' host times before the measured ones.
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/h200_call34.sh fp32|amp
 #   (fp32 with DEEP=0 and BITWISE=0: the plain plan and FSDP2 alone, a short call; REPEATS=3: each
 #   teraio run three times, for the spread between runs; PEER=0: without FSDP2)
@@ -55,7 +56,7 @@ fp32)
   fi
   ;;
 amp)
-  FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS="2 4" TIMELINE=1 \
+  WARMUP=${WARMUP:-6} FOOTPRINT_llama_1b_amp=25516927488 RC_DTYPES=amp RC_FRACS="2 4" TIMELINE=1 \
     RC_MODES="step-in-backward step-in-backward+deep-recompute+writebacks" bash bench/h200_run.sh recompute > /dev/null 2>&1
   ;;
 esac

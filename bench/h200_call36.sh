@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 ||
 case ${1:?usage: bench/h200_call36.sh 8b|fp32} in
 8b)
   bash bench/h200_run.sh real ideal-8b-amp-b2-fused > /dev/null 2>&1
-  TIMELINE=1 bash bench/h200_run.sh real teraio-host-inbwd-8b-amp > /dev/null 2>&1
+  WARMUP=5 TIMELINE=1 bash bench/h200_run.sh real teraio-host-inbwd-8b-amp > /dev/null 2>&1
   ;;
 fp32)
   bash bench/h200_run.sh real teraio-inbwd-hostdisk-8b-fp32-s4096 > /dev/null 2>&1

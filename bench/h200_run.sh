@@ -54,6 +54,9 @@
 #   bash bench/h200_run.sh peers1b                           (the peers without checkpointing, again)
 #   bash bench/h200_run.sh real inbwd-hostdisk               (the 8B in fp32 at 1 x 4096, host + disk)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
+# WARMUP=N: llm_bench's --warmup for every run (default 3: 2 profiled, 1 planned); 6 lets the Session
+# plan again for the planned steps' host times before the measured steps (Note [Plans for the host
+# that runs them] in src/offload/controller.cpp: after 3 planned steps).
 # TIMELINE=1: every llm_bench run also profiles one step after the measured ones (bench/timeline.py;
 # its Chrome trace beside the result, its summary in the result's "timeline").
 # Usage (repo root on the GPU machine, build-gpu/, build-train-gpu/, build-gpudeps/ and .whl/ carried):
@@ -83,7 +86,7 @@ bench() {
   [[ -n $FILTER && $name != *$FILTER* ]] && return 0
   step "bench $name: $*"
   rm -f "$R/$name.json"
-  timeout --signal=INT --kill-after=20 "$limit" $PY bench/llm_bench.py --steps "$STEPS" --out "$R/$name.json" \
+  timeout --signal=INT --kill-after=20 "$limit" $PY bench/llm_bench.py --steps "$STEPS" ${WARMUP:+--warmup "$WARMUP"} --out "$R/$name.json" \
     ${TIMELINE:+--timeline "$R/timeline-$name.json.xz"} "$@"
   local rc=$?
   echo "rc=$rc for $name"
