@@ -40,19 +40,15 @@
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
-# Still to measure (docs/benchmarks.md, "Host time per operator in planned steps" and "Recompute
-# chains, writebacks and the peers with checkpointing on the H200"), one device call each (< 10 min),
-# in this order; footprints as measured on 2026-12-04:
-#   bash bench/h200_call32.sh                                (on an H200: llama-1b autocast 1/2 and 1/4 with
-#                                                             and without deep chains + writebacks: host time
-#                                                             per step and the host lane's predictions, with and
-#                                                             without the Session's own measured host time
-#                                                             (plan_predicted_us, runner_host_us_per_operator);
-#                                                             teraio at FSDP2 + checkpointing's 4.11 GiB)
-#   OUT=... bash bench/host_profile.sh                       (where the host's time goes, under perf)
-#   bash bench/h200_run.sh real largest-inbwd
-#   bash bench/h200_run.sh peers1b                           (the peers without checkpointing, again)
-#   bash bench/h200_run.sh real inbwd-hostdisk               (the 8B in fp32 at 1 x 4096, host + disk)
+# Still to measure (issue 16; docs/benchmarks.md, "Autocast predictions with the counted waits, and
+# plans for the host that runs them"), one device call each (< 10 min), in this order, on an H200
+# (the 8B does not fit an H100):
+#   bash bench/ideal_8b_batches.sh          (the 8B's Ideal at batch 2 and 4, no install needed)
+#   bash bench/h200_call36.sh 8b            (Ideal at batch 2, then the 8B as a user runs it, with a timeline)
+#   bash bench/h200_call36.sh fp32          (the 8B in fp32 at 1 x 4096 on host + disk; LARGEST=1 adds
+#                                            the largest model, or `bash bench/h200_run.sh real largest-inbwd`)
+#   bash bench/h200_call34.sh amp           (autocast with plans made again for the host, on an H200)
+#   bash bench/h200_run.sh real fsdp2-8b-amp, real ds-infinity   (the 8B peers not run yet: error rows)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
 # WARMUP=N: llm_bench's --warmup for every run (default 3: 2 profiled, 1 planned); 6 lets the Session
 # plan again for the planned steps' host times before the measured steps (Note [Plans for the host
