@@ -176,22 +176,24 @@ bool Controller::note_host_scale() {
 // it is the plan for a slower host: on an H100 two profiles of the same autocast llama-1b at 1/2,
 // recorded with 231 and 308 ms of host time, were planned to 234 and 310 ms, and the second ran
 // at 310 ms; planned with its host times scaled to the first's, the second profile predicts 234
-// ms too (docs/benchmarks.md, "Plans for the host that runs them"). So once kMinHostSamples
-// planned steps have measured the scale and it differs by more than a tenth from the one the
-// active plan was made for, the trace is planned again (the same planner options) with its host
-// times scaled so, and the new plan replaces the active one when its replay, with the runner's
-// host time, is more than 2% faster than the active plan's on the same scaled trace. Each cached
-// plan is planned again at most once per such change of scale; a planner error keeps the active
-// plan. The new plan takes effect from the next step (its start placement is aligned to, as
-// after any install); stats()["plan_variant"] says it was planned again, and plan_path gets it.
+// ms too (docs/benchmarks.md, "Autocast predictions with the counted waits, and plans for the host
+// that runs them"). So once kMinHostSamples planned steps have measured the scale and it is below
+// 0.9, the trace is planned again (the same planner options) with its host times scaled so, and
+// the new plan replaces the active one when its replay, with the runner's host time, is more than
+// 2% faster than the active plan's on the same scaled trace. Once per cached plan: the scale
+// corrects the recording's systematic overstatement, and later samples move with the host's noise
+// (relatively most where the host times are small), which must not cost a search every few steps.
+// A planner error keeps the active plan. The new plan takes effect from the next step (its start
+// placement is aligned to, as after any install); stats()["plan_variant"] says it was planned
+// again, and plan_path gets it.
 void Controller::replan_for_host() {
   if (!active_ || !active_->trace || !active_->plan || host_samples_.size() < kMinHostSamples) return;
   const double scale = host_scale_used_;
-  if (std::abs(scale - active_->host_scale) <= 0.1 * active_->host_scale) return;
+  if (active_->host_replan_tried || scale > 0.9) return;
   auto it = cache_.find(active_->iteration_signature);
   if (it == cache_.end() || &it->second != active_) return;
   CachedPlan& slot = it->second;
-  slot.host_scale = scale;  // tried at this scale: not again unless it changes
+  slot.host_replan_tried = true;
   try {
     Trace scaled = *slot.trace;
     for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)

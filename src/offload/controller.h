@@ -178,12 +178,11 @@ class Controller {
     double predicted_us = 0;
     double recorded_host_us = 0;  // the trace's host times, summed (Note [Host times of planned steps])
     // Note [Plans for the host that runs them]: what planning again needs (the recording's tensors,
-    // the iteration's signatures, the planner's options) and the scale of the recorded host times
-    // the plan was made for (1: as recorded).
+    // the iteration's signatures, the planner's options), and whether it was tried.
     std::vector<RecordedTensor> tensors;
     std::vector<uint64_t> signatures;
     PlannerOptions planner_options;
-    double host_scale = 1;
+    bool host_replan_tried = false;
     uint64_t iteration_signature = 0;
   };
   void note_drift(uint32_t k, StepBinding& binding);
