@@ -2,7 +2,8 @@
 """One line per bench/llm_bench.py result, for a device call's output (bench/h200_call32.sh,
 bench/h200_call34.sh): each measured step and their median, GPU max allocated, and for teraio the
 Session's prediction (with its plan-time replay and its own host time per operator), the callbacks'
-host time, the recomputes, moves and full sweeps per measured step. A failed run prints its error;
+host time, the recomputes, moves and full sweeps per measured step, the warm-up steps and the plan's
+variant (which says when the Session planned again for its host times). A failed run prints its error;
 a path that does not exist (an unmatched glob) is skipped.
 
     python3 bench/run_summary.py RESULT.json ...
@@ -29,5 +30,7 @@ for path in sys.argv[1:]:
                                                             st.get("runner_host_us_per_operator", 0)),
                  "hook %.1f ms/step" % (d["hook_us"] / n / 1e3),
                  "recompute %.1f ms" % (d["recompute_us"] / n / 1e3), "n %d" % (d["recomputes"] / n),
-                 "moves %d" % (d["plan_moves"] / n), "full sweeps %d" % (d.get("full_sweeps", 0) / n)]
+                 "moves %d" % (d["plan_moves"] / n), "full sweeps %d" % (d.get("full_sweeps", 0) / n),
+                 "warm-up steps " + " ".join("%.3f" % s for s in r.get("warmup_step_s", [])),
+                 "variant '%s'" % st.get("plan_variant", "")]  # says when it was planned again for the host
     print(*line)
