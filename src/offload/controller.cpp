@@ -212,7 +212,7 @@ void Controller::replan_for_host() {
     slot.schedule = std::move(schedule);
     slot.plan = std::make_shared<const Plan>(std::move(plan));
     plan_predicted_us_ = slot.predicted_us;
-    plan_variant_ = fmt::format("{}; planned again for host times x{:.2f} of the recording's", variant, scale);
+    slot.variant = fmt::format("{}; planned again for host times x{:.2f} of the recording's", variant, scale);
     host_replans_++;
     install(&slot);  // the same slot: the host samples stay
   } catch (const std::exception&) {
@@ -247,6 +247,7 @@ void Controller::install(const CachedPlan* p) {
     host_scale_used_ = 1;
   }
   active_ = p;
+  plan_variant_ = p->variant;  // a cache hit's too
   predict_active();
   engine_.set_schedule(p->schedule);
   mode_ = Mode::kPlanned;
@@ -582,6 +583,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   cp.tensors = std::move(rec.tensors);
   cp.planner_options = po;
   cp.iteration_signature = iteration_signature;
+  cp.variant = plan_variant_;
   cp.ops = recorder_.take_operators();
   cp.predicted_us = plan_predicted_us_;
   cp.plan = std::make_shared<const Plan>(std::move(plan));

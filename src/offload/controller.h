@@ -184,6 +184,7 @@ class Controller {
     PlannerOptions planner_options;
     bool host_replan_tried = false;
     uint64_t iteration_signature = 0;
+    std::string variant;  // which of the planner's variants (SessionStats::plan_variant)
   };
   void note_drift(uint32_t k, StepBinding& binding);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
@@ -233,7 +234,7 @@ class Controller {
   uint64_t drift_events_ = 0;
   uint64_t budget_violations_ = 0;
   uint64_t plan_budget_bytes_ = 0;     // the budget the last plan was made for
-  std::string plan_variant_;           // which of the planner's variants the last plan is
+  std::string plan_variant_;           // which of the planner's variants the active plan is
   double profiled_kernel_us_ = 0;  // the last trace's operator times, summed
   double predicted_iteration_us_ = 0;  // the last plan's steady-state step in the simulator
   double plan_predicted_us_ = 0;       // the same without the runner's host time

@@ -335,6 +335,21 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
   EXPECT_EQ(s.lost_tensors, 0u);
   EXPECT_LE(s.step_peak_resident_bytes, kBudget);
   EXPECT_TRUE(persistent_intact());
+  // Another shape (a drift, its own plan), then back: the cache serves the plan made again, and
+  // stats() names it.
+  std::vector<FakeOp> longer = ControllerChain();
+  longer.push_back({"extra", {"w1"}, {{"x", 8 << 10}}});
+  ASSERT_EQ(run(longer), "");
+  EXPECT_EQ(ctl_->plans_cached(), 2u);
+  EXPECT_EQ(stats().plan_variant.find("planned again"), std::string::npos) << "the new shape's own plan";
+  ASSERT_EQ(run(ControllerChain()), "");
+  ASSERT_EQ(run(ControllerChain()), "");
+  const SessionStats back = stats();
+  EXPECT_EQ(ctl_->plans_cached(), 2u) << "a cache hit";
+  EXPECT_NE(back.plan_variant.find("planned again for host times"), std::string::npos) << back.plan_variant;
+  EXPECT_EQ(back.drift_events, 2u);
+  EXPECT_EQ(back.budget_violations, 0u);
+  EXPECT_TRUE(persistent_intact());
 }
 
 TEST_F(ControllerTest, WithoutRecomputeThePlanOnlyMoves) {
