@@ -134,6 +134,14 @@ double median_of_last(std::vector<double>& samples) {
   return sorted[sorted.size() / 2];
 }
 
+// The trace with every operator's host time times `scale` (Note [Host times of planned steps]).
+Trace with_host_times_scaled(const Trace& trace, double scale) {
+  Trace scaled = trace;
+  for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)
+    scaled.set_kernel_host_us(k, trace.kernel_host_us(k) * scale);
+  return scaled;
+}
+
 double wall_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -195,9 +203,7 @@ void Controller::replan_for_host() {
   CachedPlan& slot = it->second;
   slot.host_replan_tried = true;
   try {
-    Trace scaled = *slot.trace;
-    for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)
-      scaled.set_kernel_host_us(k, slot.trace->kernel_host_us(k) * scale);
+    const Trace scaled = with_host_times_scaled(*slot.trace, scale);
     std::string variant;
     Plan plan = plan_for(scaled, slot.planner_options, &variant);
     const double active_us = predicted_iteration_us_;  // predict_active: the same scaled replay
@@ -206,7 +212,9 @@ void Controller::replan_for_host() {
     Recording rec;
     rec.trace = *slot.trace;
     rec.tensors = slot.tensors;
-    auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, plan, slot.signatures));
+    std::vector<uint64_t> signatures;  // the recorded iteration's, as the active schedule has them
+    for (const runtime::Schedule::Operator& op : slot.schedule->operators) signatures.push_back(op.signature);
+    auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, plan, signatures));
     slot.predicted_us = steady_iteration_us(scaled, plan);
     if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);
     slot.schedule = std::move(schedule);
@@ -231,12 +239,7 @@ void Controller::predict_active() {
     predicted_iteration_us_ = p->predicted_us;
     return;
   }
-  Trace scaled;
-  if (!as_recorded) {
-    scaled = *p->trace;
-    for (KernelIndex k = 0; k < scaled.num_kernels(); ++k)
-      scaled.set_kernel_host_us(k, p->trace->kernel_host_us(k) * host_scale_used_);
-  }
+  const Trace scaled = as_recorded ? Trace() : with_host_times_scaled(*p->trace, host_scale_used_);
   predicted_iteration_us_ =
       steady_iteration_us(as_recorded ? *p->trace : scaled, *p->plan, runner_us_used_, as_recorded);
 }
@@ -579,7 +582,6 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   CachedPlan cp;
   cp.schedule = std::make_shared<const runtime::Schedule>(
       compile_schedule(rec, plan, recorder_.signatures()));
-  cp.signatures = recorder_.signatures();
   cp.tensors = std::move(rec.tensors);
   cp.planner_options = po;
   cp.iteration_signature = iteration_signature;

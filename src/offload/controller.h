@@ -177,10 +177,10 @@ class Controller {
     std::shared_ptr<const Plan> plan;
     double predicted_us = 0;
     double recorded_host_us = 0;  // the trace's host times, summed (Note [Host times of planned steps])
-    // Note [Plans for the host that runs them]: what planning again needs (the recording's tensors,
-    // the iteration's signatures, the planner's options), and whether it was tried.
+    // Note [Plans for the host that runs them]: what planning again needs besides the trace and the
+    // schedule's signatures (the recording's tensors, the planner's options), and whether it was
+    // tried.
     std::vector<RecordedTensor> tensors;
-    std::vector<uint64_t> signatures;
     PlannerOptions planner_options;
     bool host_replan_tried = false;
     uint64_t iteration_signature = 0;

@@ -190,9 +190,10 @@ Location Engine::location(LogicalId id) const {
 // still running (its bytes or its tier space must outlive the copy), giving back a read's tier
 // space (wait_locked). Uncounted, they were taken for the Session's own host work (Note [The
 // runner's host time] in src/offload/controller.cpp). A wait is the CPU's: for a stream-ordered
-// write or a read on CUDA it lasts until the copy is on a copy stream, not until it ends. The CPU then launches nothing, so the GPU runs out
-// of queued work if the wait outlasts the CPU's lead: room waits beyond what the plan needed are
-// what make_room_locked avoids by completing the oldest writes first, and only as many as it must.
+// write or a read on CUDA it lasts until the copy is on a copy stream, not until it ends. The CPU
+// then launches nothing, so the GPU runs out of queued work if the wait outlasts the CPU's lead:
+// room waits beyond what the plan needed are what make_room_locked avoids by completing the oldest
+// writes first, and only as many as it must.
 void Engine::add_stall_locked(Wait what, double since_us, uint32_t tier) {
   const double dt = now_us() - since_us;
   stats_.stall_us += dt;
