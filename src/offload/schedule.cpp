@@ -113,9 +113,13 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
   s.mark_last_recomputes();
   const size_t n = std::min<size_t>(trace.num_kernels(), s.operators.size());
   for (TensorId t = 0; t < trace.num_tensors(); ++t) {
-    if (trace.tensors[t].persistent) continue;
-    if (lifetimes.used(t) && lifetimes.first_use(t) < n)
+    // A persistent tensor made anew each iteration (a gradient after zero_grad(set_to_none=True))
+    // is created by its first user like a transient one: without room for it there, a step whose
+    // resident bytes ran above the plan's before that operator went past the budget by its bytes.
+    if (lifetimes.used(t) && lifetimes.first_use(t) < n &&
+        (!trace.tensors[t].persistent || recreated(t)))
       s.operators[lifetimes.first_use(t)].created_bytes += trace.tensors[t].bytes;
+    if (trace.tensors[t].persistent) continue;
     const int64_t died_before = recording.tensors.at(t).last_alive_op + 1;
     if (died_before > 0 && died_before < static_cast<int64_t>(n))
       s.operators[died_before].deaths.push_back(recording.tensors.at(t).id);

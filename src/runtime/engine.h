@@ -223,7 +223,8 @@ struct Schedule {
     // Transient tensors that died just before operator k in the profile: forgotten there, so that
     // resident bytes are the live ones without sweeping every tensor.
     std::vector<LogicalId> deaths;
-    // Bytes of the transient tensors operator k creates in the profile: the budget is enforced at
+    // Bytes of the tensors operator k creates in the profile (transient ones, and persistent ones
+    // made anew each iteration, such as gradients set to None): the budget is enforced at
     // its start with room for them, so that a run off the plan (a skipped move, an urgent fetch)
     // cannot take its outputs past the budget.
     uint64_t created_bytes = 0;

@@ -103,8 +103,9 @@ TEST(CompileSchedule, DeathsAndCreatedBytes) {
   const uint64_t sigs[] = {1, 2, 3, 4, 5};
   const runtime::Schedule s = compile_schedule(r, make_plan_for_recording(), sigs);
   EXPECT_EQ(s.operators[1].created_bytes, 500u);
-  EXPECT_EQ(s.operators[2].created_bytes, 300u);
-  EXPECT_EQ(s.operators[0].created_bytes, 0u) << "persistent tensors are not created";
+  EXPECT_EQ(s.operators[2].created_bytes, 300u + 1000u) << "T, and G made anew at its first use";
+  EXPECT_EQ(s.operators[0].created_bytes, 0u) << "P is not created: it persists";
+  EXPECT_EQ(s.operators[4].created_bytes, 0u) << "Q is not created: it persists";
   EXPECT_EQ(s.operators[3].deaths, std::vector<LogicalId>{14}) << "T alive through 2";
   EXPECT_EQ(s.operators[4].deaths, std::vector<LogicalId>{12}) << "A alive through 3";
   EXPECT_TRUE(s.operators[0].deaths.empty());
