@@ -25,6 +25,9 @@ std::string format_bytes(double bytes);
 // "812.5 us", "12.30 ms", "1.234 s".
 std::string format_us(double us);
 
+// The steady clock in microseconds since an arbitrary epoch: for measuring durations.
+double steady_us();
+
 // Parses a strictly positive finite decimal number; throws naming `what` otherwise.
 double parse_positive_double(std::string_view text, std::string_view what);
 

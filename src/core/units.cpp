@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -23,6 +24,11 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 }  // namespace
+
+double steady_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 uint64_t parse_size(std::string_view text, std::string_view what) {
   const std::string shown(text);

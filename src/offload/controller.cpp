@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "schedule.h"
@@ -142,10 +141,6 @@ Trace with_host_times_scaled(const Trace& trace, double scale) {
   return scaled;
 }
 
-double wall_us() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 }  // namespace
 
 // True when the runner's host time used changed (the prediction is then made again).
@@ -285,7 +280,7 @@ void Controller::begin_step(StepBinding& binding) {
   iteration_reactive_ = false;
   step_hook_us0_ = binding.runner_host_us();
   step_stall_us0_ = engine_.stats().stall_us;
-  step_wall_us0_ = wall_us();
+  step_wall_us0_ = steady_us();
   // Measured afresh in each profiled iteration: in the first, tensors not yet seen (parameters
   // before their first operator) are allocated but not tracked, which would count them twice.
   if (mode_ == Mode::kProfiling) {
@@ -337,7 +332,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
         runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
       // Note [Host times of planned steps]
       if (active_->recorded_host_us > 0)
-        host_samples_.push_back(std::max(0.0, wall_us() - step_wall_us0_ - std::max(0.0, hook_us)) /
+        host_samples_.push_back(std::max(0.0, steady_us() - step_wall_us0_ - std::max(0.0, hook_us)) /
                                 active_->recorded_host_us);
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <unordered_map>
 
 #include "teraio/error.h"
@@ -15,11 +14,6 @@
 namespace teraio::runtime {
 
 namespace {
-double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 bool counts_as_resident(Location l) {
   return l == Location::kResident || l == Location::kOffloading || l == Location::kPrefetching;
 }
@@ -195,7 +189,7 @@ Location Engine::location(LogicalId id) const {
 // room waits beyond what the plan needed are what make_room_locked avoids by completing the oldest
 // writes first, and only as many as it must.
 void Engine::add_stall_locked(Wait what, double since_us, uint32_t tier) {
-  const double dt = now_us() - since_us;
+  const double dt = steady_us() - since_us;
   stats_.stall_us += dt;
   if (making_room_)
     stats_.stall_room_us += dt;
@@ -209,7 +203,7 @@ void Engine::add_stall_locked(Wait what, double since_us, uint32_t tier) {
 
 storage::IoResult Engine::wait_locked(const storage::Completion& c, Wait what, uint32_t tier) {
   if (c.ready()) return c.wait();
-  const double t0 = now_us();
+  const double t0 = steady_us();
   storage::IoResult r = c.wait();
   add_stall_locked(what, t0, tier);
   return r;
@@ -231,7 +225,7 @@ bool Engine::release_in_stream_order_locked(Entry& e) {
   if (!options_.stream_ordered_offloads || e.pending.ready()) return false;
   storage::CudaStream s = e.memory->stream();
   if (s == nullptr) return false;
-  double t0 = now_us();
+  double t0 = steady_us();
   try {
     e.pending.stream_wait(s);  // returns once the copy is enqueued, or when the write is done
   } catch (const Error&) {
@@ -270,7 +264,7 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
 
 bool Engine::complete_prefetch_locked(Entry& e) {
   if (e.loc != Location::kPrefetching) return e.loc == Location::kResident;
-  double t0 = e.pending.ready() ? 0 : now_us();
+  double t0 = e.pending.ready() ? 0 : steady_us();
   bool ok = true;
   for (int attempt = 0;; ++attempt) {
     if (storage::CudaStream s = e.memory->stream()) {
@@ -501,13 +495,13 @@ bool Engine::recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> 
   if (why.empty()) why = e.recipe->stale();
   if (why.empty()) {
     make_room_locked(e.bytes, keep);  // a shortfall is reported by the next budget check
-    const double t0 = now_us();
+    const double t0 = steady_us();
     try {
       why = e.recipe->run(*e.memory);
     } catch (const std::exception& ex) {
       why = ex.what();
     }
-    stats_.recompute_us += now_us() - t0;
+    stats_.recompute_us += steady_us() - t0;
   }
   for (Entry* in : pinned) in->pins--;
   e.recomputing = false;

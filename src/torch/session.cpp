@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -57,11 +56,6 @@ namespace {
 
 using runtime::LogicalId;
 
-double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Note [Refused tensors]: an offloaded storage has a null DataPtr, and PyTorch's untyped
 // TensorImpl::data() does not check for null (only the typed data_ptr<T>() does), so a kernel that
@@ -904,7 +898,7 @@ struct Session::Impl final : offload::StepBinding {
   }
 
   std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-    const double enter_us = now_us();
+    const double enter_us = steady_us();
     std::lock_guard lock(mu);
     auto ctx = std::make_unique<OpCtx>();
     const bool step_op = ctl->in_step() && (tl_step_thread || tl_backward > 0);
@@ -1000,13 +994,13 @@ struct Session::Impl final : offload::StepBinding {
 #endif
       ctx->gap_us = std::max(0.0, enter_us - last_op_exit_us.load(std::memory_order_relaxed));
       ctx->nested_hook_us0 = tl_nested_hook_us;
-      ctx->t0_us = now_us();
+      ctx->t0_us = steady_us();
     }
     return ctx;
   }
 
   void on_end(const at::RecordFunction& fn, OpCtx* ctx) {
-    double t1 = now_us();
+    double t1 = steady_us();
     std::lock_guard lock(mu);
     if (ctx->timer_token && timer) timer->leave();
     note_writes(*ctx);  // before anything after this operator may offload them
@@ -1315,7 +1309,7 @@ struct Session::Impl final : offload::StepBinding {
     ctl->begin_step(*this);
     tl_step_thread = true;
     op_device_us.clear();
-    last_op_exit_us.store(now_us(), std::memory_order_relaxed);
+    last_op_exit_us.store(steady_us(), std::memory_order_relaxed);
 #ifdef TERAIO_TORCH_CUDA
     op_events.clear();
     op_tokens.clear();
@@ -1353,7 +1347,7 @@ std::atomic<Session::Impl*> g_session{nullptr};
 struct HookTime {
   Session::Impl* s;
   double t0;
-  ~HookTime() { s->hook_us.fetch_add(now_us() - t0, std::memory_order_relaxed); }
+  ~HookTime() { s->hook_us.fetch_add(steady_us() - t0, std::memory_order_relaxed); }
 };
 
 std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
@@ -1388,9 +1382,9 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
         !(s->ctl->in_step() && (tl_step_thread || tl_backward > 0) && Session::Impl::reads_absent(fn)))
       return nullptr;
     try {
-      const double t0 = now_us();
+      const double t0 = steady_us();
       std::unique_ptr<at::ObserverContext> nested = s->on_nested_start(fn, top, producers);
-      tl_nested_hook_us += now_us() - t0;
+      tl_nested_hook_us += steady_us() - t0;
       return nested;
     } catch (const std::exception& e) {
       std::lock_guard lock(s->mu);
@@ -1398,7 +1392,7 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
       return nullptr;
     }
   }
-  HookTime timed{s, now_us()};
+  HookTime timed{s, steady_us()};
   try {
     if (s->ctl->fast() && s->ctl->in_step() &&
         (tl_step_thread || tl_backward > 0) && s->fast_path(fn)) {
@@ -1432,13 +1426,13 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (tl_depth > 0) tl_depth--;
   Session::Impl* s = g_session.load(std::memory_order_acquire);
   if (!s) return;
-  HookTime timed{s, now_us()};
+  HookTime timed{s, steady_us()};
   try {
     auto* nested = dynamic_cast<NestedCtx*>(ctx);
     if (ctx == nullptr || nested != nullptr) {
       if (tl_depth > 0 && (tl_top != nullptr || nested != nullptr)) {
         s->on_nested_end(fn, tl_top, nested);
-        tl_nested_hook_us += now_us() - timed.t0;
+        tl_nested_hook_us += steady_us() - timed.t0;
       }
       return;
     }
@@ -1446,7 +1440,7 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     auto* op = static_cast<OpCtx*>(ctx);
     const bool in_step = op->in_step;
     s->on_end(fn, op);
-    if (in_step) s->last_op_exit_us.store(now_us(), std::memory_order_relaxed);
+    if (in_step) s->last_op_exit_us.store(steady_us(), std::memory_order_relaxed);
   } catch (const std::exception& e) {
     std::lock_guard lock(s->mu);
     s->ctl->note_error(e.what());
