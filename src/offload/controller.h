@@ -12,7 +12,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -22,6 +24,7 @@
 #include "budget.h"
 #include "engine.h"
 #include "recorder.h"
+#include "teraio/units.h"
 #include "teraio/planner.h"
 #include "teraio/session.h"
 
@@ -54,6 +57,9 @@ struct ControllerOptions {
   // Plans may recompute chains of any depth (PlannerOptions::deep_recompute; off by default). The
   // Session turns it on with TERAIO_DEEP_RECOMPUTE=1 (docs/pytorch.md).
   bool deep_recompute = false;
+  // The host clock a step's wall time is read from, in microseconds (steady_us() when empty):
+  // tests give a fake one (Note [Plans for the host that runs them]).
+  std::function<double()> clock_us;
 };
 
 // What the controller asks of the binding layer besides the tensors' state.
@@ -105,6 +111,7 @@ class Controller {
   size_t plans_cached() const { return cache_.size(); }
   // Plans made again for the planned steps' host times (Note [Plans for the host that runs them]).
   uint64_t host_replans() const { return host_replans_; }
+  uint64_t host_replans_reverted() const { return host_replans_reverted_; }
 
   // --- steps --------------------------------------------------------------------------------
   // Begins a step: resets its errors, puts tensors within the budget and where the plan starts.
@@ -183,6 +190,17 @@ class Controller {
     std::vector<RecordedTensor> tensors;
     PlannerOptions planner_options;
     bool host_replan_tried = false;
+    // While a plan made again for the host is on trial: the plan it replaced, and that plan's
+    // best measured step (Note [Plans for the host that runs them]).
+    struct Replaced {
+      std::shared_ptr<const runtime::Schedule> schedule;
+      std::shared_ptr<const Plan> plan;
+      double predicted_us = 0;
+      std::string variant;
+      double best_step_us = 0;  // its fastest planned step, the first left out
+      double scale = 1;         // the host scale the new plan was made for
+    };
+    std::optional<Replaced> on_trial;
     uint64_t iteration_signature = 0;
     std::string variant;  // which of the planner's variants (SessionStats::plan_variant)
   };
@@ -251,8 +269,14 @@ class Controller {
   std::vector<double> host_samples_;
   double host_scale_used_ = 1;
   bool note_host_scale();
+  // Note [Plans for the host that runs them]: the wall times of the planned steps since the
+  // active plan was installed, the plan made again and its trial.
+  std::vector<double> step_us_;
   void replan_for_host();
-  uint64_t host_replans_ = 0;  // plans made again for the planned steps' host times
+  void judge_host_replan();
+  double now_us() const { return options_.clock_us ? options_.clock_us() : steady_us(); }
+  uint64_t host_replans_ = 0;           // plans made again for the host and put on trial
+  uint64_t host_replans_reverted_ = 0;  // of those, measured slower than the plan they replaced
   // Note [Predicting steps in backward] in controller.cpp: whether to predict, and the prediction.
   bool predict_in_backward_ = false;
   double predicted_in_backward_us_ = 0;

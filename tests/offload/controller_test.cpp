@@ -71,6 +71,7 @@ class ControllerTest : public ::testing::Test {
     o.budget_bytes = budget;
     o.plan_search = search_;  // by default make_plan alone: quicker, same transitions
     o.tiers = {{"host", 8 << 20, link_gbps_, link_gbps_}};
+    if (step_us_) o.clock_us = [this] { return now_us_; };
     ctl_ = std::make_unique<Controller>(*engine_, o);
     for (const char* n : {"w1", "w2", "s1", "s2"}) persistent_[n] = make_tensor(64 << 10, seed_++);
   }
@@ -162,6 +163,7 @@ class ControllerTest : public ::testing::Test {
       t->alive = false;
       t->data.clear();
     }
+    if (step_us_) now_us_ += step_us_(stats().plan_variant);
     const StepErrors errors = ctl_->end_step(b_);
     for (auto it = b_.ids.begin(); it != b_.ids.end();) {  // forget storages that died
       if (!it->first->alive) {
@@ -224,10 +226,15 @@ class ControllerTest : public ::testing::Test {
   bool rerunnable_ = false;  // outputs reported as made by a rerunnable operator (recomputable)
   double link_gbps_ = 10;
   bool search_ = false;  // plan_best (the Session's default) instead of make_plan
+  // When set, the controller's clock is fake and each step takes step_us_(plan_variant) of it
+  // (Note [Plans for the host that runs them]: steps whose wall time the test decides).
+  std::function<double(const std::string&)> step_us_;
+  double now_us_ = 0;
 };
 
 constexpr uint64_t kTight = 400 << 10;  // below the model's peak: the plan must move tensors
 constexpr uint64_t kRoomy = 64 << 20;   // everything fits: the plan has no moves
+constexpr double kProbeHostUs = 22000;  // a trace the probe of x0.7 plans 10% faster
 
 TEST_F(ControllerTest, ProfilesThenPlansAndStaysPlanned) {
   start(kTight);
@@ -307,11 +314,12 @@ TEST_F(ControllerTest, PlannedStepsMeasureTheHostTimeTheRecordingOverstated) {
 
 // Note [Plans for the host that runs them]: recorded at 200 ms of host time an operator, every plan
 // is bound by the host (its moves hide behind it) and the search keeps the first it tried; the
-// planned steps take far less outside the callbacks (microseconds, a few ms an operator under the
-// sanitizers), and once three of them have measured that, the trace is planned again with its host
-// times scaled down, where the link bounds the step and the search finds a faster plan. It
-// replaces the first, runs within the budget with every operator reading intact inputs, and is
-// planned again once, not at every step (the measured scale moves with the host's noise).
+// planned steps take far less outside the callbacks (here 20 ms a step on the test's clock), and
+// once three of them have measured that, the trace is planned again with its host times scaled
+// down, where the link bounds the step and the search finds a faster plan. It replaces the first
+// on trial, runs within the budget with every operator reading intact inputs, and is kept when
+// its steps measure faster; it is planned again once, not at every step (the measured scale moves
+// with the host's noise).
 TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) {
   // A budget and link where the plan searched for the recorded host is 34% slower on the measured
   // one than the plan searched for it, with 1 us or 5 ms of host time an operator (`teraio plan
@@ -320,6 +328,9 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
   link_gbps_ = 0.003;
   b_.host_us = 200000;
   search_ = true;
+  step_us_ = [](const std::string& variant) {
+    return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
+  };
   start(kBudget);
   for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   const SessionStats first = stats();
@@ -328,7 +339,9 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
   for (int i = 3; i < 9; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   const SessionStats s = stats();
   EXPECT_EQ(ctl_->host_replans(), 1u);
+  EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
   EXPECT_NE(s.plan_variant.find("planned again for host times"), std::string::npos) << s.plan_variant;
+  EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos) << s.plan_variant;
   EXPECT_LT(s.plan_predicted_us, 0.5 * first.plan_predicted_us) << "the new plan's replay, at the measured host";
   EXPECT_EQ(s.drift_events, 0u);
   EXPECT_EQ(s.budget_violations, 0u);
@@ -349,6 +362,65 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
   EXPECT_NE(back.plan_variant.find("planned again for host times"), std::string::npos) << back.plan_variant;
   EXPECT_EQ(back.drift_events, 2u);
   EXPECT_EQ(back.budget_violations, 0u);
+  EXPECT_TRUE(persistent_intact());
+}
+
+// The same, where the steps of the plan made again measure slower than the first plan's (the model
+// that chose it was wrong about this host): the first plan comes back, stats() says why, and the
+// trace is not planned again.
+TEST_F(ControllerTest, APlanMadeAgainThatMeasuresSlowerIsNotKept) {
+  constexpr uint64_t kBudget = 230000;
+  link_gbps_ = 0.003;
+  b_.host_us = 200000;
+  search_ = true;
+  step_us_ = [](const std::string& variant) {
+    return variant.find("planned again") == std::string::npos || variant.find("not kept") != std::string::npos
+               ? 20000.0
+               : 25000.0;
+  };
+  start(kBudget);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats first = stats();
+  for (int i = 3; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(ctl_->host_replans(), 1u) << "tried once";
+  EXPECT_EQ(ctl_->host_replans_reverted(), 1u);
+  EXPECT_EQ(s.plan_variant.rfind(first.plan_variant, 0), 0u) << "the first plan again: " << s.plan_variant;
+  EXPECT_NE(s.plan_variant.find("it ran 25.00 ms a step against 20.00 ms: not kept"), std::string::npos)
+      << s.plan_variant;
+  EXPECT_EQ(s.plan_predicted_us, first.plan_predicted_us);
+  EXPECT_EQ(s.drift_events, 0u);
+  EXPECT_EQ(s.budget_violations, 0u);
+  EXPECT_EQ(s.lost_tensors, 0u);
+  EXPECT_LE(s.step_peak_resident_bytes, kBudget);
+  EXPECT_TRUE(persistent_intact());
+}
+
+// Where the planned steps measure as much host time as the recording (a plan that keeps the device
+// waiting for the link makes the host wait inside operators, which counts as host time), the
+// trace is planned again for host times x0.7 all the same, and kept only if its steps measure
+// faster.
+TEST_F(ControllerTest, AHostMeasuredAsRecordedIsProbedWithShorterHostTimes) {
+  constexpr uint64_t kBudget = 230000;
+  link_gbps_ = 0.003;
+  b_.host_us = kProbeHostUs;
+  search_ = true;
+  const double recorded_us = 9.0 * kProbeHostUs;  // ControllerChain's 9 operators
+  step_us_ = [=](const std::string& variant) {
+    return variant.find("planned again") == std::string::npos ? recorded_us : 0.8 * recorded_us;
+  };
+  start(kBudget);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats first = stats();
+  for (int i = 3; i < 9; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(ctl_->host_replans(), 1u);
+  EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
+  EXPECT_NE(s.plan_variant.find("planned again for host times x0.70 of the recording's, kept"), std::string::npos)
+      << s.plan_variant;
+  EXPECT_LT(s.plan_predicted_us, first.plan_predicted_us);
+  EXPECT_EQ(s.budget_violations, 0u);
+  EXPECT_LE(s.step_peak_resident_bytes, kBudget);
   EXPECT_TRUE(persistent_intact());
 }
 
