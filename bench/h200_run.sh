@@ -44,10 +44,12 @@
 # plans for the host that runs them"), one device call each (< 10 min), in this order, on an H200
 # (the 8B does not fit an H100):
 #   bash bench/ideal_8b_batches.sh          (the 8B's Ideal at batch 2 and 4, no install needed)
-#   bash bench/h200_call36.sh 8b            (Ideal at batch 2, then the 8B as a user runs it, with a timeline)
+#   bash bench/h200_call36.sh 8b-teraio     (the 8B as a user runs it, 9 warm-up steps so that a plan
+#                                            made again for the host has had its trial, with a timeline)
 #   bash bench/h200_call36.sh fp32          (the 8B in fp32 at 1 x 4096 on host + disk; LARGEST=1 adds
 #                                            the largest model, or `bash bench/h200_run.sh real largest-inbwd`)
-#   bash bench/h200_call34.sh amp           (autocast with plans made again for the host, on an H200)
+#   bash bench/h200_call34.sh amp           (autocast with plans made again for the host, on an H200;
+#                                            WARMUP=9 for the trial; bench/call37.sh on any 80 GB GPU)
 #   bash bench/h200_run.sh real fsdp2-8b-amp, real ds-infinity   (the 8B peers not run yet: error rows)
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
 # WARMUP=N: llm_bench's --warmup for every run (default 3: 2 profiled, 1 planned); 6 lets the Session
