@@ -376,7 +376,10 @@ StepErrors Controller::end_step(StepBinding& binding) {
         runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
       // Note [Host times of planned steps]
       const double step_us = now_us() - step_wall_us0_;
-      step_us_.push_back(step_us);
+      // Kept only while a plan made again for the host may still be tried or is on trial (a long
+      // run's steps must not pile up).
+      if (active_->recorded_host_us > 0 && (active_->on_trial || !active_->host_replan_tried))
+        step_us_.push_back(step_us);
       if (active_->recorded_host_us > 0)
         host_samples_.push_back(std::max(0.0, step_us - std::max(0.0, hook_us)) / active_->recorded_host_us);
       const bool runner_changed = note_runner_host_us();
