@@ -305,7 +305,9 @@ recompute)
   # measured bandwidth), traces and plans kept (the simulator's prediction). RC_MODEL (llama-1b),
   # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"; each mode is a
   # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors", "step-in-backward"
-  # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks", its files named with '_' for '+'); the footprint
+  # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks", its files named with '_' for '+';
+  # since 2026-12-06 the Session plans deep recompute chains and writebacks by default: the runs without
+  # them are "step-in-backward+no-deep-recompute+no-writebacks"); the footprint
   # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
   m=${RC_MODEL:-llama-1b}
   for dt in ${RC_DTYPES:-fp32 amp}; do

@@ -197,12 +197,13 @@ def parse_args(argv=None):
                    help="teraio: Session.watch(..., step_in_backward=True): each parameter's AdamW update runs "
                         "during backward as soon as its gradient is complete, so the optimizer states move while "
                         "backward computes")
-    g.add_argument("--writebacks", action="store_true",
-                   help="teraio: TERAIO_WRITEBACKS=1 for the Session: the plan may copy a dirty tensor to its tier "
-                        "early so that its later offload is clean (docs/pytorch.md, \"Writebacks\")")
-    g.add_argument("--deep-recompute", action="store_true",
-                   help="teraio: TERAIO_DEEP_RECOMPUTE=1 for the Session: recompute chains of any depth "
-                        "(docs/pytorch.md, \"Recompute\")")
+    g.add_argument("--writebacks", action=argparse.BooleanOptionalAction, default=None,
+                   help="teraio: TERAIO_WRITEBACKS=1 (--no-writebacks: =0) for the Session: the plan may copy a "
+                        "dirty tensor to its tier early so that its later offload is clean (docs/pytorch.md, "
+                        "\"Writebacks\"; the Session's default since 2026-12-06: on)")
+    g.add_argument("--deep-recompute", action=argparse.BooleanOptionalAction, default=None,
+                   help="teraio: TERAIO_DEEP_RECOMPUTE=1 (--no-deep-recompute: =0) for the Session: recompute chains "
+                        "of any depth (docs/pytorch.md, \"Recompute\"; the Session's default since 2026-12-06: on)")
     g.add_argument("--step-in-backward-auto", action="store_true",
                    help="teraio: Session.watch(..., step_in_backward='auto'): the Session turns steps in backward on "
                         "after its first plan if it predicts them faster")
@@ -555,10 +556,10 @@ class Teraio(Ideal):
             tiers.append(teraio.FileTier([self.run_dir], int(a.disk_gib * 2**30),
                                          read_gbps=a.disk_gbps, write_gbps=a.disk_gbps))
         self.tiers_repr = [repr(t) for t in tiers]
-        if a.writebacks:
-            os.environ["TERAIO_WRITEBACKS"] = "1"  # read when the Session is made
-        if a.deep_recompute:
-            os.environ["TERAIO_DEEP_RECOMPUTE"] = "1"
+        if a.writebacks is not None:
+            os.environ["TERAIO_WRITEBACKS"] = "1" if a.writebacks else "0"  # read when the Session is made
+        if a.deep_recompute is not None:
+            os.environ["TERAIO_DEEP_RECOMPUTE"] = "1" if a.deep_recompute else "0"
         self.session = teraio.Session(budget=a.budget, tiers=tiers, profiling_iterations=a.profiling_iterations,
                                       trace_path=a.trace_out, plan_path=a.plan_out,
                                       stream_ordered_offloads=a.stream_ordered_offloads,

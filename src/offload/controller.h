@@ -52,10 +52,10 @@ struct ControllerOptions {
   // Plans may take dead tensors away for free; the engine then discards them (Note [Dead tensors]).
   bool discard_dead = true;
   // Plans may copy a tensor to its tier after its last write (PlannerOptions::writebacks; off by
-  // default). The Session turns it on with TERAIO_WRITEBACKS=1 (docs/pytorch.md).
+  // default here). The PyTorch Session turns it on unless TERAIO_WRITEBACKS=0 (docs/pytorch.md).
   bool writebacks = false;
   // Plans may recompute chains of any depth (PlannerOptions::deep_recompute; off by default). The
-  // Session turns it on with TERAIO_DEEP_RECOMPUTE=1 (docs/pytorch.md).
+  // PyTorch Session turns it on unless TERAIO_DEEP_RECOMPUTE=0 (docs/pytorch.md).
   bool deep_recompute = false;
   // The host clock a step's wall time is read from, in microseconds (steady_us() when empty):
   // tests give a fake one (Note [Plans for the host that runs them]).

@@ -1539,13 +1539,16 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   co.plan_path = s.options.plan_path;
   co.recompute = s.options.recompute;
   co.discard_dead = s.options.discard_dead;
-  // Writeback moves (docs/pytorch.md, "Writebacks"): off unless TERAIO_WRITEBACKS is set and not 0.
-  // A writeback makes its offload clean: none with clean_offloads=False.
-  if (const char* wb = std::getenv("TERAIO_WRITEBACKS"); wb != nullptr && *wb != '\0')
-    co.writebacks = std::strcmp(wb, "0") != 0 && s.options.clean_offloads;
-  // Deep recompute chains (docs/pytorch.md, "Recompute"): off unless TERAIO_DEEP_RECOMPUTE is set and not 0.
-  if (const char* dr = std::getenv("TERAIO_DEEP_RECOMPUTE"); dr != nullptr && *dr != '\0')
-    co.deep_recompute = std::strcmp(dr, "0") != 0;
+  // Writeback moves (docs/pytorch.md, "Writebacks") and deep recompute chains ("Recompute"): the
+  // search may keep plans with them (only where the simulator finds them faster) unless
+  // TERAIO_WRITEBACKS=0 / TERAIO_DEEP_RECOMPUTE=0. A writeback makes its offload clean: none with
+  // clean_offloads=False.
+  auto env_off = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  };
+  co.writebacks = !env_off("TERAIO_WRITEBACKS") && s.options.clean_offloads;
+  co.deep_recompute = !env_off("TERAIO_DEEP_RECOMPUTE");
   co.tiers = std::move(tier_specs);
   s.ctl = std::make_unique<offload::Controller>(*s.engine, std::move(co));
   // Fault messages name tensors as the trace does (engine calls are made under the Session's lock).
