@@ -192,10 +192,10 @@ const Registration kPlan{{
                    "a tensor's tail after its last use then costs a write");
       sub.add_flag("--writebacks", args->writebacks,
                    "with --search, also try plans that write dirty tensors early, while they stay "
-                   "resident (writeback moves; a Session runs them only with TERAIO_WRITEBACKS=1)");
+                   "resident (writeback moves; a Session's search tries them unless TERAIO_WRITEBACKS=0)");
       sub.add_flag("--deep-recompute", args->deep_recompute,
                    "recompute chains of any depth: inputs freed or dead at a recompute's point are made "
-                   "there too (with --search, variants that do; a Session only with TERAIO_DEEP_RECOMPUTE=1)");
+                   "there too (with --search, variants that do; a Session's search unless TERAIO_DEEP_RECOMPUTE=0)");
       return [args] { return run_plan(*args); };
     },
 }};
