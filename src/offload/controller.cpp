@@ -134,6 +134,16 @@ double median_of_last(std::vector<double>& samples) {
   return sorted[sorted.size() / 2];
 }
 
+// How plan_variant names a plan made again for the host (Note [Plans for the host that runs them]).
+std::string planned_again(double scale) {
+  return fmt::format("planned again for host times x{:.2f} of the recording's", scale);
+}
+
+// The fastest of a schedule's planned steps, its first (which aligns to the plan) left out.
+double best_step_us(const std::vector<double>& step_us) {
+  return *std::min_element(step_us.begin() + 1, step_us.end());
+}
+
 // The trace with every operator's host time times `scale` (Note [Host times of planned steps]).
 Trace with_host_times_scaled(const Trace& trace, double scale) {
   Trace scaled = trace;
@@ -204,9 +214,9 @@ void Controller::replan_for_host() {
     return;
   if (active_->host_replan_tried) return;
   const double scale = host_scale_used_ <= 0.9 ? host_scale_used_ : kProbeHostScale;
-  auto it = cache_.find(active_->iteration_signature);
-  if (it == cache_.end() || &it->second != active_) return;
-  CachedPlan& slot = it->second;
+  CachedPlan* active = active_slot();
+  if (!active) return;
+  CachedPlan& slot = *active;
   slot.host_replan_tried = true;
   try {
     const Trace scaled = with_host_times_scaled(*slot.trace, scale);
@@ -222,12 +232,12 @@ void Controller::replan_for_host() {
     for (const runtime::Schedule::Operator& op : slot.schedule->operators) signatures.push_back(op.signature);
     auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, plan, signatures));
     CachedPlan::Replaced replaced{slot.schedule, slot.plan, slot.predicted_us, slot.variant,
-                                  *std::min_element(step_us_.begin() + 1, step_us_.end()), scale};
+                                  best_step_us(step_us_), scale};
     slot.predicted_us = steady_iteration_us(scaled, plan);
     if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);
     slot.schedule = std::move(schedule);
     slot.plan = std::make_shared<const Plan>(std::move(plan));
-    slot.variant = fmt::format("{}; planned again for host times x{:.2f} of the recording's", variant, scale);
+    slot.variant = fmt::format("{}; {}", variant, planned_again(scale));
     slot.on_trial = std::move(replaced);
     host_replans_++;
     install(&slot);  // the same slot: the host samples stay
@@ -240,12 +250,12 @@ void Controller::replan_for_host() {
 // kMinHostSamples planned steps.
 void Controller::judge_host_replan() {
   if (!active_ || !active_->on_trial || step_us_.size() < kMinHostSamples) return;
-  auto it = cache_.find(active_->iteration_signature);
-  if (it == cache_.end() || &it->second != active_) return;
-  CachedPlan& slot = it->second;
+  CachedPlan* active = active_slot();
+  if (!active) return;
+  CachedPlan& slot = *active;
   CachedPlan::Replaced old = std::move(*slot.on_trial);
   slot.on_trial.reset();
-  const double best_us = *std::min_element(step_us_.begin() + 1, step_us_.end());
+  const double best_us = best_step_us(step_us_);
   if (best_us < 0.99 * old.best_step_us) {
     slot.variant += fmt::format(", kept: {} a step against {}", format_us(best_us), format_us(old.best_step_us));
     plan_variant_ = slot.variant;
@@ -255,15 +265,21 @@ void Controller::judge_host_replan() {
   slot.schedule = std::move(old.schedule);
   slot.plan = std::move(old.plan);
   slot.predicted_us = old.predicted_us;
-  slot.variant = fmt::format("{}; planned again for host times x{:.2f} of the recording's, it ran {} a step "
-                             "against {}: not kept",
-                             old.variant, old.scale, format_us(best_us), format_us(old.best_step_us));
+  slot.variant = fmt::format("{}; {}, it ran {} a step against {}: not kept", old.variant,
+                             planned_again(old.scale), format_us(best_us), format_us(old.best_step_us));
   try {
     if (!options_.plan_path.empty()) write_plan(*slot.plan, options_.plan_path);
   } catch (const std::exception& e) {
     note_error(e.what());
   }
   install(&slot);
+}
+
+// The cache's entry of the active plan, to change in place (null when the active plan is not the
+// cache's entry for its signature).
+Controller::CachedPlan* Controller::active_slot() {
+  auto it = cache_.find(active_->iteration_signature);
+  return it != cache_.end() && &it->second == active_ ? &it->second : nullptr;
 }
 
 // The active plan's prediction: its plan-time replay, with the runner's measured host time and the
@@ -375,13 +391,13 @@ StepErrors Controller::end_step(StepBinding& binding) {
       if (hook_us > 0 && ops_run > 0)
         runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
       // Note [Host times of planned steps]
-      const double step_us = now_us() - step_wall_us0_;
-      // Kept only while a plan made again for the host may still be tried or is on trial (a long
-      // run's steps must not pile up).
-      if (active_->recorded_host_us > 0 && (active_->on_trial || !active_->host_replan_tried))
-        step_us_.push_back(step_us);
-      if (active_->recorded_host_us > 0)
+      if (active_->recorded_host_us > 0) {
+        const double step_us = now_us() - step_wall_us0_;
         host_samples_.push_back(std::max(0.0, step_us - std::max(0.0, hook_us)) / active_->recorded_host_us);
+        // Kept only while a plan made again for the host may still be tried or is on trial (a long
+        // run's steps must not pile up).
+        if (active_->on_trial || !active_->host_replan_tried) step_us_.push_back(step_us);
+      }
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();
       judge_host_replan();

@@ -272,6 +272,7 @@ class Controller {
   // Note [Plans for the host that runs them]: the wall times of the planned steps since the
   // active plan was installed, the plan made again and its trial.
   std::vector<double> step_us_;
+  CachedPlan* active_slot();
   void replan_for_host();
   void judge_host_replan();
   double now_us() const { return options_.clock_us ? options_.clock_us() : steady_us(); }

@@ -226,6 +226,14 @@ class ControllerTest : public ::testing::Test {
   bool rerunnable_ = false;  // outputs reported as made by a rerunnable operator (recomputable)
   double link_gbps_ = 10;
   bool search_ = false;  // plan_best (the Session's default) instead of make_plan
+  // Note [Plans for the host that runs them]: a Session with the plan search on ControllerChain at
+  // kHostReplanBudget over a 0.003 GB/s link, recorded at `host_us` per operator, whose steps take
+  // `step_us`(plan_variant) of the fake clock; runs its 2 profiled and first planned step and
+  // returns the stats then.
+  SessionStats start_host_replan(double host_us, std::function<double(const std::string&)> step_us);
+  // What every step of those tests keeps: no drift, within the budget, nothing lost.
+  void expect_host_replan_steps_sound(const SessionStats& s);
+  static constexpr uint64_t kHostReplanBudget = 230000;
   // When set, the controller's clock is fake and each step takes step_us_(plan_variant) of it
   // (Note [Plans for the host that runs them]: steps whose wall time the test decides).
   std::function<double(const std::string&)> step_us_;
@@ -320,21 +328,35 @@ TEST_F(ControllerTest, PlannedStepsMeasureTheHostTimeTheRecordingOverstated) {
 // on trial, runs within the budget with every operator reading intact inputs, and is kept when
 // its steps measure faster; it is planned again once, not at every step (the measured scale moves
 // with the host's noise).
+SessionStats ControllerTest::start_host_replan(double host_us,
+                                               std::function<double(const std::string&)> step_us) {
+  link_gbps_ = 0.003;
+  b_.host_us = host_us;
+  search_ = true;
+  step_us_ = std::move(step_us);
+  start(kHostReplanBudget);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats first = stats();
+  EXPECT_EQ(first.mode, "planned");
+  return first;
+}
+
+void ControllerTest::expect_host_replan_steps_sound(const SessionStats& s) {
+  EXPECT_EQ(s.drift_events, 0u);
+  EXPECT_EQ(s.budget_violations, 0u);
+  EXPECT_EQ(s.lost_tensors, 0u);
+  EXPECT_LE(s.step_peak_resident_bytes, kHostReplanBudget);
+  EXPECT_TRUE(persistent_intact());
+}
+
 TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) {
   // A budget and link where the plan searched for the recorded host is 34% slower on the measured
   // one than the plan searched for it, with 1 us or 5 ms of host time an operator (`teraio plan
   // --search` and `simulate --iterations 8` of this trace: 172.9 against 129.0 ms).
-  constexpr uint64_t kBudget = 230000;
-  link_gbps_ = 0.003;
-  b_.host_us = 200000;
-  search_ = true;
-  step_us_ = [](const std::string& variant) {
+  const SessionStats first = start_host_replan(200000, [](const std::string& variant) {
     return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
-  };
-  start(kBudget);
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
-  const SessionStats first = stats();
-  ASSERT_EQ(first.mode, "planned");
+  });
+  ASSERT_FALSE(HasFailure());
   EXPECT_EQ(ctl_->host_replans(), 0u);
   for (int i = 3; i < 9; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   const SessionStats s = stats();
@@ -343,11 +365,7 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
   EXPECT_NE(s.plan_variant.find("planned again for host times"), std::string::npos) << s.plan_variant;
   EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos) << s.plan_variant;
   EXPECT_LT(s.plan_predicted_us, 0.5 * first.plan_predicted_us) << "the new plan's replay, at the measured host";
-  EXPECT_EQ(s.drift_events, 0u);
-  EXPECT_EQ(s.budget_violations, 0u);
-  EXPECT_EQ(s.lost_tensors, 0u);
-  EXPECT_LE(s.step_peak_resident_bytes, kBudget);
-  EXPECT_TRUE(persistent_intact());
+  expect_host_replan_steps_sound(s);
   // Another shape (a drift, its own plan), then back: the cache serves the plan made again, and
   // stats() names it.
   std::vector<FakeOp> longer = ControllerChain();
@@ -369,18 +387,12 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
 // that chose it was wrong about this host): the first plan comes back, stats() says why, and the
 // trace is not planned again.
 TEST_F(ControllerTest, APlanMadeAgainThatMeasuresSlowerIsNotKept) {
-  constexpr uint64_t kBudget = 230000;
-  link_gbps_ = 0.003;
-  b_.host_us = 200000;
-  search_ = true;
-  step_us_ = [](const std::string& variant) {
+  const SessionStats first = start_host_replan(200000, [](const std::string& variant) {
     return variant.find("planned again") == std::string::npos || variant.find("not kept") != std::string::npos
                ? 20000.0
                : 25000.0;
-  };
-  start(kBudget);
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
-  const SessionStats first = stats();
+  });
+  ASSERT_FALSE(HasFailure());
   for (int i = 3; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   const SessionStats s = stats();
   EXPECT_EQ(ctl_->host_replans(), 1u) << "tried once";
@@ -389,11 +401,7 @@ TEST_F(ControllerTest, APlanMadeAgainThatMeasuresSlowerIsNotKept) {
   EXPECT_NE(s.plan_variant.find("it ran 25.00 ms a step against 20.00 ms: not kept"), std::string::npos)
       << s.plan_variant;
   EXPECT_EQ(s.plan_predicted_us, first.plan_predicted_us);
-  EXPECT_EQ(s.drift_events, 0u);
-  EXPECT_EQ(s.budget_violations, 0u);
-  EXPECT_EQ(s.lost_tensors, 0u);
-  EXPECT_LE(s.step_peak_resident_bytes, kBudget);
-  EXPECT_TRUE(persistent_intact());
+  expect_host_replan_steps_sound(s);
 }
 
 // Where the planned steps measure as much host time as the recording (a plan that keeps the device
@@ -401,17 +409,11 @@ TEST_F(ControllerTest, APlanMadeAgainThatMeasuresSlowerIsNotKept) {
 // trace is planned again for host times x0.7 all the same, and kept only if its steps measure
 // faster.
 TEST_F(ControllerTest, AHostMeasuredAsRecordedIsProbedWithShorterHostTimes) {
-  constexpr uint64_t kBudget = 230000;
-  link_gbps_ = 0.003;
-  b_.host_us = kProbeHostUs;
-  search_ = true;
   const double recorded_us = 9.0 * kProbeHostUs;  // ControllerChain's 9 operators
-  step_us_ = [=](const std::string& variant) {
+  const SessionStats first = start_host_replan(kProbeHostUs, [=](const std::string& variant) {
     return variant.find("planned again") == std::string::npos ? recorded_us : 0.8 * recorded_us;
-  };
-  start(kBudget);
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
-  const SessionStats first = stats();
+  });
+  ASSERT_FALSE(HasFailure());
   for (int i = 3; i < 9; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   const SessionStats s = stats();
   EXPECT_EQ(ctl_->host_replans(), 1u);
@@ -419,9 +421,7 @@ TEST_F(ControllerTest, AHostMeasuredAsRecordedIsProbedWithShorterHostTimes) {
   EXPECT_NE(s.plan_variant.find("planned again for host times x0.70 of the recording's, kept"), std::string::npos)
       << s.plan_variant;
   EXPECT_LT(s.plan_predicted_us, first.plan_predicted_us);
-  EXPECT_EQ(s.budget_violations, 0u);
-  EXPECT_LE(s.step_peak_resident_bytes, kBudget);
-  EXPECT_TRUE(persistent_intact());
+  expect_host_replan_steps_sound(s);
 }
 
 TEST_F(ControllerTest, WithoutRecomputeThePlanOnlyMoves) {
