@@ -297,8 +297,6 @@ class Session:
                                 fault_injection=fault_injection, recompute=recompute,
                                 clean_offloads=clean_offloads, discard_dead=discard_dead)
         self._budget_bytes = budget_bytes
-        # docs/pytorch.md, "Writebacks": read when the Session is made, as the C++ side reads it.
-        self._writebacks = os.environ.get("TERAIO_WRITEBACKS", "") != "0" and clean_offloads
         self._watched = []
         self._adopted = set()  # (id(model), id(optimizer)) of the watched pairs adopted (_adopt)
         self._split = []  # optimizers whose steps teraio wraps (watch)
