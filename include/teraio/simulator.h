@@ -65,6 +65,12 @@ struct SimTransfer {
   double end_us = 0;
   uint64_t bytes = 0;
   size_t move = 0;  // index into Plan::moves
+  bool writeback = false;
+  // Kernels from kernel 0 of the last iteration (may be >= the trace's kernels: the next one): the
+  // kernel at whose end (an offload) or beginning (a prefetch) it is issued, and the kernel that
+  // waits for it.
+  int64_t issue_kernel = 0;
+  int64_t need_kernel = 0;
 };
 
 struct SimResult {
@@ -114,6 +120,10 @@ struct SimResult {
 
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
 
+// What plans are compared by (plan_best, issue_in_deadline_order): the slower of the mean
+// iteration and the last one alone (Note [Ranking plans by their later iterations], sweep.cpp).
+double ranking_us(const SimResult& r);
+
 // "parameter 6.55 GiB out / 6.55 GiB in, optimizer_state ..." for the kinds that moved, most bytes
 // first; "nothing" when nothing moved. And the same as a JSON object {"parameter": {"offload_bytes":
 // N, "prefetch_bytes": N}, ...}.
@@ -123,9 +133,11 @@ std::string bytes_by_kind_json(const SimResult& r);
 // Note [Issue in deadline order]: the same plan with each offload and prefetch issued where it
 // would begin on links that serve the transfer due first (LinkOrder::kDeadline), so that links
 // serving in issue order (the host tier's copy lanes, LinkOrder::kIssue) run them in about that
-// order. A move is only ever issued later than planned, never after its deadline. Returns the plan
-// unchanged when the result would not be valid or would not be faster under `opts` (its link
-// order, bandwidths and iterations).
+// order; and issued where a schedule that may leave a link idle for a transfer due sooner would
+// begin it (Note [Leaving the link idle for a transfer due sooner], simulator.cpp). A move is only
+// ever issued later than planned, never after its deadline. Returns the fastest under `opts` (its
+// link order, bandwidths and iterations; by ranking_us) of the two and the plan unchanged, leaving
+// out those that would not be valid.
 Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
 
 }  // namespace teraio

@@ -187,21 +187,56 @@ TEST(SimGolden, FifoLinkServesInIssueOrder) {
   EXPECT_DOUBLE_EQ(r.stall_us, 70);
 }
 
-// Note [Issue in deadline order]: on a due-first link B's prefetch (due at kernel 19) begins at
-// t=160, when kernel 12 starts (it waited for C from 120): issued at kernel 12, it comes after C's
-// (issued at 11) in issue order, and links that serve in issue order then run the plan as the
-// due-first link does (kernel 12 waits 40 us, not 70).
-TEST(SimGolden, IssuedInDeadlineOrderRunsAsTheDueFirstLink) {
+const Move& prefetch_of(const Plan& p, TensorId t) {
+  for (const Move& m : p.moves)
+    if (m.op == MoveOp::prefetch && m.tensor == t) return m;
+  throw Error("no prefetch");
+}
+
+// Note [Issue in deadline order]: issued where the due-first link begins them
+// (DueFirstIsServedFirstWithoutPreemption: C 150..160, kernel 12 waits 40 us), links that serve in
+// issue order would run the plan as the due-first link does, 40 us of stall against 70 as planned.
+// Note [Leaving the link idle for a transfer due sooner] does better: the link waits 10 us at t=100 for C
+// (issued at 110, due when kernel 11 ends at 120) instead of starting A, which would hold it to
+// 150: C 110..120, then B and A, in the order the schedule begins them (B 120..150, A 150..200).
+// Issued so (C, then B and A, all at kernel 11, in that order), kernel 12 does not wait and kernel
+// 19 (t=190) waits 10 us for A: a stall of 10 us, against 40 issued in due-first order and 70 as
+// planned. The moves one kernel issues are listed in the order they begin.
+TEST(SimGolden, IssuedInDeadlineOrderLeavesTheLinkIdleForATransferDueSooner) {
   const auto [tr, plan] = three_prefetches_case();
   const Plan moved = issue_in_deadline_order(tr, plan);
   ASSERT_EQ(moved.moves.size(), plan.moves.size());
-  EXPECT_EQ(moved.moves[4].start, 12u);  // B's prefetch
-  EXPECT_EQ(moved.moves[3].start, 10u);  // A's: begins where planned
-  EXPECT_EQ(moved.moves[5].start, 11u);  // C's: begins at t=150, kernel 11 the last begun
+  EXPECT_EQ(prefetch_of(moved, 2).start, 11u);  // C: where planned
+  EXPECT_EQ(prefetch_of(moved, 1).start, 11u);  // B: planned at 10, begins at 120
+  EXPECT_EQ(prefetch_of(moved, 0).start, 11u);  // A: planned at 10, begins at 150
+  std::vector<TensorId> order;
+  for (const Move& m : moved.moves)
+    if (m.op == MoveOp::prefetch) order.push_back(m.tensor);
+  EXPECT_EQ(order, (std::vector<TensorId>{2, 1, 0}));
   const Lifetimes lt(tr);
   EXPECT_TRUE(check_plan(tr, lt, moved).valid);
-  EXPECT_DOUBLE_EQ(simulate(tr, moved).stall_us, 40);
-  EXPECT_DOUBLE_EQ(simulate(tr, plan).stall_us, 70);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, moved, o);
+  EXPECT_DOUBLE_EQ(r.stall_us, 10);
+  expect_prefetch_span(r, 10000, 110, 120);
+  expect_prefetch_span(r, 30000, 120, 150);
+  expect_prefetch_span(r, 50000, 150, 200);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[12], 120);
+}
+
+// One kernel's transfers go on the link in the plan's order of their moves, as the runtime issues
+// them (not in the order of the tensors).
+TEST(SimGolden, OneKernelsTransfersGoInThePlansOrder) {
+  auto [tr, plan] = three_prefetches_case();
+  // A's and B's prefetches, both at kernel 10: B listed first goes first (B 100..130, A 130..180).
+  std::swap(plan.moves[3], plan.moves[4]);
+  SimOptions o;
+  o.record_timeline = true;
+  const SimResult r = simulate(tr, plan, o);
+  expect_prefetch_span(r, 30000, 100, 130);
+  expect_prefetch_span(r, 50000, 130, 180);
+  expect_prefetch_span(r, 10000, 180, 190);
 }
 
 TEST(SimGolden, KernelWaitsForOffloadToFreeMemory) {

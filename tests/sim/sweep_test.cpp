@@ -78,16 +78,20 @@ TEST(PlanBest, NeverSlowerThanTheDefaultPlanAndValid) {
     const BestPlan best = plan_best(tr, o);
     ASSERT_GE(best.variants, 2u);
     const Plan planned = make_plan(tr, o);
-    const double default_us = simulate(tr, issue_in_deadline_order(tr, planned)).iteration_us;
-    EXPECT_LE(default_us, simulate(tr, planned).iteration_us) << "trial " << trial;
+    // Plans are compared by ranking_us (Note [Ranking plans by their later iterations]); the mean
+    // is what is reported.
+    const SimResult as_issued = simulate(tr, issue_in_deadline_order(tr, planned));
+    const double default_us = as_issued.iteration_us;
+    EXPECT_LE(ranking_us(as_issued), ranking_us(simulate(tr, planned))) << "trial " << trial;
     EXPECT_DOUBLE_EQ(best.default_iteration_us, default_us) << "trial " << trial;
-    EXPECT_LE(best.iteration_us, default_us) << "trial " << trial;
-    EXPECT_DOUBLE_EQ(simulate(tr, best.plan).iteration_us, best.iteration_us) << "trial " << trial;
+    const SimResult kept = simulate(tr, best.plan);
+    EXPECT_LE(ranking_us(kept), ranking_us(as_issued)) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(kept.iteration_us, best.iteration_us) << "trial " << trial;
     EXPECT_DOUBLE_EQ(best.plan.predicted.iteration_us, best.iteration_us);
     EXPECT_DOUBLE_EQ(best.plan.tiers[0].read_gbps, 2.0) << "the plan carries the true bandwidth";
     const PlanCheck check = check_plan(tr, lt, best.plan);
     EXPECT_TRUE(check.valid) << "trial " << trial << ": " << (check.errors.empty() ? "" : check.errors[0]);
-    if (best.iteration_us < default_us) ++better;
+    if (ranking_us(kept) < ranking_us(as_issued)) ++better;
   }
   EXPECT_GT(better, 0) << "some random trace should have a better variant than the default";
 }
@@ -115,28 +119,31 @@ TEST(PlanBest, ASecondTierIsUsedOnlyWhenItPays) {
     if (trial % 3 == 2) o.tiers[0].capacity_bytes = peak / 50;  // too small to hold much
     const BestPlan best = plan_best(tr, o);
     EXPECT_TRUE(check_plan(tr, lt, best.plan).valid) << "trial " << trial;
-    EXPECT_DOUBLE_EQ(simulate(tr, best.plan).iteration_us, best.iteration_us) << "trial " << trial;
-    double fastest = best.iteration_us, fastest_first = -1;
+    const SimResult kept = simulate(tr, best.plan);
+    EXPECT_DOUBLE_EQ(kept.iteration_us, best.iteration_us) << "trial " << trial;
+    // Compared as plan_best compares them (ranking_us).
+    const double kept_us = ranking_us(kept);
+    double fastest = kept_us, fastest_first = -1;
     for (const PlanVariant& v : make_plan_variants(tr, o))
-      fastest = std::min(fastest, simulate(tr, issue_in_deadline_order(tr, v.plan)).iteration_us);
+      fastest = std::min(fastest, ranking_us(simulate(tr, issue_in_deadline_order(tr, v.plan))));
     PlannerOptions first = o;
     first.tiers.resize(1);
     try {
       for (PlanVariant& v : make_plan_variants(tr, first)) {
         v.plan.tiers = o.tiers;
-        const double us = simulate(tr, issue_in_deadline_order(tr, v.plan)).iteration_us;
+        const double us = ranking_us(simulate(tr, issue_in_deadline_order(tr, v.plan)));
         fastest = std::min(fastest, us);
         fastest_first = fastest_first < 0 ? us : std::min(fastest_first, us);
       }
     } catch (const Error&) {
       // the first tier alone cannot hold it
     }
-    EXPECT_LE(best.iteration_us, fastest * 1.02 + 1e-6) << "trial " << trial;
-    if (!uses_second(best.plan) && best.iteration_us > fastest) ++decided_by_the_rule;
+    EXPECT_LE(kept_us, fastest * 1.02 + 1e-6) << "trial " << trial << " kept " << best.variant;
+    if (!uses_second(best.plan) && kept_us > fastest) ++decided_by_the_rule;
     if (uses_second(best.plan)) {
       ++used_second;
       if (fastest_first >= 0) {
-        EXPECT_GT(fastest_first, best.iteration_us * 1.02) << "trial " << trial;
+        EXPECT_GT(fastest_first, kept_us * 1.02) << "trial " << trial;
       }
     } else {
       ++kept_first;
