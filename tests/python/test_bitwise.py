@@ -327,7 +327,10 @@ def test_clean_offloads_skip_writes_and_stay_bitwise(tmp_path, how):
 def test_dead_gradients_are_discarded_and_training_stays_bitwise(model):
     """Note [Dead tensors]: gradients freed right after optimizer.step() are never read after the
     optimizer has used them; the plan takes them away without writing them (fewer bytes written
-    than with discard_dead=False), and training is bitwise the same."""
+    than with discard_dead=False), and training is bitwise the same. The planner's own plan in both
+    runs (plan_search=False): the search keeps whichever variant the simulator finds faster, which
+    may spend the writes saved on other moves (and the CPU's operator times it plans with vary from
+    run to run)."""
     if model == "llama":
         pytest.importorskip("transformers")
         make, batch, budget = TinyLlama, token_batch(4, 16), "160KiB"
@@ -338,7 +341,7 @@ def test_dead_gradients_are_discarded_and_training_stays_bitwise(model):
     written = {}
     for discard in (True, False):
         with teraio.Session(budget=budget, tiers=[teraio.HostTier("4MiB")], min_tensor_bytes=1024,
-                            discard_dead=discard) as s:
+                            discard_dead=discard, plan_search=False) as s:
             got = train(make, batch, steps, session=s, zero_grad_after=True)
             st = s.stats()
             assert st["mode"] == "planned" and st["drift_events"] == 0, st
