@@ -43,6 +43,8 @@
 # Still to measure (issue 16; docs/benchmarks.md, "Autocast predictions with the counted waits, and
 # plans for the host that runs them"), one device call each (< 10 min), in this order, on an H200
 # (the 8B does not fit an H100):
+#   TORCH_GPU_BITWISE_ONLY=1 bash bench/torch_gpu.sh   (CUDA bitwise with the issue order of
+#                                            2026-12-06 session 38; any GPU, a short call)
 #   bash bench/ideal_8b_batches.sh          (the 8B's Ideal at batch 2 and 4, no install needed)
 #   bash bench/h200_call36.sh 8b-teraio     (the 8B as a user runs it, 9 warm-up steps so that a plan
 #                                            made again for the host has had its trial, with a timeline)
