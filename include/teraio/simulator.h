@@ -137,7 +137,9 @@ std::string bytes_by_kind_json(const SimResult& r);
 // begin it (Note [Leaving the link idle for a transfer due sooner], simulator.cpp). A move is only
 // ever issued later than planned, never after its deadline. Returns the fastest under `opts` (its
 // link order, bandwidths and iterations; by ranking_us) of the two and the plan unchanged, leaving
-// out those that would not be valid.
-Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
+// out those that would not be valid. With `as_run`, also the kept plan's replay under `opts`
+// (without a timeline), which it has made anyway.
+Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOptions& opts = {},
+                             SimResult* as_run = nullptr);
 
 }  // namespace teraio

@@ -767,9 +767,14 @@ std::vector<double> begins_leaving_idle(const Trace& trace, const Plan& plan, co
 
 }  // namespace
 
-Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOptions& opts) {
+Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOptions& opts, SimResult* as_run) {
   const size_t n = trace.num_kernels();
-  if (n == 0 || plan.moves.empty()) return plan;
+  SimOptions run_opts = opts;  // the replays compared, as run
+  run_opts.record_timeline = false;
+  if (n == 0 || plan.moves.empty()) {
+    if (as_run) *as_run = simulate(trace, plan, run_opts);
+    return plan;
+  }
   SimOptions o = opts;
   o.link_order = SimOptions::LinkOrder::kDeadline;
   o.record_timeline = true;
@@ -830,19 +835,19 @@ Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOpti
   for (size_t i = 0; i < r.transfers.size(); ++i) due_first[i] = r.transfers[i].begin_us;
   // Usually much faster; where it is not (issue order is not the due-first order everywhere, and
   // a link that serves in issue order is not monotonic), the plan as it was.
-  SimOptions as_run = opts;
-  as_run.record_timeline = false;
   Plan best = plan;
-  double best_us = ranking_us(simulate(trace, plan, as_run));
+  SimResult best_run = simulate(trace, plan, run_opts);
   // due first: kept on a tie with the plan as it was; leaving idle: only when faster than both
   bool tie_wins = true;
   for (const std::vector<double>& begin : {due_first, begins_leaving_idle(trace, plan, r)}) {
     if (std::optional<Plan> out = reissued(begin)) {
-      const double us = ranking_us(simulate(trace, *out, as_run));
-      if (us < best_us || (tie_wins && us == best_us)) best = std::move(*out), best_us = us;
+      SimResult run = simulate(trace, *out, run_opts);
+      const double us = ranking_us(run), best_us = ranking_us(best_run);
+      if (us < best_us || (tie_wins && us == best_us)) best = std::move(*out), best_run = std::move(run);
     }
     tie_wins = false;
   }
+  if (as_run) *as_run = std::move(best_run);
   return best;
 }
 

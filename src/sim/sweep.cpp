@@ -120,8 +120,7 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
   auto consider = [&](std::vector<PlanVariant> vs) {
     std::vector<SimResult> rs(vs.size());
     parallel_for(vs.size(), [&](size_t j) {
-      vs[j].plan = issue_in_deadline_order(trace, vs[j].plan, so);
-      rs[j] = simulate(trace, vs[j].plan, so);
+      vs[j].plan = issue_in_deadline_order(trace, vs[j].plan, so, &rs[j]);  // rs[j]: its replay under so
     });
     for (size_t j = 0; j < vs.size(); ++j) {
       results.push_back(std::move(rs[j]));
