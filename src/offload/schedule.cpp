@@ -36,9 +36,12 @@ runtime::Schedule compile_schedule(const Recording& recording, const Plan& plan,
   s.operators.resize(signatures.size());
   for (size_t k = 0; k < signatures.size(); ++k) s.operators[k].signature = signatures[k];
 
+  // At one kernel a read goes first: an offload or writeback listed with it (plans list one
+  // kernel's moves in the order they begin, and a writeback runs after its operator) copies the
+  // bytes that read brought, so the tensor starts the iteration out.
   auto earlier = [](const Move& a, const Move& b) {
     return a.start != b.start ? a.start < b.start
-                              : a.op == MoveOp::prefetch && b.op == MoveOp::offload;
+                              : a.op == MoveOp::prefetch && b.op != MoveOp::prefetch;
   };
   std::vector<const Move*> first(trace.num_tensors(), nullptr);
   for (const Move& m : moves)

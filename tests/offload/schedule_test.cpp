@@ -98,6 +98,31 @@ TEST(CompileSchedule, StepStartPlacement) {
   EXPECT_EQ(s.start_out[1].tier, 0u);
 }
 
+// Plans list one kernel's moves in the order they begin, so a writeback (it runs after its
+// operator) may come before the read that brings the tensor for that operator. The read still
+// decides: the tensor starts the iteration out, whatever the order of the list. (Taken as starting
+// in, every step began by reading the tensor back, over the plan's budget.)
+TEST(CompileSchedule, AReadAtTheKernelOfAWritebackStartsTheTensorOut) {
+  const Recording r = make_recording();
+  const uint64_t sigs[] = {1, 2, 3, 4, 5};
+  for (const bool writeback_first : {true, false}) {
+    Plan p = make_plan_for_recording();
+    std::erase_if(p.moves, [](const Move& m) { return m.tensor == 5; });
+    const Move read{5, MoveOp::prefetch, 0, 4, 4}, copy{5, MoveOp::writeback, 0, 4, 4},
+        out{5, MoveOp::offload, 0, 4, 4};
+    if (writeback_first) {
+      p.moves.insert(p.moves.end(), {copy, read, out});
+    } else {
+      p.moves.insert(p.moves.end(), {read, copy, out});
+    }
+    const runtime::Schedule s = compile_schedule(r, p, sigs);
+    EXPECT_FALSE(has(s.start_in, 15)) << "writeback listed first: " << writeback_first;
+    EXPECT_TRUE(std::any_of(s.start_out.begin(), s.start_out.end(),
+                            [](const Move& m) { return m.tensor == 15; }))
+        << "writeback listed first: " << writeback_first;
+  }
+}
+
 TEST(CompileSchedule, DeathsAndCreatedBytes) {
   const Recording r = make_recording();
   const uint64_t sigs[] = {1, 2, 3, 4, 5};
