@@ -174,6 +174,7 @@ struct SessionStats {
   uint64_t writebacks = 0;       // writeback copies started (TERAIO_WRITEBACKS; docs/pytorch.md)
   uint64_t writeback_bytes = 0;  // their bytes
   uint64_t stale_writebacks = 0; // copies discarded: written during the copy, or the copy failed
+  uint64_t writebacks_taken_over = 0;  // offloads that took over their writeback's running copy
   uint64_t drift_events = 0;
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;
@@ -267,6 +268,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("writebacks", &S::writebacks, K::kCounter);
   f("writeback_bytes", &S::writeback_bytes, K::kCounter);
   f("stale_writebacks", &S::stale_writebacks, K::kCounter);
+  f("writebacks_taken_over", &S::writebacks_taken_over, K::kCounter);
   f("drift_events", &S::drift_events, K::kCounter);
   f("urgent_fetches", &S::urgent_fetches, K::kCounter);
   f("evictions", &S::evictions, K::kCounter);

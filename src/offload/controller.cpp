@@ -693,6 +693,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->writebacks = e.writebacks;
   r->writeback_bytes = e.writeback_bytes;
   r->stale_writebacks = e.stale_writebacks;
+  r->writebacks_taken_over = e.writebacks_taken_over;
   r->drift_events = drift_events_;
   r->urgent_fetches = e.urgent_fetches;
   r->evictions = e.evictions;

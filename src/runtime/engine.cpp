@@ -68,6 +68,9 @@ struct Engine::Entry {
   // the tensor was reported written meanwhile (Note [Writebacks in the engine]).
   bool writing_back = false;
   bool writeback_stale = false;
+  // kOffloading on a writeback's copy that its offload took over (Note [An offload takes over its
+  // writeback's copy]): the bytes are counted in writeback_bytes, not again in bytes_offloaded.
+  bool took_over_writeback = false;
 };
 
 Engine::Engine(EngineOptions options, std::vector<EngineTier> tiers)
@@ -144,6 +147,7 @@ void Engine::forget_locked(Entry& e) {
   if (e.pending.valid()) wait_locked(e.pending, e.write_in_flight ? Wait::kWrite : Wait::kRead, e.tier);
   e.pending = {};
   e.write_in_flight = false;
+  e.took_over_writeback = false;
   e.clean = false;
   if (e.has_extent) {
     extents_[e.tier]->free(e.extent);
@@ -245,6 +249,7 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
     stats_.stream_ordered++;
   } else if (const storage::IoResult r = take_pending_locked(e); !r.ok) {
     // the bytes are still ours: give them back
+    e.took_over_writeback = false;
     e.memory->attach();
     extents_[e.tier]->free(e.extent);
     e.has_extent = false;
@@ -258,7 +263,8 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
   e.memory->drop();
   e.loc = Location::kOffloaded;
   stats_.resident_bytes -= e.bytes;
-  stats_.bytes_offloaded += e.bytes;
+  if (!e.took_over_writeback) stats_.bytes_offloaded += e.bytes;
+  e.took_over_writeback = false;
   stats_.tiers[e.tier].bytes_written += e.bytes;
 }
 
@@ -372,6 +378,7 @@ bool Engine::make_usable_locked(Entry& e, std::span<const LogicalId> spare) {
       return false;
     case Location::kOffloading: {  // used again before its memory went away: keep it
       take_pending_locked(e);
+      e.took_over_writeback = false;
       e.memory->attach();
       extents_[e.tier]->free(e.extent);
       e.has_extent = false;
@@ -536,6 +543,21 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     return e.loc == Location::kOffloading || e.loc == Location::kOffloaded;
   if (e.permanent) return false;  // every offload path ends here: a pinned tensor never leaves
   TERAIO_CHECK(tier < tiers_.size(), "offload of tensor {}: tier {} does not exist", e.id, tier);
+  if (e.writing_back && !e.writeback_stale && e.tier == tier && !e.pending.ready() &&
+      e.memory->alive()) {  // alive: not replaced by its owner (while lent it cannot have died)
+    // Note [An offload takes over its writeback's copy]: the copy running is this offload's write.
+    // The bytes go to the engine before the lent view ends, so they outlive the copy even if the
+    // tensor died meanwhile (it is then forgotten once the write has ended, like any offload's).
+    e.memory->detach();
+    e.memory->end_view();
+    e.writing_back = false;
+    e.took_over_writeback = true;
+    e.loc = Location::kOffloading;
+    e.write_seq = ++write_clock_;
+    stats_.offloads++;
+    stats_.writebacks_taken_over++;
+    return true;
+  }
   if (!settle_writeback_alive_locked(e)) return false;  // the offload relies on the copy
   if (e.clean && e.has_extent && e.tier == tier) {
     // Note [Clean offloads]: the tier already holds these bytes; only the memory goes. `pending`
@@ -580,17 +602,33 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
 // the work queued on the tensor's stream, like an offload's. When the copy has completed and no
 // write of the tensor was reported since it started (note_written marks it stale), the tensor is
 // clean (Note [Clean offloads]): its next offload to that tier frees the memory without a write.
-// An offload waits for a copy in flight (it relies on it); a stale or failed copy is discarded and
-// that offload writes as usual. The plan forbids writes between a writeback and its offload; a
-// write anyway (drift, a reactive step) only costs the write the writeback meant to save. A use of
-// the tensor (begin_use: any operator may write it) waits for a copy still in flight, so no write
-// runs while the copy reads the bytes (on CPU that would be a data race; on CUDA the use's kernels
-// are enqueued after the wait). What a binding must add: the lent bytes
+// An offload that finds the copy still running takes it over as its own write (Note [An offload
+// takes over its writeback's copy]); a stale or failed copy is discarded and that offload writes as
+// usual. The plan forbids writes between a writeback and its offload; a
+// write anyway (drift, a reactive step) only costs the write the writeback meant to save. On the
+// CPU a use of the tensor (begin_use: any operator may write it) waits for a copy still in flight,
+// so no write runs while the copy reads the bytes (that would be a data race). On a GPU it does not:
+// the copy runs on a copy stream and the use's kernels on the compute stream, a write among them
+// is reported at the end of its operator like any other and makes the copy stale, and a waiting
+// CPU would launch nothing meanwhile. What a binding must add: the lent bytes
 // must outlive the copy even if the tensor dies: the engine calls Memory::end_view once the copy
 // has ended (settle_writeback_locked, release_read_extent_locked, forget_locked, or at once when
 // the copy could not start), and the Session's binding holds the storage until then (Note [Lent
 // bytes] in src/torch/session.cpp). A binding's tensor may thus die at end_view(): whatever frees
 // or moves the memory after waiting for a copy checks alive() again (settle_writeback_alive_locked).
+// Note [An offload takes over its writeback's copy]
+// A plan's writeback is background work on the write link (docs/simulator.md, "Writebacks"): it
+// may still be running when its tensor's offload comes, which the plan allows as long as it ends
+// by the offload's deadline. The offload used to wait for it on the CPU, which then launched
+// nothing: on an H100 (llama-1b autocast at 1/4, 194 writebacks a step) the CPU waited 144 ms a
+// step for writes, the replay of its plan puts 103 of those copies past their offload's start, and
+// the step ran 445 ms against 363 predicted (docs/benchmarks.md, "Offloads that wait for their
+// writeback"). Instead the offload takes the copy over as its write: the tensor gives up its bytes
+// to the engine (Memory::detach, then end_view, so that they outlive the copy whatever happens to
+// the tensor) and is offloading, with the copy as its pending write. From there it is an offload
+// like any other: complete when the write has ended, waited for at its deadline (in stream order
+// on a GPU), and if the write fails the bytes go back to the tensor and the fault is reported as an
+// offload's. Counted in writebacks_taken_over and offloads; the bytes only in writeback_bytes.
 bool Engine::writeback(LogicalId id, uint32_t tier) {
   std::lock_guard lock(mutex_);
   Entry* e = find(id);
@@ -848,9 +886,11 @@ void Engine::begin_use(std::span<const LogicalId> ids) {
   for (LogicalId id : ids) {
     Entry* e = find(id);
     if (!e || e->loc == Location::kUnbound) continue;
-    // A use may write: it waits for a writeback copy still reading the bytes (Note [Writebacks in
-    // the engine]), so that the copy is never torn (on CPU a write during it would be a data race).
-    if (e->writing_back) settle_writeback_locked(*e, /*wait=*/true);
+    // A use may write: on the CPU it waits for a writeback copy still reading the bytes (Note
+    // [Writebacks in the engine]), as a write during it would be a data race. On a GPU it does not
+    // wait: a write during the copy is reported at the end of its operator and makes the copy stale
+    // (note_written), which its offload then does not use.
+    if (e->writing_back && e->memory->stream() == nullptr) settle_writeback_locked(*e, /*wait=*/true);
     make_usable_locked(*e, ids);  // a failure is a Fault; the pin is taken all the same
     e->pins++;
     e->last_use = ++clock_;

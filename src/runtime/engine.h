@@ -45,10 +45,12 @@ class Memory {
   // keeps them: a copy to a tier that leaves the tensor usable. nullopt (the default): this binding
   // cannot lend them, and the engine skips writebacks of its tensors.
   virtual std::optional<storage::BufferView> view() { return std::nullopt; }
-  // The copy of the bytes view() lent has ended (completed, failed, or waited for): the binding
-  // may let them go. The engine calls it exactly once per view() that returned bytes, before
-  // anything else it does with the Memory; a binding keeps the bytes alive until then even if the
-  // tensor dies meanwhile (the copy still reads them).
+  // The copy of the bytes view() lent has ended (completed, failed, or waited for), or detach()
+  // has just taken the lent bytes over for an offload that makes the running copy its write (Note
+  // [An offload takes over its writeback's copy]; detach() then keeps them until drop() or
+  // attach()): the binding may let its hold on them go. The engine calls it exactly once per view()
+  // that returned bytes, before anything else it does with the Memory but that detach(); a binding
+  // keeps the bytes alive until then even if the tensor dies meanwhile (the copy still reads them).
   virtual void end_view() {}
   // The stream on which the tensor's producers/consumers run (a cudaStream_t), nullptr on CPU.
   virtual storage::CudaStream stream() const { return nullptr; }
@@ -156,6 +158,9 @@ struct EngineStats {
   uint64_t writebacks = 0;        // writeback copies started (Note [Writebacks in the engine])
   uint64_t writeback_bytes = 0;   // their bytes
   uint64_t stale_writebacks = 0;  // copies discarded: written during the copy (a failed one is a fault)
+  // offloads that took over their writeback's copy still running as their write (Note [An
+  // offload takes over its writeback's copy]); counted in offloads, their bytes in writeback_bytes
+  uint64_t writebacks_taken_over = 0;
   uint64_t aligned = 0;        // moves made to put tensors where the plan starts (align)
   uint64_t failed_transfers = 0;  // writes and reads that failed (each is also a Fault)
   uint64_t retried_reads = 0;     // reads tried again after a failure (Note [Read retries])

@@ -202,7 +202,10 @@ class StorageMemory final : public runtime::Memory {
   // reads it, and on CPU the copy never reads freed memory. While lent, alive() stays true (the
   // engine waits for the copy before it forgets the tensor); it turns false at end_view() when the
   // tensor died meanwhile, and an offload, drop or discard that waited for the copy checks it again
-  // (settle_writeback_alive_locked), so that it never detaches a dead storage. A write while the
+  // (settle_writeback_alive_locked), so that it never detaches a dead storage. An offload that takes
+  // the running copy over (Note [An offload takes over its writeback's copy] in engine.cpp) detaches
+  // first and ends the view after: held_ then keeps the bytes until the write has ended, and a
+  // storage only the view kept alive is detached harmlessly (its DataPtr moves to held_). A write while the
   // copy runs is reported by note_writes at the end of its operator, before the tensor is unpinned
   // (an offload needs it unpinned): a copy still in flight is then stale, and one already settled
   // as clean loses that (release_clean_copy_locked), before anything could take it as clean.
