@@ -577,11 +577,12 @@ class Session:
         yield self
 
     def inject_fault(self, error: str = "EIO", direction: str = "any", count: int = 1,
-                     after: int = 0, tier: int = 0) -> None:
-        """Makes transfers of tiers[tier] fail (needs Session(..., fault_injection=True)).
+                     after: int = 0, tier: int = 0, delay_ms: float = 0) -> None:
+        """Makes transfers of tiers[tier] fail or lag (needs Session(..., fault_injection=True)).
 
         error: an errno name ("EIO", "ENOSPC", "EPERM", "EBADMSG" as a checksum mismatch reports it,
-            "ENODATA" as a truncated file does) or "short" (half the bytes move, then it fails).
+            "ENODATA" as a truncated file does), "short" (half the bytes move, then it fails) or
+            "slow" (the transfer succeeds, reported delay_ms late: a degraded disk).
         direction: "read", "write" or "any". count: how many transfers fail, after skipping `after`.
         clear_faults() removes every injected fault.
         """
@@ -591,6 +592,15 @@ class Session:
                 raise Error(f"inject_fault: {name} must be an int >= {low}, got {v!r}")
         if direction not in ("read", "write", "any"):
             raise Error(f"inject_fault: direction must be 'read', 'write' or 'any', got {direction!r}")
+        if error == "slow":
+            if isinstance(delay_ms, bool) or not isinstance(delay_ms, (int, float)) \
+                    or not 0 < delay_ms <= 3_600_000:
+                raise Error(f"inject_fault: error='slow' needs delay_ms > 0 (at most an hour), "
+                            f"got {delay_ms!r}")
+            impl.inject_fault(tier, "slow", direction, after, count, 0, int(delay_ms * 1000))
+            return
+        if delay_ms:
+            raise Error("inject_fault: delay_ms is for error='slow'")
         if error == "short":
             if direction == "any":
                 raise Error("inject_fault: error='short' needs direction 'read' or 'write'")

@@ -209,15 +209,18 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "inject_fault",
           [](teraio::Session& s, size_t tier, const std::string& kind, const std::string& direction,
-             uint64_t nth, uint64_t count, int error_code) {
+             uint64_t nth, uint64_t count, int error_code, uint64_t delay_us) {
             namespace st = teraio::storage;
             st::FaultRule r;
             if (kind == "error") {
               r.kind = st::FaultKind::kError;
             } else if (kind == "short") {
               r.kind = direction == "write" ? st::FaultKind::kShortWrite : st::FaultKind::kShortRead;
+            } else if (kind == "slow") {
+              r.kind = st::FaultKind::kSlow;
+              r.delay_us = delay_us;
             } else {
-              throw teraio::Error("inject_fault: kind must be 'error' or 'short', got '" + kind + "'");
+              throw teraio::Error("inject_fault: kind must be 'error', 'short' or 'slow', got '" + kind + "'");
             }
             if (direction == "read") {
               r.direction = st::Direction::kRead;
@@ -233,7 +236,7 @@ PYBIND11_MODULE(_C, m) {
             s.inject_fault(tier, r);
           },
           py::arg("tier"), py::arg("kind"), py::arg("direction"), py::arg("nth"), py::arg("count"),
-          py::arg("error_code"))
+          py::arg("error_code"), py::arg("delay_us") = 0)
       .def("clear_faults", &teraio::Session::clear_faults)
       .def("name_tensor", &teraio::Session::name_tensor)
       .def("adopt", &teraio::Session::adopt)

@@ -359,3 +359,36 @@ def test_an_interrupt_wins_over_a_fault_of_its_step(tmp_path):
     s.clear_faults()
     loop.run(loop.next_batch())
     s.close()
+
+
+@pytest.mark.parametrize("direction", ["write", "read"])
+def test_a_slow_tier_costs_time_and_nothing_else(tmp_path, direction):
+    """A degraded disk (inject_fault("slow")): every transfer of one direction lags from the third
+    step on. Training goes on, the Session waits for the late transfers (counted as stalls), nothing
+    fails, and the result is bitwise the run without teraio."""
+    steps = 6
+    ref = train(mlp, batch, steps)
+    with make_session(tmp_path, fault_injection=True) as s:
+        before = {}
+
+        def after_step(i, model):
+            if i == 1:
+                before.update(s.stats())
+                s.inject_fault("slow", direction=direction, count=10_000, delay_ms=3)
+
+        got = train(mlp, batch, steps, session=s, after_step=after_step)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["last_error"] == "", st
+        assert st["failed_transfers"] == 0 and st["lost_tensors"] == 0, st
+        key = "stall_write_us" if direction == "write" else "stall_read_us"
+        assert st[key] - before[key] > 3000 * (steps - 2), (before[key], st[key])
+        s.fetch_all()
+        assert_bitwise(ref, got)
+
+
+def test_slow_faults_need_a_delay(tmp_path):
+    with make_session(tmp_path, fault_injection=True) as s:
+        with pytest.raises(teraio.Error, match="delay_ms > 0"):
+            s.inject_fault("slow", direction="write")
+        with pytest.raises(teraio.Error, match="delay_ms is for error='slow'"):
+            s.inject_fault("EIO", delay_ms=3)
