@@ -157,6 +157,10 @@ struct SessionStats {
   double stall_read_us = 0;        // reads (prefetches not yet arrived or not yet enqueued)
   double stall_write_us = 0;       // writes at their planned deadline
   double stall_room_us = 0;        // writes completed or evictions made to stay within the budget
+  // parts of stall_write_us (the rest: tensors forgotten or used again while their write ran)
+  double stall_write_due_us = 0;       // offloads waited for at their deadline
+  double stall_write_readback_us = 0;  // writes a read back of their tensor had to follow
+  double stall_writeback_us = 0;       // writeback copies waited for
   double hook_us = 0;  // host time inside teraio's operator callbacks in steps (stalls included)
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
@@ -254,6 +258,9 @@ constexpr void for_each_stats_field(F&& f) {
   f("stall_read_us", &S::stall_read_us, K::kCounter);
   f("stall_write_us", &S::stall_write_us, K::kCounter);
   f("stall_room_us", &S::stall_room_us, K::kCounter);
+  f("stall_write_due_us", &S::stall_write_due_us, K::kCounter);
+  f("stall_write_readback_us", &S::stall_write_readback_us, K::kCounter);
+  f("stall_writeback_us", &S::stall_writeback_us, K::kCounter);
   f("hook_us", &S::hook_us, K::kCounter);
   f("plan_moves", &S::plan_moves, K::kCounter);
   f("skipped_moves", &S::skipped_moves, K::kCounter);

@@ -201,6 +201,11 @@ void Engine::add_stall_locked(Wait what, double since_us, uint32_t tier) {
     stats_.stall_read_us += dt;
   else
     stats_.stall_write_us += dt;
+  if (!making_room_) {
+    if (what == Wait::kWriteDue) stats_.stall_write_due_us += dt;
+    if (what == Wait::kWriteReadBack) stats_.stall_write_readback_us += dt;
+    if (what == Wait::kWriteback) stats_.stall_writeback_us += dt;
+  }
   EngineStats::Tier& t = stats_.tiers.at(tier);
   (what == Wait::kRead ? t.stall_read_us : t.stall_write_us) += dt;
 }
@@ -214,9 +219,9 @@ storage::IoResult Engine::wait_locked(const storage::Completion& c, Wait what, u
 }
 
 // Waits for the entry's transfer (the wait counts as stall), forgets it, and returns its result.
-storage::IoResult Engine::take_pending_locked(Entry& e) {
+storage::IoResult Engine::take_pending_locked(Entry& e, Wait write) {
   // a copy: resetting `pending` frees the state
-  storage::IoResult r = wait_locked(e.pending, e.loc == Location::kPrefetching ? Wait::kRead : Wait::kWrite, e.tier);
+  storage::IoResult r = wait_locked(e.pending, e.loc == Location::kPrefetching ? Wait::kRead : write, e.tier);
   e.pending = {};
   return r;
 }
@@ -235,7 +240,7 @@ bool Engine::release_in_stream_order_locked(Entry& e) {
   } catch (const Error&) {
     // failed already (so ready: false below): the bytes are still ours, the caller gives them back
   }
-  add_stall_locked(Wait::kWrite, t0, e.tier);
+  add_stall_locked(Wait::kWriteDue, t0, e.tier);
   return !e.pending.ready();
 }
 
@@ -247,7 +252,7 @@ void Engine::complete_offload_locked(Entry& e, bool wait) {
     // the write itself is checked when the tensor is read back or forgotten (finish_write_locked).
     e.write_in_flight = true;
     stats_.stream_ordered++;
-  } else if (const storage::IoResult r = take_pending_locked(e); !r.ok) {
+  } else if (const storage::IoResult r = take_pending_locked(e, Wait::kWriteDue); !r.ok) {
     // the bytes are still ours: give them back
     e.took_over_writeback = false;
     e.memory->attach();
@@ -682,7 +687,7 @@ bool Engine::settle_writeback_alive_locked(Entry& e) {
 
 void Engine::settle_writeback_locked(Entry& e, bool wait) {
   if (!e.writing_back || (!wait && !e.pending.ready())) return;
-  const storage::IoResult r = wait_locked(e.pending, Wait::kWrite, e.tier);
+  const storage::IoResult r = wait_locked(e.pending, Wait::kWriteback, e.tier);
   e.writing_back = false;
   e.memory->end_view();  // the copy no longer reads the lent bytes
   if (r.ok && !e.writeback_stale && e.loc == Location::kResident) {
@@ -736,7 +741,7 @@ std::optional<storage::Extent> Engine::fresh_extent_locked(Entry& e, uint32_t ti
 // the tensor's contents: that is an error, never a silent read of stale bytes.
 bool Engine::finish_write_locked(Entry& e) {
   if (!e.write_in_flight) return true;
-  const storage::IoResult r = take_pending_locked(e);
+  const storage::IoResult r = take_pending_locked(e, Wait::kWriteReadBack);
   e.write_in_flight = false;
   if (r.ok) return true;
   fault_locked(e, r,

@@ -177,6 +177,13 @@ struct EngineStats {
   double stall_read_us = 0;
   double stall_write_us = 0;
   double stall_room_us = 0;
+  // Parts of stall_write_us: writes due (an offload waited for at its deadline, on a GPU until
+  // its copy is queued), writes a read back had to follow, writeback copies (an offload of another
+  // tier, a drop or a discard, or on the CPU a use, waiting for one). The rest: tensors forgotten
+  // or used again while their write ran.
+  double stall_write_due_us = 0;
+  double stall_write_readback_us = 0;
+  double stall_writeback_us = 0;
   // The same per tier (engine tier order): which tier's transfers were waited for, and the bytes
   // each moved (completed). A room wait counts as the writing tier's write wait. The per-tier stalls
   // add up to stall_us, the bytes to bytes_offloaded and bytes_prefetched.
@@ -432,12 +439,15 @@ class Engine {
   bool discard_locked(Entry& e, std::string* why);
   void free_after_locked(std::span<const LogicalId> ids, bool (Engine::*free)(Entry&, std::string*),
                          std::string_view skipped);
-  enum class Wait { kRead, kWrite };
+  // What a wait was for: a read, or a write — due (an offload completed: its deadline, a step's
+  // start), before its tensor is read back (finish_write_locked), a writeback's copy
+  // (settle_writeback_locked), or another (a tensor forgotten or used again while offloading).
+  enum class Wait { kRead, kWrite, kWriteDue, kWriteReadBack, kWriteback };
   // Counts now - since_us as stall, of what and of that tier.
   void add_stall_locked(Wait what, double since_us, uint32_t tier);
   // Waits for a transfer of that tier, counting the wait (if any) as stall of `what`.
   storage::IoResult wait_locked(const storage::Completion& c, Wait what, uint32_t tier);
-  storage::IoResult take_pending_locked(Entry& e);
+  storage::IoResult take_pending_locked(Entry& e, Wait write = Wait::kWrite);
   bool release_in_stream_order_locked(Entry& e);
   void complete_offload_locked(Entry& e, bool wait);
   bool complete_prefetch_locked(Entry& e);

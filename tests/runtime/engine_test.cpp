@@ -1166,6 +1166,43 @@ TEST_F(EngineFaultTest, AnOffloadTakesOverItsWritebacksRunningCopy) {
 
 }
 
+// stall_write_us in parts (Note [Where the CPU waits]): an offload waited for at its deadline is a
+// write due, a use waiting for a writeback's copy (on the CPU) a writeback wait, and forgetting a
+// tensor that died with its write running neither.
+TEST_F(EngineFaultTest, WaitsForWritesAreCountedByWhatTheyWaitedFor) {
+  auto e = make_faulty(0);
+  auto a = make_tensor(10000, 41), b = make_tensor(10000, 42), c = make_tensor(10000, 43);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  e->bind(2, std::make_unique<FakeMemory>(c));
+  storage::FaultRule slow;
+  slow.kind = storage::FaultKind::kSlow;
+  slow.delay_us = 20000;
+  slow.count = 3;
+  slow.direction = storage::Direction::kWrite;
+  faulty_->inject(slow);
+  ASSERT_TRUE(e->offload(0, 0));
+  e->finish_offload(0);
+  EngineStats st = e->stats();
+  EXPECT_GT(st.stall_write_due_us, 5000);
+  EXPECT_EQ(st.stall_writeback_us, 0);
+  ASSERT_TRUE(e->writeback(1, 0));
+  const LogicalId ids[] = {1};
+  e->begin_use(ids);  // on the CPU a use waits for the copy
+  e->end_use(ids);
+  st = e->stats();
+  EXPECT_GT(st.stall_writeback_us, 5000);
+  ASSERT_TRUE(e->offload(2, 0));
+  c->alive = false;
+  const LogicalId dead[] = {2};
+  e->forget_dead(dead);
+  st = e->stats();
+  const double parts = st.stall_write_due_us + st.stall_write_readback_us + st.stall_writeback_us;
+  EXPECT_GT(st.stall_write_us - parts, 5000) << "the forgotten tensor's write is none of the parts";
+  EXPECT_EQ(st.stall_write_readback_us, 0) << "no stream: no write in flight behind a freed block";
+  EXPECT_EQ(st.stall_read_us + st.stall_write_us + st.stall_room_us, st.stall_us);
+}
+
 // Per-tier counters: the waits for a slow tier are that tier's, and the per-tier stalls and bytes add
 // up to the engine's totals (stats()["tiers"] says which tier a multi-tier run waited for).
 TEST_F(EngineFaultTest, StallsAndBytesAreCountedPerTier) {
