@@ -800,7 +800,8 @@ bool Engine::reclaim_extents_locked(uint32_t tier) {
   return freed;
 }
 
-bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const LogicalId> spare) {
+bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const LogicalId> spare,
+                             uint64_t also_free) {
   if (e.loc != Location::kOffloaded)
     return e.loc != Location::kUnbound && e.loc != Location::kLost && e.loc != Location::kDropped;
   if (!e.memory->alive()) {  // died out there (a gradient freed by zero_grad): nothing to read
@@ -815,7 +816,8 @@ bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const L
   // The memory is taken now: room first, so that the budget holds. When none can be made, a read
   // that can wait is not issued (the first use fetches it), one needed now goes ahead
   // (enforce_budget reports the shortfall).
-  if (room != Room::kNone && !make_room_locked(e.bytes, spare) && room == Room::kTry) return false;
+  if (room != Room::kNone && !make_room_locked(e.bytes + also_free, spare) && room == Room::kTry)
+    return false;
   storage::IoRequest req;
   req.direction = storage::Direction::kRead;
   req.buffer = e.memory->allocate();
@@ -1147,7 +1149,7 @@ size_t Engine::abandon(const std::string& why) {
   return n;
 }
 
-size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
+size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in, uint64_t also_free) {
   std::lock_guard lock(mutex_);
   size_t moved = 0;
   std::vector<Entry*> started;
@@ -1166,7 +1168,7 @@ size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in) {
     Entry* e = find(id);
     if (!e || e->loc != Location::kOffloaded || !e->memory->alive()) continue;
     event("align-fetch", *e);
-    if (prefetch_locked(*e, /*urgent=*/true, Room::kTry)) moved++;
+    if (prefetch_locked(*e, /*urgent=*/true, Room::kTry, {}, also_free)) moved++;
   }
   stats_.aligned += moved;
   note_resident_locked();
@@ -1179,7 +1181,12 @@ size_t Engine::align() {
     std::lock_guard lock(mutex_);
     s = schedule_;
   }
-  return align(s->start_out, s->start_in);
+  // Note [Room for the first operator]: the first planned step starts where the profiling steps
+  // left the tensors, which the plan does not know (the last profiled step's gradients, alive
+  // until zero_grad); reads that filled the budget there took the first operator's new tensors
+  // (the batch, seen at its first use) past it. The plan has room for them at its start.
+  const uint64_t first = s->operators.empty() ? 0 : s->operators.front().created_bytes;
+  return align(s->start_out, s->start_in, first);
 }
 
 void Schedule::add_move(const Move& m) {

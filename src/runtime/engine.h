@@ -368,9 +368,12 @@ class Engine {
   // Puts persistent tensors where the plan expects them when an iteration starts: `out` (with the
   // tier each is read back from) offloaded, `in` resident. Reactive steps, evictions and drift
   // leave tensors elsewhere; without this a plan would start from the wrong place every iteration.
-  // Offloads go first (their memory is freed before anything is read back). Returns the moves made.
-  size_t align(std::span<const Move> out, std::span<const LogicalId> in);
-  // The same for the installed schedule's start_out and start_in (none: nothing moves).
+  // Offloads go first (their memory is freed before anything is read back). A read is started
+  // only where it leaves `also_free` bytes within the budget (the first operator's new tensors);
+  // one that does not is left to the first use. Returns the moves made.
+  size_t align(std::span<const Move> out, std::span<const LogicalId> in, uint64_t also_free = 0);
+  // The same for the installed schedule's start_out and start_in (none: nothing moves), leaving
+  // room for what its first operator creates.
   size_t align();
 
   // --- schedule -------------------------------------------------------------------------------
@@ -417,8 +420,10 @@ class Engine {
   // (fetch_all), kRequired (the tensor is needed now: read even when no room can be made), kTry (a
   // read that can wait: skipped when no room can be made; its first use fetches it).
   enum class Room { kNone, kRequired, kTry };
+  // With a room other than kNone, the room made is for its bytes plus `also_free` (bytes that
+  // must still fit after it).
   bool prefetch_locked(Entry& e, bool urgent, Room room = Room::kNone,
-                       std::span<const LogicalId> spare = {});
+                       std::span<const LogicalId> spare = {}, uint64_t also_free = 0);
   bool make_room_locked(uint64_t bytes, std::span<const LogicalId> spare);
   bool reclaim_extents_locked(uint32_t tier);
   bool release_deferred_locked(uint32_t tier, bool wait);
