@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Randomized CPU stress of the Session: many small setups drawn from a seed (MLP or CNN widths and
 depths, budgets from a quarter of the footprint up, host / file / both tiers, zero_grad before or
-after the step, optimizer steps in backward, autocast to bf16, plan search on or off), each trained
+after the step, optimizer steps in backward, autocast to bf16, plan search, recompute, clean
+offloads and dead-tensor discards on or off; a tiny HF Llama too), each trained
 without teraio and with it. Every run must be bitwise identical, end in planned mode without an
 error, and keep every planned step's resident bytes within the budget. Plans depend on the CPU's
 measured operator times, so the same seed can plan differently from run to run: what this finds is
@@ -48,6 +49,31 @@ def make_cnn(width, depth):
     return make, batch
 
 
+def make_llama(width, depth):
+    import transformers  # a tiny HF Llama (needs transformers)
+
+    def make():
+        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=width, intermediate_size=2 * width,
+                                       num_hidden_layers=depth, num_attention_heads=4,
+                                       num_key_value_heads=2, max_position_embeddings=64)
+        cfg._attn_implementation = "eager"
+        return Logits(transformers.LlamaForCausalLM(cfg))
+
+    def batch(g):
+        ids = torch.randint(0, 128, (2, 17), generator=g)
+        return ids[:, :-1], ids[:, 1:].reshape(-1)
+    return make, batch
+
+
+class Logits(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids):
+        return self.m(input_ids=ids).logits.reshape(-1, 128)
+
+
 def train(make, batch, steps, cfg, session=None):
     torch.manual_seed(0)
     model = make()
@@ -88,19 +114,21 @@ def same(a, b):
 
 
 def draw(rng):
-    kind = rng.choice(["mlp", "cnn"])
-    width = rng.choice([32, 64, 128]) if kind == "mlp" else rng.choice([8, 16])
-    depth = rng.randint(1, 5)
+    kind = rng.choice(["mlp", "cnn", "llama"])
+    width = {"mlp": rng.choice([32, 64, 128]), "cnn": rng.choice([8, 16]), "llama": 32}[kind]
+    depth = rng.randint(1, 5) if kind != "llama" else rng.randint(1, 2)
     in_backward = rng.random() < 0.3
     return dict(kind=kind, width=width, depth=depth, in_backward=in_backward,
                 zero_last=rng.random() < 0.5, amp=rng.random() < 0.3,
                 foreach=False if in_backward else rng.random() < 0.3,
                 fraction=rng.choice([0.25, 0.35, 0.5, 0.7]), tiers=rng.choice(["host", "file", "both"]),
-                search=rng.random() < 0.7)
+                search=rng.random() < 0.7, recompute=rng.random() < 0.8,
+                clean_offloads=rng.random() < 0.8, discard_dead=rng.random() < 0.8)
 
 
 def run_one(cfg, steps=7):
-    make, batch = (make_mlp if cfg["kind"] == "mlp" else make_cnn)(cfg["width"], cfg["depth"])
+    maker = {"mlp": make_mlp, "cnn": make_cnn, "llama": make_llama}[cfg["kind"]]
+    make, batch = maker(cfg["width"], cfg["depth"])
     ref_model, ref_opt, _ = train(make, batch, steps, cfg)
     footprint = sum(p.numel() * 4 * 4 for p in ref_model.parameters())  # weights, grads, 2 states
     budget = max(64 << 10, int(footprint * cfg["fraction"]))
@@ -110,7 +138,9 @@ def run_one(cfg, steps=7):
                  "both": [teraio.HostTier(f"{max(16, budget // 4096)}KiB"), teraio.FileTier([d], "64MiB")]}
         try:
             with teraio.Session(budget=budget, tiers=tiers[cfg["tiers"]], min_tensor_bytes=1024,
-                                plan_search=cfg["search"]) as s:
+                                plan_search=cfg["search"], recompute=cfg["recompute"],
+                                clean_offloads=cfg["clean_offloads"],
+                                discard_dead=cfg["discard_dead"]) as s:
                 model, opt, peaks = train(make, batch, steps, cfg, session=s)
                 st = s.stats()
                 s.fetch_all()
