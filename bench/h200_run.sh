@@ -43,8 +43,18 @@
 # Still to measure (issue 16; docs/benchmarks.md, "Autocast predictions with the counted waits, and
 # plans for the host that runs them"), one device call each (< 10 min), in this order, on an H200
 # (the 8B does not fit an H100):
-#   TORCH_GPU_BITWISE_ONLY=1 bash bench/torch_gpu.sh   (CUDA bitwise with the issue order of
-#                                            2026-12-06 session 38; any GPU, a short call)
+#   TORCH_GPU_BITWISE_ONLY=1 TORCH_GPU_CASES=llama-amp,llama-amp-inbwd bash bench/torch_gpu.sh
+#                                           (CUDA bitwise with the issue order of session 38 and the
+#                                            writebacks taken over by their offloads of session 39:
+#                                            see writebacks_taken_over in torch_gpu.json; any GPU,
+#                                            ~3 min with the install; ask only with >= 6 min of
+#                                            device time left: a start is refused under 4)
+#   WARMUP=9 REPEATS=1 MODES="step-in-backward step-in-backward+no-deep-recompute+no-writebacks"
+#     bash bench/call37.sh "2 4"            (any 80 GB GPU, ~5 min: session 38's A/B again, now that
+#                                            writebacks no longer make the CPU wait; expect
+#                                            stall_writeback_us ~0 and the default's predictions
+#                                            within the -3..-11% of the runs without: python3
+#                                            bench/run_summary.py, bench/writeback_waits.py)
 #   bash bench/ideal_8b_batches.sh          (the 8B's Ideal at batch 2 and 4, no install needed)
 #   bash bench/h200_call36.sh 8b-teraio     (the 8B as a user runs it, 9 warm-up steps so that a plan
 #                                            made again for the host has had its trial, with a timeline)
