@@ -180,6 +180,7 @@ struct SessionStats {
   uint64_t stale_writebacks = 0; // copies discarded: written during the copy, or the copy failed
   uint64_t writebacks_taken_over = 0;  // offloads that took over their writeback's running copy
   uint64_t drift_events = 0;
+  uint64_t plan_switches = 0;  // steps whose first operator started another cached plan
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;
   uint64_t operators = 0;        // operators of the last step
@@ -277,6 +278,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("stale_writebacks", &S::stale_writebacks, K::kCounter);
   f("writebacks_taken_over", &S::writebacks_taken_over, K::kCounter);
   f("drift_events", &S::drift_events, K::kCounter);
+  f("plan_switches", &S::plan_switches, K::kCounter);
   f("urgent_fetches", &S::urgent_fetches, K::kCounter);
   f("evictions", &S::evictions, K::kCounter);
   f("operators", &S::operators, K::kGauge);

@@ -475,8 +475,44 @@ bool Controller::try_fast(uint64_t signature, uint32_t* k) {
   return false;
 }
 
-void Controller::drift_at(uint32_t k, StepBinding& binding) {
-  if (fast()) note_drift(k, binding);
+void Controller::drift_at(uint32_t k, uint64_t signature, StepBinding& binding) {
+  if (fast() && !switch_plan_at_start(k, signature, binding)) note_drift(k, binding);
+}
+
+// Note [A step that starts as another cached plan]: the plan installed for a step is the one
+// cached for the previous step's signature, so a loop whose shape changes now and then (an
+// epoch's last, shorter batch: a DataLoader's drop_last=False, the HF Trainer's default) drifted
+// at the first operator of the step after each change and ran it reactively, past the budget by up
+// to an operator's outputs (bench/stress_cpu.py: a 16-batch step after an 8-batch one, 20% over),
+// although a plan for its shape was cached. When the first operator's signature is not the
+// installed plan's but is another cached plan's first (one that moves something: a plan without
+// moves runs on the lock-free path, entered only at a step's start), that plan is installed
+// there and the persistent tensors are put where it starts; the step runs it as planned. Counted
+// in plan_switches, not as a drift. Several plans may share a first operator: the one cached under
+// the smallest signature is taken, and a later mismatch is a drift as before.
+bool Controller::switch_plan_at_start(uint32_t k, uint64_t signature, StepBinding& binding) {
+  if (k != 0 || mode_ != Mode::kPlanned || iteration_reactive_) return false;
+  const CachedPlan* found = nullptr;
+  uint64_t found_sig = 0;
+  for (const auto& [sig, slot] : cache_) {
+    if (&slot == active_ || !slot.schedule || slot.schedule->moves == 0 ||
+        slot.schedule->operators.empty() || slot.schedule->operators.front().signature != signature)
+      continue;
+    if (!found || sig < found_sig) {
+      found = &slot;
+      found_sig = sig;
+    }
+  }
+  if (!found) return false;
+  install(found);
+  binding.use_lean_hooks(false);
+  plan_switches_++;
+  try {
+    engine_.align();
+  } catch (const std::exception& e) {
+    note_error(e.what());  // reported by end_step; the step runs (reactively where need be)
+  }
+  return true;
 }
 
 void Controller::begin_operator(uint32_t k, uint64_t signature, const char* name,
@@ -486,10 +522,12 @@ void Controller::begin_operator(uint32_t k, uint64_t signature, const char* name
                   std::memory_order_relaxed);
   if (mode_ == Mode::kPlanned && !iteration_reactive_) {
     const std::vector<runtime::Schedule::Operator>& planned = active_->schedule->operators;
-    if (k >= planned.size() || planned[k].signature != signature)
-      note_drift(k, binding);
-    else
+    if (k < planned.size() && planned[k].signature == signature)
       engine_.before_operator(k, ids);
+    else if (switch_plan_at_start(k, signature, binding))
+      engine_.before_operator(k, ids);  // the plan installed now
+    else
+      note_drift(k, binding);
   }
   if (recording()) recorder_.add_signature(signature);
   engine_.begin_use(ids);
@@ -698,6 +736,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->stale_writebacks = e.stale_writebacks;
   r->writebacks_taken_over = e.writebacks_taken_over;
   r->drift_events = drift_events_;
+  r->plan_switches = plan_switches_;
   r->urgent_fetches = e.urgent_fetches;
   r->evictions = e.evictions;
   r->operators = last_operators_;

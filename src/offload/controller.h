@@ -131,7 +131,7 @@ class Controller {
   // Lock-free, for fast() steps: the operator at the next index has the planned signature (it is
   // counted, true) or not (false; *k is its index: call drift_at under the lock).
   bool try_fast(uint64_t signature, uint32_t* k);
-  void drift_at(uint32_t k, StepBinding& binding);
+  void drift_at(uint32_t k, uint64_t signature, StepBinding& binding);
   // The index of a new operator of the step.
   uint32_t next_operator() { return op_counter_.fetch_add(1, std::memory_order_relaxed); }
   // Operator k (name, signature) is about to run on `ids` (own_bytes: their bytes): checks the
@@ -205,6 +205,7 @@ class Controller {
     std::string variant;  // which of the planner's variants (SessionStats::plan_variant)
   };
   void note_drift(uint32_t k, StepBinding& binding);
+  bool switch_plan_at_start(uint32_t k, uint64_t signature, StepBinding& binding);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
   Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const;
@@ -250,6 +251,7 @@ class Controller {
   const CachedPlan* active_ = nullptr;
 
   uint64_t drift_events_ = 0;
+  uint64_t plan_switches_ = 0;  // Note [A step that starts as another cached plan]
   uint64_t budget_violations_ = 0;
   uint64_t plan_budget_bytes_ = 0;     // the budget the last plan was made for
   std::string plan_variant_;           // which of the planner's variants the active plan is

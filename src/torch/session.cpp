@@ -788,7 +788,7 @@ struct Session::Impl final : offload::StepBinding {
     uint32_t k = 0;
     if (ctl->try_fast(sig, &k)) return true;
     std::lock_guard lock(mu);
-    ctl->drift_at(k, *this);
+    ctl->drift_at(k, sig, *this);
     return false;  // the full path handles this operator (and the rest of the iteration)
   }
 

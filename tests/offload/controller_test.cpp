@@ -112,7 +112,7 @@ class ControllerTest : public ::testing::Test {
         fast_ops_++;  // outputs exist, untracked (the lean hooks do not see them)
         for (const auto& [name, bytes] : op.outputs) transient[name] = make_tensor(bytes, seed_++);
       } else {
-        if (ctl_->fast()) ctl_->drift_at(k, b_);
+        if (ctl_->fast()) ctl_->drift_at(k, sig, b_);
         k = ctl_->next_operator();
         std::vector<LogicalId> in_ids;
         uint64_t own = 0;
@@ -501,6 +501,32 @@ TEST_F(ControllerTest, DriftAtAnOperatorPlansTheNewShapeAndTheCacheServesBoth) {
   EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
   EXPECT_EQ(run(model()), "");
   EXPECT_EQ(stats().drift_events, 2u);
+  EXPECT_TRUE(persistent_intact());
+}
+
+// Note [A step that starts as another cached plan]: once both shapes have plans, a step of the
+// other shape starts its own plan at its first operator (a plan switch) instead of drifting there
+// and running reactively; every step within the budget.
+TEST_F(ControllerTest, AStepWhoseFirstOperatorIsAnotherPlansStartsThatPlan) {
+  start(kTight);
+  std::vector<FakeOp> other = model();
+  other[0].name = "fwd1_other";  // another shape from the first operator on
+  run(model());
+  run(model());
+  ASSERT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(run(other), "");
+  EXPECT_EQ(stats().drift_events, 1u) << "no plan for it yet: a drift, its profile";
+  EXPECT_EQ(ctl_->plans_cached(), 2u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(run(i % 2 == 0 ? model() : other), "") << i;
+    const SessionStats s = stats();
+    EXPECT_EQ(s.drift_events, 1u) << i;
+    EXPECT_EQ(s.plan_switches, static_cast<uint64_t>(i + 1)) << i;
+    EXPECT_LE(s.step_peak_resident_bytes, kTight) << i;
+    EXPECT_EQ(s.mode, "planned");
+  }
+  EXPECT_EQ(run(other), "");
+  EXPECT_EQ(stats().plan_switches, 4u) << "the plan installed fits: no switch";
   EXPECT_TRUE(persistent_intact());
 }
 

@@ -60,11 +60,44 @@ def test_drift_is_detected_and_plans_are_cached_per_shape(tmp_path):
                         min_tensor_bytes=1024, profiling_iterations=2) as s:
         got = train(mlp, None, 9, session=s, batches=batches)
         st = s.stats()
-        assert st["drift_events"] >= 2, st
+        # the first 16 drifts (and is its shape's profile); later shape changes switch plans at
+        # their first operator (test below)
+        assert st["drift_events"] >= 1 and st["drift_events"] + st["plan_switches"] >= 3, st
         assert st["plans_cached"] == 2, st
         assert st["mode"] == "planned", st
         s.fetch_all()
         assert_bitwise(ref, got)
+
+
+def test_a_step_of_a_cached_shape_runs_its_plan_from_its_first_operator(tmp_path):
+    """Two shapes alternating (an epoch's shorter last batch, at its extreme): once each has a plan,
+    a step starts its own shape's plan at its first operator (plan_switches) instead of drifting and
+    running reactively; every such step stays within the budget, and training is bitwise."""
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for i in range(12):
+        n = 32 if (i < 3 or i % 2 == 0) else 16
+        batches.append((torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)))
+    ref = train(mlp, None, 12, batches=batches)
+    seen = []
+
+    def after_step(i, model):
+        st = s.stats()
+        seen.append((i, st["drift_events"], st["plan_switches"], st["step_peak_resident_bytes"]))
+
+    with teraio.Session(budget="200KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=1024) as s:
+        got = train(mlp, None, 12, session=s, batches=batches, after_step=after_step)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["plans_cached"] == 2, st
+        s.fetch_all()
+        assert_bitwise(ref, got)
+    # steps 0-1 profiled, 2 planned, 3 the first 16: a drift and its profile; from 4 on, switches
+    drifts_at_4 = seen[4][1]
+    for i, drifts, switches, peak in seen[4:]:
+        assert drifts == drifts_at_4, seen
+        assert peak <= st["budget_bytes"], seen
+    assert seen[-1][2] - seen[3][2] == 8, seen  # steps 4-11 each began as the other shape
 
 
 def test_checkpoint_while_offloaded_is_identical(tmp_path):
