@@ -626,7 +626,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
 // may still be running when its tensor's offload comes, which the plan allows as long as it ends
 // by the offload's deadline. The offload used to wait for it on the CPU, which then launched
 // nothing: on an H100 (llama-1b autocast at 1/4, 194 writebacks a step) the CPU waited 144 ms a
-// step for writes, the replay of its plan puts 103 of those copies past their offload's start, and
+// step for writes, the replay of its plan puts 96 of those copies past their offload's start, and
 // the step ran 445 ms against 363 predicted (docs/benchmarks.md, "Offloads that wait for their
 // writeback"). Instead the offload takes the copy over as its write: the tensor gives up its bytes
 // to the engine (Memory::detach, then end_view, so that they outlive the copy whatever happens to
