@@ -1168,7 +1168,9 @@ size_t Engine::align(std::span<const Move> out, std::span<const LogicalId> in, u
     Entry* e = find(id);
     if (!e || e->loc != Location::kOffloaded || !e->memory->alive()) continue;
     event("align-fetch", *e);
-    if (prefetch_locked(*e, /*urgent=*/true, Room::kTry, {}, also_free)) moved++;
+    // Room is not made by evicting what the plan also starts with (a read of the list that has
+    // landed would otherwise be the first victim).
+    if (prefetch_locked(*e, /*urgent=*/true, Room::kTry, in, also_free)) moved++;
   }
   stats_.aligned += moved;
   note_resident_locked();

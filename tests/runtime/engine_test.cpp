@@ -584,7 +584,8 @@ TEST_F(EngineTest, AlignPutsTensorsWhereThePlanStarts) {
 
 // Note [Room for the first operator]: the reads that put tensors where the plan starts leave room
 // for what the first operator creates (the batch, seen at its first use), so the first planned
-// step does not go past the budget there; a read that does not fit so waits for its first use.
+// step does not go past the budget there; a read that does not fit so waits for its first use,
+// and none evicts another tensor the plan starts with.
 TEST_F(EngineTest, AlignLeavesRoomForTheFirstOperatorsNewTensors) {
   for (const bool room_for_first : {false, true}) {
     auto e = make(20000);
@@ -592,8 +593,8 @@ TEST_F(EngineTest, AlignLeavesRoomForTheFirstOperatorsNewTensors) {
     e->bind(0, std::make_unique<FakeMemory>(a));
     e->bind(1, std::make_unique<FakeMemory>(b));
     e->bind(2, std::make_unique<FakeMemory>(c));
-    for (LogicalId id : {1, 2}) {
-      ASSERT_TRUE(e->offload(id, 0));
+    for (LogicalId id : {1, 2}) {  // to the synchronous file tier: each read has landed at once
+      ASSERT_TRUE(e->offload(id, 1));
       e->finish_offload(id);
     }
     auto s = std::make_shared<Schedule>();
@@ -604,7 +605,9 @@ TEST_F(EngineTest, AlignLeavesRoomForTheFirstOperatorsNewTensors) {
     const LogicalId held[] = {0};
     e->begin_use(held);  // in use: no eviction makes room
     e->align();
+    // b is not evicted to make room for c: the plan starts with both
     EXPECT_NE(e->location(1), Location::kOffloaded) << room_for_first;
+    EXPECT_EQ(e->stats().evictions, 0u) << room_for_first;
     // 4000 + 7000 + 6000 fit in 20000, but not with 5000 more for the first operator
     EXPECT_EQ(e->location(2) == Location::kOffloaded, room_for_first);
     EXPECT_LE(e->stats().resident_bytes + s->operators[0].created_bytes, 20000u);
