@@ -12,12 +12,12 @@ import teraio
 from conftest import assert_bitwise, train
 
 
-def mlp():
+def mlp(width=256, depth=5, act=torch.nn.ReLU):
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    for _ in range(5):
-        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    layers = [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), act()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
 
 
 def run(loop, steps, session=None):
@@ -184,14 +184,6 @@ def test_an_owner_that_resizes_a_storage_teraio_holds_away(tmp_path):
     assert torch.UntypedStorage.__dict__.get("resize_") is None  # PyTorch's own once no Session is open
 
 
-def deep_mlp():
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(32, 32), torch.nn.ReLU()]
-    for _ in range(4):
-        layers += [torch.nn.Linear(32, 32), torch.nn.GELU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(32, 10))
-
-
 # Every planned step, the first one too, stays within the budget. The first starts where the
 # profiling steps left the tensors (their gradients alive until zero_grad), and the reads that put
 # persistent tensors where the plan starts used to fill the budget there, so the batch, seen at the
@@ -205,7 +197,7 @@ def test_every_planned_step_stays_within_the_budget(tmp_path, loop):
         with teraio.Session(budget="64KiB", tiers=[teraio.HostTier("16KiB"),
                                                    teraio.FileTier([str(tmp_path)], "64MiB")],
                             min_tensor_bytes=1024) as s:
-            model = deep_mlp()
+            model = mlp(32, 4, torch.nn.GELU)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
             s.watch(model, opt, step_in_backward=in_backward)
             g = torch.Generator().manual_seed(1)

@@ -192,4 +192,3 @@ def test_tensors_freed_after_their_writeback_stay_bitwise(tmp_path, monkeypatch)
     for setup in SETUPS:
         st, _ = train_with_writebacks(tmp_path, setup, 7, zero_grad_after=True)
         assert st["drift_events"] == 0, st
-

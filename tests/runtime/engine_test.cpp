@@ -9,6 +9,7 @@
 #include <thread>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "../common/fake_memory.h"
 #include "engine.h"
@@ -888,6 +889,16 @@ class EngineFaultTest : public EngineTest {
     r.count = count;
     faulty_->inject(r);
   }
+  // The next `count` transfers (of `direction` alone, when given) complete delay_us late.
+  void slow(uint64_t delay_us, uint64_t count,
+            std::optional<storage::Direction> direction = std::nullopt) {
+    storage::FaultRule r;
+    r.kind = storage::FaultKind::kSlow;
+    r.delay_us = delay_us;
+    r.count = count;
+    r.direction = direction;
+    faulty_->inject(r);
+  }
   std::unique_ptr<storage::FaultTier> faulty_;
 };
 
@@ -1124,11 +1135,7 @@ TEST_F(EngineFaultTest, RoomWaitsOnlyForTheOldestWritesItNeeds) {
     ts.push_back(make_tensor(10000, i));
     e->bind(i, std::make_unique<FakeMemory>(ts.back()));
   }
-  storage::FaultRule slow;
-  slow.kind = storage::FaultKind::kSlow;
-  slow.delay_us = 20000;
-  slow.count = 3;
-  faulty_->inject(slow);
+  slow(20000, 3);
   for (LogicalId id : {2, 0, 1}) ASSERT_TRUE(e->offload(id, 0));
   EXPECT_TRUE(e->enforce_budget(10000));  // 30000 resident, room for 10000 more: one write must end
   EXPECT_EQ(e->location(2), Location::kOffloaded);
@@ -1151,11 +1158,7 @@ TEST_F(EngineFaultTest, ForgettingADeadTensorWaitsForItsWriteAndCountsTheWait) {
   auto e = make_faulty(0);
   auto a = make_tensor(10000, 4);
   e->bind(0, std::make_unique<FakeMemory>(a));
-  storage::FaultRule slow;
-  slow.kind = storage::FaultKind::kSlow;
-  slow.delay_us = 20000;
-  slow.count = 1;
-  faulty_->inject(slow);
+  slow(20000, 1);
   ASSERT_TRUE(e->offload(0, 0));
   ASSERT_EQ(e->location(0), Location::kOffloading);
   a->alive = false;
@@ -1175,11 +1178,7 @@ TEST_F(EngineFaultTest, AnOffloadTakesOverItsWritebacksRunningCopy) {
   auto e = make_faulty(0);
   auto a = make_tensor(10000, 31);
   e->bind(0, std::make_unique<FakeMemory>(a));
-  storage::FaultRule slow;
-  slow.kind = storage::FaultKind::kSlow;
-  slow.delay_us = 50000;
-  slow.direction = storage::Direction::kWrite;
-  faulty_->inject(slow);
+  slow(50000, 1, storage::Direction::kWrite);
   ASSERT_TRUE(e->writeback(0, 0));
   ASSERT_TRUE(e->offload(0, 0));
   EXPECT_EQ(e->location(0), Location::kOffloading) << "the copy still runs: it is the offload's write";
@@ -1212,12 +1211,7 @@ TEST_F(EngineFaultTest, WaitsForWritesAreCountedByWhatTheyWaitedFor) {
   e->bind(0, std::make_unique<FakeMemory>(a));
   e->bind(1, std::make_unique<FakeMemory>(b));
   e->bind(2, std::make_unique<FakeMemory>(c));
-  storage::FaultRule slow;
-  slow.kind = storage::FaultKind::kSlow;
-  slow.delay_us = 20000;
-  slow.count = 3;
-  slow.direction = storage::Direction::kWrite;
-  faulty_->inject(slow);
+  slow(20000, 3, storage::Direction::kWrite);
   ASSERT_TRUE(e->offload(0, 0));
   e->finish_offload(0);
   EngineStats st = e->stats();
@@ -1251,11 +1245,7 @@ TEST_F(EngineFaultTest, StallsAndBytesAreCountedPerTier) {
     ts.push_back(make_tensor(8192, i));
     e.bind(i, std::make_unique<FakeMemory>(ts.back()));
   }
-  storage::FaultRule slow;
-  slow.kind = storage::FaultKind::kSlow;
-  slow.delay_us = 20000;
-  slow.count = 4;
-  faulty_->inject(slow);
+  slow(20000, 4);
   ASSERT_TRUE(e.offload(0, 0));
   ASSERT_TRUE(e.offload(1, 1));
   ASSERT_TRUE(e.offload(2, 1));
