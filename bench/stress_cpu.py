@@ -40,11 +40,12 @@ def make_mlp(width, depth):
     return make, batch
 
 
-def make_cnn(width, depth):
+def make_cnn(width, depth, batchnorm=False):
     def make():
         layers = [torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.ReLU()]
-        for _ in range(depth):
-            layers += [torch.nn.Conv2d(width, width, 3, padding=1), torch.nn.SiLU()]
+        for _ in range(depth):  # BatchNorm's running statistics: buffers written in place every step
+            layers += [torch.nn.Conv2d(width, width, 3, padding=1),
+                       *([torch.nn.BatchNorm2d(width)] if batchnorm else []), torch.nn.SiLU()]
         return torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(),
                                    torch.nn.Linear(width * 4, 10))
 
@@ -163,6 +164,9 @@ def same(a, b):
     for (n, p), q in zip(ma.named_parameters(), mb.parameters()):
         if not torch.equal(p, q):
             return f"parameter {n} differs"
+    for (n, p), q in zip(ma.named_buffers(), mb.buffers()):  # BatchNorm's running statistics
+        if not torch.equal(p, q):
+            return f"buffer {n} differs"
     for p, q in zip(ma.parameters(), mb.parameters()):
         for k, v in oa.state[p].items():
             if not torch.equal(v, ob.state[q][k]):
@@ -176,7 +180,7 @@ def draw(rng):
     depth = rng.randint(1, 5) if kind in ("mlp", "cnn") else rng.randint(1, 2)
     in_backward = rng.random() < 0.3
     fault = rng.choice([None, None, "write", "read", "slow"])
-    return dict(kind=kind, accumulate=1 if in_backward or rng.random() < 0.7 else 2,
+    return dict(kind=kind, bn=kind == "cnn" and rng.random() < 0.5, accumulate=1 if in_backward or rng.random() < 0.7 else 2,
                 fault=fault, fault_step=rng.randint(1, 6), fault_count=rng.randint(1, 3),
                 fault_tier=rng.randint(0, 1), width=width, depth=depth, in_backward=in_backward,
                 zero_last=rng.random() < 0.5, amp=rng.random() < 0.3,
@@ -190,7 +194,7 @@ def draw(rng):
 def run_one(cfg, steps=7):
     maker = {"mlp": make_mlp, "cnn": make_cnn, "llama": make_llama, "mixtral": make_mixtral,
              "gpt2": make_gpt2}[cfg["kind"]]
-    make, batch = maker(cfg["width"], cfg["depth"])
+    make, batch = maker(cfg["width"], cfg["depth"], **({"batchnorm": cfg["bn"]} if cfg["kind"] == "cnn" else {}))
     ref_model, ref_opt, _, _ = train(make, batch, steps, cfg)
     footprint = sum(p.numel() * 4 * 4 for p in ref_model.parameters())  # weights, grads, 2 states
     budget = max(64 << 10, int(footprint * cfg["fraction"]))
