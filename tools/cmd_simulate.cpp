@@ -33,6 +33,7 @@ struct SimulateArgs {
   std::string min_tensor = "1MiB";
   std::string link_order = "issue";
   double runner_host_us = 0;
+  double recompute_host_us = 0;
   bool reorder = false;
   std::string timeline_path;
 };
@@ -258,6 +259,7 @@ int run_simulate(const SimulateArgs& args) {
                     : args.link_order == "preemptive" ? SimOptions::LinkOrder::kPreemptive
                                                       : SimOptions::LinkOrder::kIssue;
   opts.runner_host_us_per_kernel = args.runner_host_us;
+  opts.recompute_host_us_per_iteration = args.recompute_host_us;
   opts.record_timeline = !args.timeline_path.empty();
   const Plan simulated = args.reorder ? issue_in_deadline_order(trace, plan, opts) : plan;
   const SimResult r = simulate(trace, simulated, opts);
@@ -298,6 +300,12 @@ const Registration kSimulate{{
                      "times pays it before every kernel")
           ->capture_default_str()
           ->check(CLI::Range(0.0, 1e9));
+      sub.add_option("--recompute-host-us", args->recompute_host_us,
+                     "host time in us the plan's recomputes take per iteration in all (a "
+                     "Session's stats()['recompute_host_us_per_step']), shared among them by their "
+                     "producers' host times; 0: each at its producer's host time")
+          ->capture_default_str()
+          ->check(CLI::Range(0.0, 1e12));
       sub.add_flag("--deadline-order", args->reorder,
                    "first move each transfer to where it would begin on links that take the one "
                    "due first (what the Session runs: docs/simulator.md, \"Issue order\")");

@@ -132,6 +132,11 @@ struct SessionStats {
   // predicted_iteration_us includes once measured (0 before), and the plan's replay without it.
   double runner_host_us_per_operator = 0;
   double plan_predicted_us = 0;
+  // Note [The recomputes' host time] (src/sim/simulator.cpp): the host time the active plan's
+  // recomputes took per planned step (the median of its last five; 0 before one, or without
+  // recomputes), left out of runner_host_us_per_operator; predicted_iteration_us uses it in place
+  // of the recorded producers' host times.
+  double recompute_host_us_per_step = 0;
   // Note [Host times of planned steps] (src/offload/controller.cpp): the planned steps' host time
   // outside the callbacks over the recording's (the median of the last five; 1 until measured,
   // and never above 1), and Note [Plans for the host that runs them]: plans made again for the
@@ -246,6 +251,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("predicted_iteration_us", &S::predicted_iteration_us, K::kGauge);
   f("plan_predicted_us", &S::plan_predicted_us, K::kGauge);
   f("runner_host_us_per_operator", &S::runner_host_us_per_operator, K::kGauge);
+  f("recompute_host_us_per_step", &S::recompute_host_us_per_step, K::kGauge);
   f("host_time_scale", &S::host_time_scale, K::kGauge);
   f("host_replans", &S::host_replans, K::kCounter);
   f("host_replans_reverted", &S::host_replans_reverted, K::kCounter);

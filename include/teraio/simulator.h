@@ -39,6 +39,11 @@ struct SimOptions {
   // host times it lengthens the host lane; without them (a CPU trace, where the host runs the
   // kernels) every kernel waits for it. 0: none.
   double runner_host_us_per_kernel = 0;
+  // Host time the plan's recomputes take per iteration in all, as a runner measured it (a
+  // Session's engine running their recipes: Note [The recomputes' host time] in simulator.cpp),
+  // shared among them in proportion to their producers' host times in the trace. With host times
+  // only; 0: each takes its producer's host time, as recorded.
+  double recompute_host_us_per_iteration = 0;
 };
 
 struct TierTraffic {
@@ -85,6 +90,9 @@ struct SimResult {
   // without any).
   double host_us = 0;
   double recompute_us = 0;  // producer time rerun by the plan's recompute moves, per iteration
+  // Host time of those reruns per iteration (in host_us; 0 without host times): the trace's
+  // producers' host times, or SimOptions::recompute_host_us_per_iteration when given.
+  double recompute_host_us = 0;
   size_t recomputes = 0;    // recompute moves per iteration
   double overlap_us = 0;    // transfer time hidden behind kernels (per iteration, summed over links)
   double last_iteration_us = 0;  // wall time of the last iteration alone (see docs/simulator.md)

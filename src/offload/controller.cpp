@@ -157,10 +157,16 @@ Trace with_host_times_scaled(const Trace& trace, double scale) {
 // True when the runner's host time used changed (the prediction is then made again).
 bool Controller::note_runner_host_us() {
   if (runner_samples_.empty()) return false;
-  const double median = median_of_last(runner_samples_);
-  if (runner_us_used_ > 0 && std::abs(median - runner_us_used_) <= 0.05 * runner_us_used_) return false;
-  runner_us_used_ = median;
-  return true;
+  auto changed = [](double median, double& used) {
+    if (used > 0 && std::abs(median - used) <= 0.05 * used) return false;
+    if (used == 0 && median == 0) return false;
+    used = median;
+    return true;
+  };
+  const bool runner = changed(median_of_last(runner_samples_), runner_us_used_);
+  const bool recompute =
+      !recompute_samples_.empty() && changed(median_of_last(recompute_samples_), recompute_us_used_);
+  return runner || recompute;
 }
 
 // Note [Host times of planned steps]: a CUDA recording's host times (Note [Host times of a
@@ -289,19 +295,24 @@ void Controller::predict_active() {
   if (!p || !p->trace || !p->plan) return;
   plan_predicted_us_ = p->predicted_us;
   const bool as_recorded = host_scale_used_ >= 1;
-  if (runner_us_used_ <= 0 && as_recorded) {
+  if (runner_us_used_ <= 0 && recompute_us_used_ <= 0 && as_recorded) {
     predicted_iteration_us_ = p->predicted_us;
     return;
   }
   const Trace scaled = as_recorded ? Trace() : with_host_times_scaled(*p->trace, host_scale_used_);
-  predicted_iteration_us_ =
-      steady_iteration_us(as_recorded ? *p->trace : scaled, *p->plan, runner_us_used_, as_recorded);
+  predicted_iteration_us_ = steady_iteration_us(as_recorded ? *p->trace : scaled, *p->plan,
+                                                runner_us_used_, as_recorded, recompute_us_used_);
 }
 
 void Controller::install(const CachedPlan* p) {
   if (p != active_) {  // another trace: its recorded host times are measured against afresh
     host_samples_.clear();
     host_scale_used_ = 1;
+  }
+  if (recompute_plan_.lock() != p->plan) {  // its recomputes are measured afresh
+    recompute_plan_ = p->plan;
+    recompute_samples_.clear();
+    recompute_us_used_ = 0;
   }
   active_ = p;
   step_us_.clear();  // the steps of this schedule, from its first (which aligns to it)
@@ -340,6 +351,7 @@ void Controller::begin_step(StepBinding& binding) {
   iteration_reactive_ = false;
   step_hook_us0_ = binding.runner_host_us();
   step_stall_us0_ = engine_.stats().stall_us;
+  step_recompute_us0_ = engine_.stats().recompute_us;
   step_wall_us0_ = now_us();
   // Measured afresh in each profiled iteration: in the first, tensors not yet seen (parameters
   // before their first operator) are allocated but not tracked, which would count them twice.
@@ -388,8 +400,12 @@ StepErrors Controller::end_step(StepBinding& binding) {
     if (mode_ == Mode::kPlanned && !iteration_reactive_ && active_) {
       const double hook_us = binding.runner_host_us() - step_hook_us0_;
       const double stall_us = engine_.stats().stall_us - step_stall_us0_;
-      if (hook_us > 0 && ops_run > 0)
-        runner_samples_.push_back(std::max(0.0, hook_us - stall_us) / ops_run);
+      // the recomputes run inside the callbacks: priced apart (Note [The recomputes' host time])
+      const double recompute_us = engine_.stats().recompute_us - step_recompute_us0_;
+      if (hook_us > 0 && ops_run > 0) {
+        runner_samples_.push_back(std::max(0.0, hook_us - stall_us - recompute_us) / ops_run);
+        recompute_samples_.push_back(recompute_us);
+      }
       // Note [Host times of planned steps]
       if (active_->recorded_host_us > 0) {
         const double step_us = now_us() - step_wall_us0_;
@@ -607,14 +623,16 @@ Plan Controller::plan_for(const Trace& trace, const PlannerOptions& po, std::str
 // and through kSteadyIterations (a mean, not the last iteration alone, which is not monotonic in
 // bandwidth: docs/simulator.md, "Which iteration is reported"). On the H200's llama-1b plans that
 // is 3-5% above the 2-iteration mean.
-double Controller::steady_iteration_us(const Trace& trace, const Plan& plan,
-                                       double runner_us, bool as_planned) const {
+double Controller::steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us,
+                                       bool as_planned, double recompute_host_us) const {
   try {
     SimOptions so;
     so.runner_host_us_per_kernel = runner_us;
+    so.recompute_host_us_per_iteration = recompute_host_us;
     // plan_best's replay already is this one (without runner_us, of the trace it planned)
     so.iterations = kFirstIterations;
-    const double first = kFirstIterations * (options_.plan_search && runner_us == 0 && as_planned
+    const double first = kFirstIterations * (options_.plan_search && runner_us == 0 &&
+                                             recompute_host_us == 0 && as_planned
                                                  ? plan.predicted.iteration_us
                                                  : simulate(trace, plan, so).iteration_us);
     so.iterations = kSteadyIterations;
@@ -706,6 +724,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->predicted_iteration_us = predicted_iteration_us_;
   r->plan_predicted_us = plan_predicted_us_;
   r->runner_host_us_per_operator = runner_us_used_;
+  r->recompute_host_us_per_step = recompute_us_used_;
   r->host_time_scale = host_scale_used_;
   r->host_replans = host_replans_;
   r->host_replans_reverted = host_replans_reverted_;

@@ -210,7 +210,7 @@ class Controller {
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
   Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const;
   double steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us = 0,
-                             bool as_planned = true) const;
+                             bool as_planned = true, double recompute_host_us = 0) const;
   bool note_runner_host_us();
   void predict_active();
   void install(const CachedPlan* p);
@@ -264,6 +264,13 @@ class Controller {
   double step_hook_us0_ = 0, step_stall_us0_ = 0;
   std::vector<double> runner_samples_;
   double runner_us_used_ = 0;
+  // Note [The recomputes' host time] (simulator.cpp): the engine's recompute time at the step's
+  // start, the last planned steps' recompute time (left out of the runner's), and the one the
+  // prediction used (0: the trace's producers' host times).
+  double step_recompute_us0_ = 0;
+  std::vector<double> recompute_samples_;
+  double recompute_us_used_ = 0;
+  std::weak_ptr<const Plan> recompute_plan_;  // the plan whose recomputes those are
   // Note [Host times of planned steps]: the step's start on the host clock, the last planned
   // steps' host time outside the callbacks over the active trace's recorded host time, and the
   // scale of the recorded host times the prediction used (1: as recorded).

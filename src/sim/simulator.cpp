@@ -329,6 +329,15 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
 // kernels the host runs itself, so there every kernel waits for it (host_wait_us), in series.
 // Spread evenly over the kernels: the callbacks that issue moves cost more than the others, which
 // shifts when the host falls behind within a step but not the host's total.
+// Note [The recomputes' host time]: a recompute's host time in the replay is its producer's
+// recorded host time (recompute_host_us in analysis.cpp: the producer reruns through the
+// dispatcher). What the runner pays to rerun it can differ: the Session's engine makes room, pins
+// the inputs and runs a recipe, and the recorded host times are the profiled steps' (Note [Host
+// times of planned steps] in controller.cpp). A runner that measured its recomputes' host time per
+// iteration passes it (SimOptions::recompute_host_us_per_iteration); the replay then shares it
+// among the recomputes in proportion to their producers' recorded host times, so where the host
+// lane falls behind still follows the plan. Measured that way it is no longer part of the runner's
+// per-kernel host time (the Session leaves it out there), so it is counted once.
 // Note [Reported iteration]
 // iteration_us is the mean over the simulated iterations: ideal plus every stall from time 0 to the
 // start of kernel 0 of the iteration after the last, divided by the iteration count. Each kernel's
@@ -391,11 +400,24 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
                opts.runner_host_us_per_kernel);
   const bool host_lane = trace.has_host_times();
   const double runner_us = opts.runner_host_us_per_kernel;  // Note [The runner's host time]
+  TERAIO_CHECK(std::isfinite(opts.recompute_host_us_per_iteration) &&
+                   opts.recompute_host_us_per_iteration >= 0,
+               "simulate: recompute_host_us_per_iteration must be a finite number >= 0, got {}",
+               opts.recompute_host_us_per_iteration);
   std::vector<double> host_recompute_before;
   if (host_lane) {
     host_recompute_before.assign(static_cast<size_t>(n), 0);
-    for (const RecomputeMove& r : check.recomputes)
-      host_recompute_before[r.deadline] += recompute_host_us(trace, r.tensor);
+    for (const RecomputeMove& r : check.recomputes) {
+      const double us = recompute_host_us(trace, r.tensor);
+      host_recompute_before[r.deadline] += us;
+      result.recompute_host_us += us;
+    }
+    // Note [The recomputes' host time]
+    const double measured = opts.recompute_host_us_per_iteration;
+    if (measured > 0 && result.recompute_host_us > 0) {
+      for (double& us : host_recompute_before) us *= measured / result.recompute_host_us;
+      result.recompute_host_us = measured;
+    }
     for (size_t k = 0; k < static_cast<size_t>(n); ++k)
       result.host_us += trace.kernel_host_us(static_cast<KernelIndex>(k)) + host_recompute_before[k];
   }

@@ -925,6 +925,45 @@ TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
   EXPECT_DOUBLE_EQ(r.iteration_us, 40 + 10 + 43);
 }
 
+// Note [The recomputes' host time]: a runner's measured host time for the recomputes replaces
+// their producers' recorded host times on the host lane; without host times it changes nothing.
+TEST(SimHost, MeasuredRecomputeHostTimeReplacesTheProducersOnTheHostLane) {
+  Trace tr = make_trace({10, 10, 10, 10}, {{10000, false}, {100, true}}, {{0, 1}, {}, {}, {0}});
+  tr.tensors[0].producer = 0;
+  tr.tensors[0].recomputable = true;
+  Plan plan;
+  plan.tiers = {tier("host", kGbps, kGbps)};
+  plan.moves = {Move{0, MoveOp::recompute, 0, 0, 3}};
+  test::fit_budget(tr, plan);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  o.recompute_host_us_per_iteration = 100;
+  SimResult r = simulate(tr, plan, o);  // no host times: the CPU's recompute is stream time alone
+  EXPECT_DOUBLE_EQ(r.iteration_us, 50);
+  EXPECT_DOUBLE_EQ(r.recompute_host_us, 0);
+  set_host_us(tr, {40, 1, 1, 1});
+  o.recompute_host_us_per_iteration = 0;  // as recorded: the producer's 40 us
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.recompute_host_us, 40);
+  EXPECT_DOUBLE_EQ(r.host_us, 83);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 43);
+  // Measured 10 us: the host reaches kernel 3 at 42 and launches it at 53; the stream, busy until
+  // 80 with kernels 0-2 and the rerun, does not wait.
+  o.recompute_host_us_per_iteration = 10;
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.recompute_host_us, 10);
+  EXPECT_DOUBLE_EQ(r.host_us, 53);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 40);
+  // Measured 100 us: launched at 143, 103 after kernel 0.
+  o.recompute_host_us_per_iteration = 100;
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.host_us, 143);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[3], 103);
+  o.recompute_host_us_per_iteration = -1;
+  EXPECT_THROW(simulate(tr, plan, o), Error);
+}
+
 // With host times, more bandwidth is still never slower, and the host never makes a step faster
 // than without them (Note [The host lane]).
 TEST(SimHost, RandomPlansStayMonotoneAndNoFasterThanWithoutHostTimes) {
