@@ -26,8 +26,9 @@ for path in sys.argv[1:]:
     if st:  # teraio
         d, n = r["system_info"]["measured_delta"], len(r["step_s"])
         line += ["predicted %.3f s" % (st["predicted_iteration_us"] / 1e6),
-                 "(plan-time %.3f s, runner %.1f us/op)" % (st.get("plan_predicted_us", 0) / 1e6,
-                                                            st.get("runner_host_us_per_operator", 0)),
+                 "(plan-time %.3f s, runner %.1f us/op, recomputes' host %.1f ms/step)" % (
+                     st.get("plan_predicted_us", 0) / 1e6, st.get("runner_host_us_per_operator", 0),
+                     st.get("recompute_host_us_per_step", 0) / 1e3),
                  "hook %.1f ms/step" % (d["hook_us"] / n / 1e3),
                  "waits ms/step: read %.1f, write %.1f (due %.1f, read back %.1f, writeback %.1f), room %.1f" % tuple(
                      d.get(k, 0) / n / 1e3 for k in ("stall_read_us", "stall_write_us", "stall_write_due_us",

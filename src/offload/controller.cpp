@@ -113,7 +113,8 @@ void Controller::note_shortfall(uint32_t k, const char* op, bool* noted) {
 // with checkpointing on the H200": 22-31% where stats()["hook_us"] was 69-202 ms a step). Like a
 // tier's bandwidth, that cost is measured on the machine rather than guessed: each planned step
 // without drift gives the binding's callback time (runner_host_us) less the engine's stalls (which
-// the simulator models as transfers), per operator; the median of the last five is the runner's
+// the simulator models as transfers) and its recomputes (priced apart: Note [The recomputes' host
+// time] in src/sim/simulator.cpp), per operator; the median of the last five is the runner's
 // host time per kernel, and predicted_iteration_us replays the active plan with it
 // (SimOptions::runner_host_us_per_kernel) once it differs by more than 5% from the one used, so
 // the prediction describes the steps as this Session runs them. Plans are still chosen without
