@@ -138,8 +138,9 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
         plan.discard_dead ? fmt::format(", \"discards\": {}, \"discarded_bytes\": {}", r.discards,
                                         r.discarded_bytes)
                           : std::string(),
-        host_reported ? fmt::format(", \"host_us\": {}, \"host_wait_us\": {}",
-                                    json_number(r.host_us), json_number(r.host_wait_us))
+        host_reported ? fmt::format(", \"host_us\": {}, \"host_wait_us\": {}, \"recompute_host_us\": {}",
+                                    json_number(r.host_us), json_number(r.host_wait_us),
+                                    json_number(r.recompute_host_us))
                       : std::string());
     return;
   }
@@ -152,8 +153,9 @@ void print_result(const SimulateArgs& args, const Trace& trace, const Plan& plan
   fmt::print("stall                {}  ({:.2f}% of ideal)\n", format_us(r.stall_us),
              pct(r.stall_us, r.ideal_us));
   if (host_reported) {
-    fmt::print("host                 {} per iteration; the stream waited {} for launches\n",
-               format_us(r.host_us), format_us(r.host_wait_us));
+    fmt::print("host                 {} per iteration ({} of it the recomputes'); the stream "
+               "waited {} for launches\n",
+               format_us(r.host_us), format_us(r.recompute_host_us), format_us(r.host_wait_us));
   }
   if (r.recomputes) {
     fmt::print("recompute            {}  ({} recomputes per iteration, {:.2f}% of ideal)\n",
