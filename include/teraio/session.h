@@ -166,6 +166,9 @@ struct SessionStats {
   double stall_write_due_us = 0;       // offloads waited for at their deadline
   double stall_write_readback_us = 0;  // writes a read back of their tensor had to follow
   double stall_writeback_us = 0;       // writeback copies waited for
+  // part of stall_read_us (the rest: a read's tier space wanted back, a tensor forgotten while its
+  // read ran)
+  double stall_read_use_us = 0;  // reads an operator about to use the tensor waited for
   double hook_us = 0;  // host time inside teraio's operator callbacks in steps (stalls included)
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
@@ -265,6 +268,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("stall_read_us", &S::stall_read_us, K::kCounter);
   f("stall_write_us", &S::stall_write_us, K::kCounter);
   f("stall_room_us", &S::stall_room_us, K::kCounter);
+  f("stall_read_use_us", &S::stall_read_use_us, K::kCounter);
   f("stall_write_due_us", &S::stall_write_due_us, K::kCounter);
   f("stall_write_readback_us", &S::stall_write_readback_us, K::kCounter);
   f("stall_writeback_us", &S::stall_writeback_us, K::kCounter);

@@ -739,6 +739,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->stall_read_us = e.stall_read_us;
   r->stall_write_us = e.stall_write_us;
   r->stall_room_us = e.stall_room_us;
+  r->stall_read_use_us = e.stall_read_use_us;
   r->stall_write_due_us = e.stall_write_due_us;
   r->stall_write_readback_us = e.stall_write_readback_us;
   r->stall_writeback_us = e.stall_writeback_us;

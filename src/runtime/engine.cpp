@@ -182,8 +182,8 @@ Location Engine::location(LogicalId id) const {
 }
 
 // Note [Where the CPU waits]: every wait of the engine for a transfer counts in stall_us, and in
-// one of three parts: reads, writes due (their planned deadline, or a read back that must follow
-// the write), and room (make_room_locked: writes completed, or evictions, to stay within the
+// one of three parts: reads (those of a use also in stall_read_use_us), writes due (their planned
+// deadline, or a read back that must follow the write), and room (make_room_locked: writes completed, or evictions, to stay within the
 // budget). That includes the waits no plan asks for: forgetting a tensor that died with a transfer
 // still running (its bytes or its tier space must outlive the copy), giving back a read's tier
 // space (wait_locked). Uncounted, they were taken for the Session's own host work (Note [The
@@ -197,17 +197,18 @@ void Engine::add_stall_locked(Wait what, double since_us, uint32_t tier) {
   stats_.stall_us += dt;
   if (making_room_)
     stats_.stall_room_us += dt;
-  else if (what == Wait::kRead)
+  else if (what == Wait::kRead || what == Wait::kReadUse)
     stats_.stall_read_us += dt;
   else
     stats_.stall_write_us += dt;
   if (!making_room_) {
+    if (what == Wait::kReadUse) stats_.stall_read_use_us += dt;
     if (what == Wait::kWriteDue) stats_.stall_write_due_us += dt;
     if (what == Wait::kWriteReadBack) stats_.stall_write_readback_us += dt;
     if (what == Wait::kWriteback) stats_.stall_writeback_us += dt;
   }
   EngineStats::Tier& t = stats_.tiers.at(tier);
-  (what == Wait::kRead ? t.stall_read_us : t.stall_write_us) += dt;
+  (what == Wait::kRead || what == Wait::kReadUse ? t.stall_read_us : t.stall_write_us) += dt;
 }
 
 storage::IoResult Engine::wait_locked(const storage::Completion& c, Wait what, uint32_t tier) {
@@ -302,7 +303,7 @@ bool Engine::complete_prefetch_locked(Entry& e) {
     req.priority = storage::Priority::kUrgent;
     e.pending = tiers_[e.tier].tier->submit(req);
   }
-  if (t0 != 0) add_stall_locked(Wait::kRead, t0, e.tier);
+  if (t0 != 0) add_stall_locked(Wait::kReadUse, t0, e.tier);
   if (!ok) {
     const storage::IoResult r = e.pending.wait();
     e.pending = {};

@@ -184,6 +184,10 @@ struct EngineStats {
   double stall_write_due_us = 0;
   double stall_write_readback_us = 0;
   double stall_writeback_us = 0;
+  // Part of stall_read_us: reads an operator about to use the tensor waited for (on a GPU until the
+  // copy is queued; a retried read until it is). The rest: a read's tier space wanted back (a full
+  // tier, a clean copy dropped), or a tensor forgotten while its read ran.
+  double stall_read_use_us = 0;
   // The same per tier (engine tier order): which tier's transfers were waited for, and the bytes
   // each moved (completed). A room wait counts as the writing tier's write wait. The per-tier stalls
   // add up to stall_us, the bytes to bytes_offloaded and bytes_prefetched.
@@ -447,7 +451,7 @@ class Engine {
   // What a wait was for: a read, or a write — due (an offload completed: its deadline, a step's
   // start), before its tensor is read back (finish_write_locked), a writeback's copy
   // (settle_writeback_locked), or another (a tensor forgotten or used again while offloading).
-  enum class Wait { kRead, kWrite, kWriteDue, kWriteReadBack, kWriteback };
+  enum class Wait { kRead, kReadUse, kWrite, kWriteDue, kWriteReadBack, kWriteback };
   // Counts now - since_us as stall, of what and of that tier.
   void add_stall_locked(Wait what, double since_us, uint32_t tier);
   // Waits for a transfer of that tier, counting the wait (if any) as stall of `what`.

@@ -1234,6 +1234,35 @@ TEST_F(EngineFaultTest, WaitsForWritesAreCountedByWhatTheyWaitedFor) {
   EXPECT_EQ(st.stall_read_us + st.stall_write_us + st.stall_room_us, st.stall_us);
 }
 
+// stall_read_us in part (Note [Where the CPU waits]): a use waiting for its tensor's read is
+// stall_read_use_us; forgetting a tensor that died while its read ran is a read wait, not a use's.
+TEST_F(EngineFaultTest, WaitsForReadsAreCountedByWhatTheyWaitedFor) {
+  auto e = make_faulty(0);
+  auto a = make_tensor(10000, 51), b = make_tensor(10000, 52);
+  e->bind(0, std::make_unique<FakeMemory>(a));
+  e->bind(1, std::make_unique<FakeMemory>(b));
+  for (LogicalId id : {0u, 1u}) {
+    ASSERT_TRUE(e->offload(id, 0));
+    e->finish_offload(id);
+  }
+  slow(20000, 2, storage::Direction::kRead);
+  ASSERT_TRUE(e->prefetch(0));
+  const LogicalId ids[] = {0};
+  e->begin_use(ids);  // waits for the read still running
+  e->end_use(ids);
+  EXPECT_TRUE(has_pattern(*a, 51));
+  EngineStats st = e->stats();
+  EXPECT_GT(st.stall_read_use_us, 5000);
+  EXPECT_EQ(st.stall_read_use_us, st.stall_read_us);
+  ASSERT_TRUE(e->prefetch(1));
+  b->alive = false;  // died before its use, its read running
+  const LogicalId dead[] = {1};
+  e->forget_dead(dead);
+  st = e->stats();
+  EXPECT_GT(st.stall_read_us - st.stall_read_use_us, 5000) << "a forgotten tensor's read is not a use's";
+  EXPECT_EQ(st.stall_read_us + st.stall_write_us + st.stall_room_us, st.stall_us);
+}
+
 // Per-tier counters: the waits for a slow tier are that tier's, and the per-tier stalls and bytes add
 // up to the engine's totals (stats()["tiers"] says which tier a multi-tier run waited for).
 TEST_F(EngineFaultTest, StallsAndBytesAreCountedPerTier) {
