@@ -143,8 +143,16 @@ void Engine::forget_locked(Entry& e) {
     e.memory->drop();
   }
   settle_writeback_locked(e, /*wait=*/true);  // a failed copy is reported even for a dead tensor
-  // A read back (or a write freed in stream order) may still be running: its tier space goes with it.
-  if (e.pending.valid()) wait_locked(e.pending, e.write_in_flight ? Wait::kWrite : Wait::kRead, e.tier);
+  // A read back may still be running on a GPU (its use waited for it on the stream, not the CPU):
+  // its tier space is released once it has ended, as fresh_extent_locked does, instead of the CPU
+  // waiting for the GPU to reach the copy (Note [Where the CPU waits]; on the H200 most of the
+  // CPU's read waits were these). A write freed in stream order is still waited for.
+  if (e.pending.valid() && !e.write_in_flight && e.has_extent && !e.pending.ready()) {
+    deferred_.push_back({e.pending, e.tier, e.extent});
+    e.has_extent = false;
+  } else if (e.pending.valid()) {
+    wait_locked(e.pending, e.write_in_flight ? Wait::kWrite : Wait::kRead, e.tier);
+  }
   e.pending = {};
   e.write_in_flight = false;
   e.took_over_writeback = false;
