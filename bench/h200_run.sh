@@ -40,29 +40,23 @@
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
-# Still to measure (issue 16; docs/benchmarks.md, "Autocast predictions with the counted waits, and
-# plans for the host that runs them"), one device call each (< 10 min), in this order, on an H200
-# (the 8B does not fit an H100):
+# Still to measure (issues 15, 16; docs/benchmarks.md, "Writebacks taken over, the A/B again, and
+# the 8B as a user runs it, on the H200"), one device call each (< 10 min), in this order (ask only
+# with >= 6 min of device time left: a start is refused under 4):
 #   TORCH_GPU_BITWISE_ONLY=1 TORCH_GPU_CASES=llama-amp,llama-amp-inbwd bash bench/torch_gpu.sh
-#                                           (CUDA bitwise with the issue order of session 38 and the
-#                                            writebacks taken over by their offloads of session 39:
-#                                            see writebacks_taken_over in torch_gpu.json; any GPU,
-#                                            ~3 min with the install; ask only with >= 6 min of
-#                                            device time left: a start is refused under 4)
+#                                           (CUDA bitwise with session 40's deferred read extents;
+#                                            any GPU, ~3 min with the install)
 #   WARMUP=9 REPEATS=1 MODES="step-in-backward step-in-backward+no-deep-recompute+no-writebacks"
-#     bash bench/call37.sh "2 4"            (any 80 GB GPU, ~5 min: session 38's A/B again, now that
-#                                            writebacks no longer make the CPU wait; expect
-#                                            stall_writeback_us ~0 and the default's predictions
-#                                            within the -3..-11% of the runs without: python3
-#                                            bench/run_summary.py, bench/writeback_waits.py)
-#   bash bench/ideal_8b_batches.sh          (the 8B's Ideal at batch 2 and 4, no install needed)
-#   bash bench/h200_call36.sh 8b-teraio     (the 8B as a user runs it, 9 warm-up steps so that a plan
-#                                            made again for the host has had its trial, with a timeline)
-#   bash bench/h200_call36.sh fp32          (the 8B in fp32 at 1 x 4096 on host + disk; LARGEST=1 adds
-#                                            the largest model, or `bash bench/h200_run.sh real largest-inbwd`)
+#     bash bench/call37.sh "2 4"            (any 80 GB GPU, ~6 min: expect stall_read_us near its
+#                                            at-a-use part now; python3 bench/run_summary.py)
+#   bash bench/h200_call36.sh fp32          (H200: the 8B in fp32 at 1 x 4096 on host + disk; LARGEST=1
+#                                            adds the largest model, or `bash bench/h200_run.sh real
+#                                            largest-inbwd`)
 #   bash bench/h200_call34.sh amp           (autocast with plans made again for the host, on an H200;
 #                                            WARMUP=9 for the trial; bench/call37.sh on any 80 GB GPU)
 #   bash bench/h200_run.sh real fsdp2-8b-amp, real ds-infinity   (the 8B peers not run yet: error rows)
+# Measured in session 40: the 8B as a user runs it (bench/h200_call36.sh 8b-teraio) and its Ideal at
+# batch 2 (bench/ideal_8b_batches.sh: out of memory, so batch 1 is the largest that fits).
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
 # WARMUP=N: llm_bench's --warmup for every run (default 3: 2 profiled, 1 planned); 6 lets the Session
 # plan again for the planned steps' host times before the measured steps (Note [Plans for the host
