@@ -191,10 +191,11 @@ Location Engine::location(LogicalId id) const {
 
 // Note [Where the CPU waits]: every wait of the engine for a transfer counts in stall_us, and in
 // one of three parts: reads (those of a use also in stall_read_use_us), writes due (their planned
-// deadline, or a read back that must follow the write), and room (make_room_locked: writes completed, or evictions, to stay within the
-// budget). That includes the waits no plan asks for: forgetting a tensor that died with a transfer
-// still running (its bytes or its tier space must outlive the copy), giving back a read's tier
-// space (wait_locked). Uncounted, they were taken for the Session's own host work (Note [The
+// deadline, or a read back that must follow the write), and room (make_room_locked: writes
+// completed, or evictions, to stay within the budget). That includes the waits no plan asks for:
+// forgetting a tensor that died with a transfer still running (its bytes must outlive the copy;
+// a read back's tier space alone is released later instead, forget_locked), giving back a read's
+// tier space (wait_locked). Uncounted, they were taken for the Session's own host work (Note [The
 // runner's host time] in src/offload/controller.cpp). A wait is the CPU's: for a stream-ordered
 // write or a read on CUDA it lasts until the copy is on a copy stream, not until it ends. The CPU
 // then launches nothing, so the GPU runs out of queued work if the wait outlasts the CPU's lead:
