@@ -446,5 +446,8 @@ def test_the_callbacks_host_time_leaves_out_the_recomputes(tmp_path):
     runner = [(d["hook_us"] - d["stall_us"] - d["recompute_us"]) / ops for d in deltas]
     recompute = [d["recompute_us"] for d in deltas]
     assert min(recompute) > 0, deltas
-    assert min(runner) <= st["runner_host_us_per_operator"] <= max(runner), (runner, st)
-    assert min(recompute) <= st["recompute_host_us_per_step"] <= max(recompute), (recompute, st)
+    # These deltas also hold the few callbacks between steps (the loss's clone), which the Session's
+    # own per-step figures leave out: 20% of room. Counting the recomputes in the runner's time put
+    # it at 46-65 us per operator where these samples were 13-27 (dev sandbox, idle).
+    assert 0.8 * min(runner) <= st["runner_host_us_per_operator"] <= 1.2 * max(runner), (runner, st)
+    assert 0.8 * min(recompute) <= st["recompute_host_us_per_step"] <= 1.2 * max(recompute), (recompute, st)
