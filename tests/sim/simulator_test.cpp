@@ -827,6 +827,19 @@ struct FourKernels {
     test::fit_budget(tr, plan);
   }
 };
+// Four kernels of 10 us; an activation made at kernel 0 and used at 3, recomputed before 3 (10 us
+// on the stream), and the small parameter of FourKernels.
+struct RecomputedActivation {
+  Trace tr = make_trace({10, 10, 10, 10}, {{10000, false}, {100, true}}, {{0, 1}, {}, {}, {0}});
+  Plan plan;
+  RecomputedActivation() {
+    tr.tensors[0].producer = 0;
+    tr.tensors[0].recomputable = true;
+    plan.tiers = {tier("host", kGbps, kGbps)};
+    plan.moves = {Move{0, MoveOp::recompute, 0, 0, 3}};
+    test::fit_budget(tr, plan);
+  }
+};
 
 // Note [The host lane]: a host slower than the kernels sets the pace; one that keeps ahead changes
 // nothing; a recompute costs its producer's host time too.
@@ -894,14 +907,7 @@ TEST(SimHost, TheRunnersHostTimeIsPaidWhereTheHostBounds) {
 }
 
 TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
-  // An activation made at kernel 0 and used at 3, recomputed before 3 (10 us on the stream).
-  Trace tr = make_trace({10, 10, 10, 10}, {{10000, false}, {100, true}}, {{0, 1}, {}, {}, {0}});
-  tr.tensors[0].producer = 0;
-  tr.tensors[0].recomputable = true;
-  Plan plan;
-  plan.tiers = {tier("host", kGbps, kGbps)};
-  plan.moves = {Move{0, MoveOp::recompute, 0, 0, 3}};
-  test::fit_budget(tr, plan);
+  auto [tr, plan] = RecomputedActivation();
   SimOptions o;
   o.iterations = 1;
   o.record_timeline = true;
@@ -928,13 +934,7 @@ TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
 // Note [The recomputes' host time]: a runner's measured host time for the recomputes replaces
 // their producers' recorded host times on the host lane; without host times it changes nothing.
 TEST(SimHost, MeasuredRecomputeHostTimeReplacesTheProducersOnTheHostLane) {
-  Trace tr = make_trace({10, 10, 10, 10}, {{10000, false}, {100, true}}, {{0, 1}, {}, {}, {0}});
-  tr.tensors[0].producer = 0;
-  tr.tensors[0].recomputable = true;
-  Plan plan;
-  plan.tiers = {tier("host", kGbps, kGbps)};
-  plan.moves = {Move{0, MoveOp::recompute, 0, 0, 3}};
-  test::fit_budget(tr, plan);
+  auto [tr, plan] = RecomputedActivation();
   SimOptions o;
   o.iterations = 1;
   o.record_timeline = true;
