@@ -17,6 +17,7 @@ setup with what to rerun; exits 1 if any failed.
     python3 bench/stress_cpu.py [RUNS] [SEED]        (default 40 runs, seed 0)
 """
 import contextlib
+import functools
 import os
 import random
 import sys
@@ -54,15 +55,13 @@ def make_cnn(width, depth, batchnorm=False):
     return make, batch
 
 
-def make_llama(width, depth):
-    import transformers  # a tiny HF Llama (needs transformers)
-
+def make_hf(model_class, config):
+    """A tiny HF causal LM (needs transformers): model_class(config()) with eager attention, as a
+    module giving flat logits, and batches of 2 x 16 tokens with their next tokens as labels."""
     def make():
-        cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=width, intermediate_size=2 * width,
-                                       num_hidden_layers=depth, num_attention_heads=4,
-                                       num_key_value_heads=2, max_position_embeddings=64)
+        cfg = config()
         cfg._attn_implementation = "eager"
-        return Logits(transformers.LlamaForCausalLM(cfg))
+        return Logits(model_class(cfg))
 
     def batch(g):
         ids = torch.randint(0, 128, (2, 17), generator=g)
@@ -70,27 +69,28 @@ def make_llama(width, depth):
     return make, batch
 
 
-def make_mixtral(width, depth):
-    import transformers  # a tiny HF Mixtral: 4 experts, 2 a token, routed by the data
+def make_llama(width, depth):
+    import transformers
+    return make_hf(transformers.LlamaForCausalLM, lambda: transformers.LlamaConfig(
+        vocab_size=128, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
 
-    def make():
-        cfg = transformers.MixtralConfig(vocab_size=128, hidden_size=width, intermediate_size=2 * width,
-                                         num_hidden_layers=depth, num_attention_heads=4,
-                                         num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
-                                         max_position_embeddings=64)
-        cfg._attn_implementation = "eager"
-        return Logits(transformers.MixtralForCausalLM(cfg))
-    return make, make_llama(width, depth)[1]
+
+def make_mixtral(width, depth):
+    import transformers  # 4 experts, 2 a token, routed by the data
+    return make_hf(transformers.MixtralForCausalLM, lambda: transformers.MixtralConfig(
+        vocab_size=128, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=64))
 
 
 def make_gpt2(width, depth):
-    import transformers  # a tiny HF GPT-2: dropout on (random numbers in every step), tied embeddings
+    import transformers  # dropout on (random numbers in every step), tied embeddings
+    return make_hf(transformers.GPT2LMHeadModel, lambda: transformers.GPT2Config(
+        vocab_size=128, n_embd=width, n_layer=depth, n_head=4, n_positions=64))
 
-    def make():
-        cfg = transformers.GPT2Config(vocab_size=128, n_embd=width, n_layer=depth, n_head=4, n_positions=64)
-        cfg._attn_implementation = "eager"
-        return Logits(transformers.GPT2LMHeadModel(cfg))
-    return make, make_llama(width, depth)[1]
+
+HF_KINDS = ("llama", "mixtral", "gpt2")  # token models: labels flattened
 
 
 class Logits(torch.nn.Module):
@@ -126,7 +126,7 @@ def train(make, batch, steps, cfg, session=None):
                     x, y = batch(g)
                     if cfg.get("ragged") and i % 3 == 2:  # a shorter batch now and then
                         x, y = x[: max(1, len(x) // 2)], y[: max(1, len(y) // 2)]
-                        if cfg["kind"] in ("llama", "mixtral", "gpt2"):
+                        if cfg["kind"] in HF_KINDS:
                             y = y[: x.numel()]
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["amp"]):
                         out = model(x)
@@ -175,9 +175,9 @@ def same(a, b):
 
 
 def draw(rng):
-    kind = rng.choice(["mlp", "cnn", "llama", "mixtral", "gpt2"])
+    kind = rng.choice(["mlp", "cnn", *HF_KINDS])
     width = {"mlp": rng.choice([32, 64, 128]), "cnn": rng.choice([8, 16])}.get(kind, 32)
-    depth = rng.randint(1, 5) if kind in ("mlp", "cnn") else rng.randint(1, 2)
+    depth = rng.randint(1, 2) if kind in HF_KINDS else rng.randint(1, 5)
     in_backward = rng.random() < 0.3
     fault = rng.choice([None, None, "write", "read", "slow"])
     return dict(kind=kind, bn=kind == "cnn" and rng.random() < 0.5, accumulate=1 if in_backward or rng.random() < 0.7 else 2,
@@ -192,9 +192,9 @@ def draw(rng):
 
 
 def run_one(cfg, steps=7):
-    maker = {"mlp": make_mlp, "cnn": make_cnn, "llama": make_llama, "mixtral": make_mixtral,
-             "gpt2": make_gpt2}[cfg["kind"]]
-    make, batch = maker(cfg["width"], cfg["depth"], **({"batchnorm": cfg["bn"]} if cfg["kind"] == "cnn" else {}))
+    maker = {"mlp": make_mlp, "cnn": functools.partial(make_cnn, batchnorm=cfg["bn"]), "llama": make_llama,
+             "mixtral": make_mixtral, "gpt2": make_gpt2}[cfg["kind"]]
+    make, batch = maker(cfg["width"], cfg["depth"])
     ref_model, ref_opt, _, _ = train(make, batch, steps, cfg)
     footprint = sum(p.numel() * 4 * 4 for p in ref_model.parameters())  # weights, grads, 2 states
     budget = max(64 << 10, int(footprint * cfg["fraction"]))
