@@ -35,6 +35,7 @@ for path in sys.argv[1:]:
                                                      "stall_write_readback_us", "stall_writeback_us",
                                                      "stall_room_us")),
                  "writebacks %d (taken over %d)" % (d.get("writebacks", 0) / n, d.get("writebacks_taken_over", 0) / n),
+                 "reads after writes %d" % (d.get("reads_after_writes", 0) / n),
                  "recompute %.1f ms" % (d["recompute_us"] / n / 1e3), "n %d" % (d["recomputes"] / n),
                  "moves %d" % (d["plan_moves"] / n), "full sweeps %d" % (d.get("full_sweeps", 0) / n),
                  "warm-up steps " + " ".join("%.3f" % s for s in r.get("warmup_step_s", [])),

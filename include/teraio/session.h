@@ -164,7 +164,7 @@ struct SessionStats {
   double stall_room_us = 0;        // writes completed or evictions made to stay within the budget
   // parts of stall_write_us (the rest: tensors forgotten or used again while their write ran)
   double stall_write_due_us = 0;       // offloads waited for at their deadline
-  double stall_write_readback_us = 0;  // writes a read back of their tensor had to follow
+  double stall_write_readback_us = 0;  // writes still running when their tensor's read back completed
   double stall_writeback_us = 0;       // writeback copies waited for
   // part of stall_read_us (the rest: a read's tier space wanted back, a tensor forgotten while its
   // read ran)
@@ -179,6 +179,7 @@ struct SessionStats {
   uint64_t owner_resizes = 0;
   uint64_t aligned_moves = 0;  // moves made at step start to put tensors where the plan begins
   uint64_t stream_ordered_offloads = 0;  // offloads completed on the GPU's side (option of that name)
+  uint64_t reads_after_writes = 0;  // reads back ordered after their write still running, by the tier
   uint64_t clean_offloads = 0;  // offloads that wrote nothing: the tier's copy was still valid
   uint64_t clean_bytes = 0;     // their bytes (not in bytes_offloaded)
   uint64_t discards = 0;        // dead tensors freed without a write (option discard_dead)
@@ -279,6 +280,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("owner_resizes", &S::owner_resizes, K::kCounter);
   f("aligned_moves", &S::aligned_moves, K::kCounter);
   f("stream_ordered_offloads", &S::stream_ordered_offloads, K::kCounter);
+  f("reads_after_writes", &S::reads_after_writes, K::kCounter);
   f("clean_offloads", &S::clean_offloads, K::kCounter);
   f("clean_bytes", &S::clean_bytes, K::kCounter);
   f("discards", &S::discards, K::kCounter);

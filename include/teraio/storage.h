@@ -92,23 +92,11 @@ std::string_view to_string(Direction direction);
 
 using CudaStream = void*;  // a cudaStream_t; nullptr is the legacy default stream
 
-struct IoRequest {
-  Direction direction = Direction::kWrite;
-  BufferView buffer;                       // the whole view is moved
-  uint64_t offset_bytes = 0;               // address in the tier
-  Priority priority = Priority::kNormal;   // kUrgent is taken before every queued kNormal
-  // Device buffers only: when set, the copy out of (write) or into (read) the buffer starts after
-  // the work queued on this stream at submit time (an event is recorded on it, nothing waits on
-  // the CPU). For a write, the buffer's contents are final then; for a read, kernels still using
-  // the memory before it was handed to the request are done. When null, the caller guarantees
-  // both at submit.
-  CudaStream ready_stream = nullptr;
-};
 
 // Note [Lost bytes]: two error codes say that a read can never succeed, whatever is retried:
 // EBADMSG, the bytes read back do not match the checksum recorded when they were written (damaged on
-// the disk or in the file), and ENODATA, the read reached the end of the file (it was truncated).
-// lost() is true for them. Every other failure (EIO, ENOSPC, EPERM, ...) may be transient: the bytes
+// the disk or in the file), and ENODATA, the read reached the end of the file (it was truncated) or
+// followed a write of the same bytes that failed (IoRequest::after). lost() is true for them. Every other failure (EIO, ENOSPC, EPERM, ...) may be transient: the bytes
 // written before are still in the tier, and the same read can succeed once the fault clears.
 struct IoResult {
   bool ok = true;
@@ -121,9 +109,11 @@ struct IoResult {
 // True when a failed read can never succeed (Note [Lost bytes]).
 bool lost(const IoResult& result);
 
+class Completion;
 namespace detail {
 struct CompletionState;
-}
+CompletionState* state_of(const Completion& completion);  // the tiers' access (internal.h)
+}  // namespace detail
 
 // The handle of a submitted request. Copyable; all copies refer to the same request.
 // Thread-safe: any thread may wait.
@@ -147,7 +137,28 @@ class Completion {
   void stream_wait(CudaStream stream) const;
 
  private:
+  friend detail::CompletionState* detail::state_of(const Completion& completion);
   std::shared_ptr<detail::CompletionState> state_;
+};
+
+struct IoRequest {
+  Direction direction = Direction::kWrite;
+  BufferView buffer;                       // the whole view is moved
+  uint64_t offset_bytes = 0;               // address in the tier
+  Priority priority = Priority::kNormal;   // kUrgent is taken before every queued kNormal
+  // Device buffers only: when set, the copy out of (write) or into (read) the buffer starts after
+  // the work queued on this stream at submit time (an event is recorded on it, nothing waits on
+  // the CPU). For a write, the buffer's contents are final then; for a read, kernels still using
+  // the memory before it was handed to the request are done. When null, the caller guarantees
+  // both at submit.
+  CudaStream ready_stream = nullptr;
+  // Note [Reads after their write]: when valid (a write of the same bytes, still running), the
+  // request moves its bytes only once `after` has put its own in the tier, and fails with ENODATA
+  // (lost(): nothing can be read back) when `after` failed. The host tier orders a read into a
+  // device buffer after one of its own device writes on the GPU (the read's copy waits for the
+  // write's event; no CPU waits); otherwise its workers wait for `after` before the copy, and the
+  // file tiers wait for it in submit().
+  Completion after;
 };
 
 // ---------------------------------------------------------------------------------------------

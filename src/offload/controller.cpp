@@ -748,6 +748,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->full_sweeps = e.full_sweeps;
   r->aligned_moves = e.aligned;
   r->stream_ordered_offloads = e.stream_ordered;
+  r->reads_after_writes = e.reads_after_writes;
   r->clean_offloads = e.clean_offloads;
   r->clean_bytes = e.clean_bytes;
   r->discards = e.discards;

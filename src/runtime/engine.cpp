@@ -53,6 +53,10 @@ struct Engine::Entry {
   // Offloaded, its memory freed in stream order while `pending` (the write) may still be running
   // (EngineOptions::stream_ordered_offloads).
   bool write_in_flight = false;
+  // kPrefetching: the stream-ordered write this read back was ordered after, still running when the
+  // read was submitted (Note [Reads after their write] in src/storage/host_tier.cpp); its result is
+  // checked when the read completes (complete_prefetch_locked).
+  storage::Completion read_after;
   uint64_t last_use = 0;
   uint64_t write_seq = 0;  // the order its offload was started in (make_room_locked)
   std::string lost_message;  // kLost: the fault that lost the bytes, reported at every use
@@ -155,6 +159,7 @@ void Engine::forget_locked(Entry& e) {
   }
   e.pending = {};
   e.write_in_flight = false;
+  e.read_after = {};  // its read, which follows the write, keeps the tier space until it ends
   e.took_over_writeback = false;
   e.clean = false;
   if (e.has_extent) {
@@ -191,7 +196,7 @@ Location Engine::location(LogicalId id) const {
 
 // Note [Where the CPU waits]: every wait of the engine for a transfer counts in stall_us, and in
 // one of three parts: reads (those of a use also in stall_read_use_us), writes due (their planned
-// deadline, or a read back that must follow the write), and room (make_room_locked: writes
+// deadline, or the write a read back was ordered after, still running when the read completes), and room (make_room_locked: writes
 // completed, or evictions, to stay within the budget). That includes the waits no plan asks for:
 // forgetting a tensor that died with a transfer still running (its bytes must outlive the copy;
 // a read back's tier space alone is released later instead, forget_locked), giving back a read's
@@ -310,9 +315,28 @@ bool Engine::complete_prefetch_locked(Entry& e) {
     req.offset_bytes = e.extent.offset_bytes;
     req.ready_stream = e.memory->stream();
     req.priority = storage::Priority::kUrgent;
+    req.after = e.read_after;
     e.pending = tiers_[e.tier].tier->submit(req);
   }
   if (t0 != 0) add_stall_locked(Wait::kReadUse, t0, e.tier);
+  // The write this read followed (prefetch_locked), most often ended long ago: one that failed after
+  // its memory was released left nothing to read (on a GPU the read may not have said so yet).
+  if (e.read_after.valid()) {
+    const storage::IoResult w = wait_locked(e.read_after, Wait::kWriteReadBack, e.tier);
+    e.read_after = {};
+    if (!w.ok) {
+      if (ok) wait_locked(e.pending, Wait::kRead, e.tier);  // no copy into the memory still runs
+      e.pending = {};
+      e.memory->drop();
+      e.loc = Location::kOffloaded;
+      stats_.resident_bytes -= e.bytes;
+      fault_locked(e, w,
+                   fmt::format("offload of {} to tier '{}' failed after its device memory was released",
+                               name_locked(e), tiers_[e.tier].name),
+                   /*lost=*/true);
+      return false;
+    }
+  }
   if (!ok) {
     const storage::IoResult r = e.pending.wait();
     e.pending = {};
@@ -746,9 +770,9 @@ std::optional<storage::Extent> Engine::fresh_extent_locked(Entry& e, uint32_t ti
   return ext;
 }
 
-// An offload whose memory was freed in stream order: the read must not start before the write has
-// landed (the tier does not order them), and a write that failed after its memory went has lost
-// the tensor's contents: that is an error, never a silent read of stale bytes.
+// An offload whose memory was freed in stream order, its write ended: a write that failed after its
+// memory went has lost the tensor's contents, an error, never a silent read of stale bytes. (A read
+// back while the write still runs is ordered after it by the tier instead: prefetch_locked.)
 bool Engine::finish_write_locked(Entry& e) {
   if (!e.write_in_flight) return true;
   const storage::IoResult r = take_pending_locked(e, Wait::kWriteReadBack);
@@ -818,8 +842,11 @@ bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const L
     forget_locked(e);
     return false;
   }
-  if (!finish_write_locked(e)) return false;
-  if (e.pending.valid()) {  // the read before a clean offload (Note [Clean offloads]): long done
+  // A write freed in stream order that has ended is checked now; one still running is not waited
+  // for: the read is ordered after it in the tier (Note [Reads after their write]).
+  if (e.write_in_flight && e.pending.ready() && !finish_write_locked(e)) return false;
+  if (!e.write_in_flight && e.pending.valid()) {
+    // the read before a clean offload (Note [Clean offloads]): long done
     wait_locked(e.pending, Wait::kRead, e.tier);
     e.pending = {};
   }
@@ -834,8 +861,15 @@ bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const L
   req.offset_bytes = e.extent.offset_bytes;
   req.ready_stream = e.memory->stream();  // the new block may still be read by queued kernels
   req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
+  if (e.write_in_flight) req.after = e.pending;
   try {
-    e.pending = tiers_[e.tier].tier->submit(req);
+    storage::Completion read = tiers_[e.tier].tier->submit(req);
+    if (e.write_in_flight) {
+      e.read_after = std::move(e.pending);
+      e.write_in_flight = false;
+      stats_.reads_after_writes++;
+    }
+    e.pending = std::move(read);
   } catch (...) {
     e.memory->drop();
     throw;

@@ -153,6 +153,9 @@ struct EngineStats {
   uint64_t full_sweeps = 0;    // scans of every bound tensor for dead ones (Note [Sweeps where they matter])
   uint64_t spilled_moves = 0;     // planned offloads sent to another tier (the planned one was full)
   uint64_t stream_ordered = 0;    // offloads whose memory was freed in stream order (not CPU-waited)
+  // reads back submitted while their stream-ordered write still ran, ordered after it by the tier
+  // (Note [Reads after their write] in src/storage/host_tier.cpp) instead of the CPU waiting
+  uint64_t reads_after_writes = 0;
   uint64_t clean_offloads = 0;    // offloads that wrote nothing: the tier's copy was still valid
   uint64_t clean_bytes = 0;       // their bytes (not in bytes_offloaded: they were not written)
   uint64_t writebacks = 0;        // writeback copies started (Note [Writebacks in the engine])

@@ -77,6 +77,11 @@ class FileTier final : public Tier {
     q->req = r;
     q->state = std::make_shared<detail::CompletionState>();
     Completion completion(q->state);
+    // Note [Reads after their write]: the file tiers wait for the write here, on the caller's CPU.
+    if (auto f = detail::wait_after(r.after, detail::request_text("file tier", r))) {
+      q->state->finish(std::move(*f));
+      return completion;
+    }
     if (r.buffer.is_device()) {
       q->state->event = cuda::event_create(r.buffer.device());
       if (r.ready_stream != nullptr) {

@@ -48,10 +48,24 @@ struct HostJob {
 // simulator models lanes as LinkOrder::kIssue. (Lanes that reorder their copies themselves, with
 // streams waiting on device flags for copies not yet enqueued, were tried and hung a step on the
 // H200: docs/benchmarks.md.)
+// Note [Reads after their write]: the runtime frees an offloaded tensor's device memory in stream
+// order once its write's device-to-host copy is on a lane (stream-ordered offloads), and may read the
+// tensor back before that write has ended. The tier does not order overlapping requests, so the
+// engine used to wait on the CPU for the write before submitting the read: on the H200 that was
+// 13-34 ms a step of llama-1b in autocast at 1/2 and 1/4 of its footprint (docs/benchmarks.md,
+// "Writebacks taken over, the A/B again"), the CPU launching nothing meanwhile. IoRequest::after
+// names the write instead. On a lane the write's event marks its bytes in the arena (event_lands),
+// so the read's lane stream waits for that event on the GPU: no CPU waits, and only the reads
+// queued behind it on the same lane wait with it. The read's result includes the write's: the
+// lane's thread, finishing the read, waits for the write's result (already on its way: its copy
+// ended before the read's) and fails the read with ENODATA when it failed, since the arena then
+// holds what was there before. Requests the lanes do not take (host buffers, checksums on) wait for
+// the write in their worker; a write that is not a lane's is waited for in submit().
 struct Queued {
   std::shared_ptr<detail::CompletionState> state;
   Direction direction;
   uint64_t offset_bytes, size_bytes;
+  Completion after;  // a read ordered after this write (Note [Reads after their write])
 };
 struct Lane {
   std::mutex mu;  // held while enqueueing: submission order is stream order
@@ -182,6 +196,23 @@ class HostTier final : public Tier {
     Lane& l = lane(dev, write, r.priority == Priority::kUrgent);
     auto state = std::make_shared<detail::CompletionState>();
     std::byte* slot = arena_ + r.offset_bytes;
+    // Note [Reads after their write]: a write still running on one of this tier's lanes published
+    // the event that ends its copy into the arena; the read's copy waits for it on the GPU. Any
+    // other write is waited for here.
+    void* landed = nullptr;
+    if (r.after.valid()) {
+      detail::CompletionState* w = detail::state_of(r.after);
+      std::unique_lock wl(w->mu);
+      if (!w->done && w->event_published && w->event_lands) {
+        landed = w->event;
+      } else {
+        wl.unlock();
+        if (auto f = detail::wait_after(r.after, detail::request_text("host tier", r))) {
+          state->finish(std::move(*f));
+          return Completion(state);
+        }
+      }
+    }
     std::lock_guard lock(l.mu);
     if (l.closed) throw teraio::Error("host tier: submit after shutdown");
     try {
@@ -191,6 +222,7 @@ class HostTier final : public Tier {
         cuda::event_record(ready.get(), r.ready_stream);
         cuda::stream_wait_event(l.stream, ready.get());  // the wait keeps what it needs
       }
+      if (landed != nullptr) cuda::stream_wait_event(l.stream, landed);
       if (size > 0) {
         if (write) {
           cuda::memcpy_async(slot, r.buffer.data(), size, l.stream);
@@ -205,8 +237,9 @@ class HostTier final : public Tier {
                                              e.what())));
       return Completion(state);
     }
+    if (write) state->event_lands = true;  // set before anyone can see the state
     state->publish_event();  // a read's data is in place / a write's source free after it
-    l.queued.push_back(Queued{state, r.direction, r.offset_bytes, size});
+    l.queued.push_back(Queued{state, r.direction, r.offset_bytes, size, landed ? r.after : Completion()});
     l.cv.notify_one();
     return Completion(state);
   }
@@ -231,6 +264,14 @@ class HostTier final : public Tier {
                                      to_string(q->direction), q->size_bytes, q->offset_bytes,
                                      e.what()));
       }
+      // The write this read followed on the GPU has ended too (its lane reports it shortly): a
+      // failed one left nothing to read.
+      if (r.ok) {
+        if (auto f = detail::wait_after(
+                q->after, fmt::format("host tier: {} of {} bytes at offset {}", to_string(q->direction),
+                                      q->size_bytes, q->offset_bytes)))
+          r = std::move(*f);
+      }
       q->state->finish(std::move(r));
     }
     cuda::stream_destroy(l.stream);
@@ -241,7 +282,9 @@ class HostTier final : public Tier {
     while (auto job = queue.pop_wait()) {
       IoResult r;
       try {
-        r = run(*job, streams);
+        // Note [Reads after their write]: a worker waits for the write before the copy.
+        auto f = detail::wait_after(job->request.after, detail::request_text("host tier", job->request));
+        r = f ? std::move(*f) : run(*job, streams);
       } catch (const std::exception& e) {
         r = failure(EIO,
                     fmt::format("host tier: {} of {} bytes at offset {}: {}",

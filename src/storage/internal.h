@@ -23,7 +23,9 @@ namespace detail {
 // published (event_published) as soon as that copy is enqueued, before the worker waits for it, so
 // a compute stream can wait on the GPU instead of on the CPU (Completion::stream_wait). The host
 // tier publishes the same for writes from device memory (the event after the device-to-host copy),
-// so that the source's memory can be reused in stream order before the CPU sees the write done.
+// so that the source's memory can be reused in stream order before the CPU sees the write done;
+// for its copy lanes that event also marks the bytes in place in the arena (event_lands), so a
+// read of the same bytes can wait for it on the GPU (Note [Reads after their write]).
 struct CompletionState {
   std::mutex mu;
   std::condition_variable cv;
@@ -31,11 +33,18 @@ struct CompletionState {
   IoResult result;
   void* event = nullptr;  // owned; created lazily by the tier
   bool event_published = false;
+  bool event_lands = false;  // a write's event marks its bytes in the tier (host tier lanes)
 
   ~CompletionState();
   void publish_event();
   void finish(IoResult r);
 };
+
+// The failure of a request ordered after the write `after` (Note [Reads after their write]): ENODATA,
+// saying that the request (`what`: tier, direction, size, offset) followed that failed write;
+// nullopt when `after` is unset or succeeded. Waits for it.
+std::optional<IoResult> wait_after(const Completion& after, std::string_view what);
+std::string request_text(std::string_view tier, const IoRequest& r);  // "<tier>: read of N bytes at offset X"
 
 }  // namespace detail
 

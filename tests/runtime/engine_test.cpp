@@ -13,6 +13,7 @@
 
 #include "../common/fake_memory.h"
 #include "engine.h"
+#include "internal.h"  // storage's completion states: GateTier below
 #include "teraio/error.h"
 
 namespace teraio::runtime {
@@ -1169,6 +1170,95 @@ TEST_F(EngineFaultTest, ForgettingADeadTensorWaitsForItsWriteAndCountsTheWait) {
   EXPECT_GT(st.stall_write_us, 5000);
   EXPECT_EQ(st.stall_read_us + st.stall_write_us + st.stall_room_us, st.stall_us);
   EXPECT_EQ(st.resident_bytes, 0u);
+}
+
+// A tier whose writes behave as the host tier's copy lanes do on a GPU: submit() takes the bytes at
+// once (the device-to-host copy) and publishes the write's event, so that the engine frees the
+// tensor's memory in stream order, but the write lands in the inner tier and completes only when
+// the test opens the gate (or fails it). Reads pass through, `after` included. Only on a machine
+// without a GPU: the engine's stream wait on the published event is then refused by CUDA (and
+// caught), where on a GPU it would meet the fake stream of StreamMemory.
+class GateTier : public storage::Tier {
+ public:
+  explicit GateTier(storage::Tier* inner) : inner_(inner) {}
+  storage::Completion submit(const storage::IoRequest& r) override {
+    if (r.direction == storage::Direction::kRead) return inner_->submit(r);
+    auto state = std::make_shared<storage::detail::CompletionState>();
+    const auto* p = static_cast<const unsigned char*>(r.buffer.data());
+    held_.push_back({std::vector<unsigned char>(p, p + r.buffer.size_bytes()), r.offset_bytes, state});
+    state->publish_event();
+    return storage::Completion(state);
+  }
+  // Lands every held write and completes it; with `error` set, fails them instead.
+  void open(const char* error = nullptr) {
+    for (Held& h : held_) {
+      if (error != nullptr) {
+        h.state->finish(storage::IoResult{false, 0, EIO, error});
+        continue;
+      }
+      inner_->write(storage::BufferView::host(h.bytes.data(), h.bytes.size()), h.offset);
+      h.state->finish(storage::IoResult{true, h.bytes.size()});
+    }
+    held_.clear();
+  }
+  void shutdown(storage::ShutdownMode) override { open("shut down"); }
+  storage::TierInfo info() const override { return inner_->info(); }
+
+ private:
+  struct Held {
+    std::vector<unsigned char> bytes;
+    uint64_t offset;
+    std::shared_ptr<storage::detail::CompletionState> state;
+  };
+  storage::Tier* inner_;
+  std::vector<Held> held_;
+};
+
+// Note [Reads after their write]: a tensor read back while its stream-ordered write still runs is
+// not waited for on the CPU: the read goes to the tier at once, ordered after the write, and brings
+// back the written bytes; a write that fails meanwhile loses the tensor, reported with its name when
+// the read completes.
+TEST_F(EngineTest, AReadBackFollowsItsRunningWriteWithoutTheCpuWaiting) {
+  if (storage::cuda_device_count() > 0) GTEST_SKIP() << "GateTier's fake stream is for machines without a GPU";
+  for (const bool write_fails : {false, true}) {
+    GateTier gate(host_.get());
+    Engine e(EngineOptions{0, /*stream_ordered_offloads=*/true, /*clean_offloads=*/false},
+             std::vector<EngineTier>{{"gate", &gate, 1 << 20}});
+    auto a = make_tensor(10000, 6);
+    e.bind(0, std::make_unique<StreamMemory>(a));
+    ASSERT_TRUE(e.offload(0, 0));
+    e.finish_offload(0);
+    ASSERT_EQ(e.stats().stream_ordered, 1u) << "the memory was not freed in stream order";
+    EXPECT_TRUE(a->data.empty());
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      gate.open(write_fails ? "disk on fire" : nullptr);
+    });
+    ASSERT_TRUE(e.prefetch(0));  // returns before the write has landed
+    EXPECT_EQ(e.stats().reads_after_writes, 1u);
+    EXPECT_EQ(e.stats().stall_write_readback_us, 0) << "the CPU waited for the write before the read";
+    LogicalId ids[] = {0};
+    e.begin_use(ids);
+    e.end_use(ids);
+    opener.join();
+    auto faults = e.take_faults();
+    if (!write_fails) {
+      EXPECT_TRUE(faults.empty());
+      EXPECT_TRUE(has_pattern(*a, 6)) << "the read did not wait for the write it followed";
+      EXPECT_EQ(e.location(0), Location::kResident);
+      continue;
+    }
+    EXPECT_EQ(e.location(0), Location::kLost);
+    ASSERT_EQ(faults.size(), 1u);
+    EXPECT_TRUE(faults[0].lost);
+    EXPECT_NE(faults[0].message.find("offload of tensor '0' (10000 bytes) to tier 'gate' failed after its "
+                                     "device memory was released"),
+              std::string::npos)
+        << faults[0].message;
+    EXPECT_NE(faults[0].message.find("disk on fire"), std::string::npos) << faults[0].message;
+    EXPECT_EQ(a->lost, faults[0].message) << "the tensor refuses access with the fault's message";
+    EXPECT_EQ(e.stats().resident_bytes, 0u);
+  }
 }
 
 // Note [An offload takes over its writeback's copy]: an offload that comes while its writeback's

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "internal.h"  // a completion finished by hand: the write a read is ordered after
 #include "teraio/error.h"
 #include "teraio/storage.h"
 #include "test_util.h"
@@ -217,6 +218,48 @@ TEST_P(Conformance, UrgentRequestOvertakesQueuedOnes) {
   // 2 loaded cores a striped tier once finished it after exactly half: 57 of 114).
   EXPECT_LE(before, pending / 2) << "the urgent request finished after " << before << " of the " << pending
                                  << " requests still queued when it was submitted";
+}
+
+// Note [Reads after their write]: a read ordered after a write (IoRequest::after) moves its bytes only
+// once that write has ended, whether the tier waits in submit() (file tiers) or in a worker (host
+// buffers on the host tier). The "write" here is a completion the test finishes by hand after
+// putting new bytes at the offset: a read that did not wait returns the old ones.
+TEST_P(Conformance, ReadOrderedAfterAWriteSeesItsBytes) {
+  constexpr uint64_t kSize = 3 * kStripe + 100;
+  const uint64_t offset = 5 * kStripe;
+  std::vector<unsigned char> before = pattern(kSize, 11), after = pattern(kSize, 12), back(kSize);
+  tier_->write(BufferView::host(before.data(), kSize), offset);
+  auto write = std::make_shared<detail::CompletionState>();
+  IoRequest read{Direction::kRead, BufferView::host(back.data(), kSize), offset};
+  read.after = Completion(write);
+  Completion done;
+  std::thread reader([&] { done = tier_->submit(read); });  // a file tier waits inside submit()
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  tier_->write(BufferView::host(after.data(), kSize), offset);  // the bytes "the write" put there
+  write->finish(IoResult{true, kSize});
+  reader.join();
+  ASSERT_TRUE(done.wait().ok) << done.wait().error;
+  EXPECT_TRUE(back == after) << "the read did not wait for the write it was ordered after";
+}
+
+// A read ordered after a write that failed fails too, as lost (ENODATA): what the tier holds there
+// is not what was written.
+TEST_P(Conformance, ReadOrderedAfterAFailedWriteFailsAsLost) {
+  constexpr uint64_t kSize = kStripe;
+  std::vector<unsigned char> data = pattern(kSize, 13), back(kSize);
+  tier_->write(BufferView::host(data.data(), kSize), 0);
+  auto write = std::make_shared<detail::CompletionState>();
+  IoRequest read{Direction::kRead, BufferView::host(back.data(), kSize), 0};
+  read.after = Completion(write);
+  write->finish(IoResult{false, 0, EIO, "disk on fire (the write's message)"});
+  const IoResult& r = tier_->submit(read).wait();
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error_code, ENODATA);
+  EXPECT_TRUE(lost(r));
+  EXPECT_NE(r.error.find("of 65536 bytes at offset 0 follows a write of the same bytes that failed"),
+            std::string::npos)
+      << r.error;
+  EXPECT_NE(r.error.find("disk on fire"), std::string::npos) << r.error;
 }
 
 TEST_P(Conformance, RequestBeyondCapacityIsAClearError) {

@@ -202,6 +202,34 @@ TEST_F(HostLanes, StreamWaitDoesNotWaitForEarlierCopiesToEnd) {
   EXPECT_TRUE(back == data);
 }
 
+// Note [Reads after their write]: a read of bytes a lane write is still copying into the arena waits
+// for that copy on the GPU: submit() returns before the write has ended, and the read brings back
+// the new bytes, not those the arena held before.
+TEST_F(HostLanes, ReadOrderedAfterARunningWriteWaitsOnTheGpu) {
+  const uint64_t big = 256 << 20;  // ~5 ms each way on a 55 GB/s link
+  auto old_bytes = pattern(big, 21), new_bytes = pattern(big, 22);
+  Buffer src = Buffer::allocate(big, MemoryKind::kDevice, 0);
+  Buffer dst = Buffer::allocate(big, MemoryKind::kDevice, 0);
+  copy_buffer(src.view(), BufferView::host(old_bytes.data(), big));
+  tier_->write(src.view(), 0);
+  copy_buffer(src.view(), BufferView::host(new_bytes.data(), big));
+  void* s = cuda::stream_create(0);
+  Completion write = tier_->submit({Direction::kWrite, src.view(), 0});
+  IoRequest r{Direction::kRead, dst.view(), 0};
+  r.after = write;
+  Completion read = tier_->submit(r);
+  EXPECT_FALSE(write.ready()) << "submit() waited on the CPU for the write the read follows";
+  read.stream_wait(s);
+  cuda::stream_sync(s);
+  cuda::stream_destroy(s);
+  ASSERT_TRUE(write.wait().ok) << write.wait().error;
+  ASSERT_TRUE(read.wait().ok) << read.wait().error;
+  EXPECT_LE(write.wait().finish_ns, read.wait().finish_ns);
+  std::vector<unsigned char> back(big);
+  copy_buffer(BufferView::host(back.data(), big), dst.view());
+  EXPECT_TRUE(back == new_bytes) << "the read copied the arena before the write had filled it";
+}
+
 TEST_F(HostLanes, ManyQueuedCopiesEachWay) {
   const int n = 48;
   const uint64_t size = (1 << 20) + 4096 * 3;
