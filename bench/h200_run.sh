@@ -43,9 +43,9 @@
 # Still to measure (issues 15, 16; docs/benchmarks.md, "Writebacks taken over, the A/B again, and
 # the 8B as a user runs it, on the H200"), one device call each (< 10 min), in this order (ask only
 # with >= 6 min of device time left: a start is refused under 4):
-#   TORCH_GPU_BITWISE_ONLY=1 TORCH_GPU_CASES=llama-amp,llama-amp-inbwd bash bench/torch_gpu.sh
-#                                           (CUDA bitwise with session 40's deferred read extents;
-#                                            any GPU, ~3 min with the install)
+#   bash bench/call41.sh                    (GPU storage tests, build-gpu/ carried, and CUDA bitwise
+#                                            with reads back ordered after their running writes and
+#                                            session 40's deferred read extents; any GPU, ~4 min)
 #   WARMUP=9 REPEATS=1 MODES="step-in-backward step-in-backward+no-deep-recompute+no-writebacks"
 #     bash bench/call37.sh "2 4"            (any 80 GB GPU, ~6 min: expect stall_read_us near its
 #                                            at-a-use part now; python3 bench/run_summary.py)
