@@ -156,6 +156,9 @@ struct SessionStats {
   std::string kernel_timing;
   double profiled_kernel_us = 0;
   double profiled_event_us = 0;
+  // The last profile's operators in which the caching allocator waited for the device (a retried
+  // cudaMalloc, a cudaFree): their host time is the time before them, as for a scalar read back.
+  uint64_t profiled_allocator_waits = 0;
   uint64_t bytes_offloaded = 0;
   uint64_t bytes_prefetched = 0;
   double stall_us = 0;             // host time the engine waited for transfers, in three parts:
@@ -263,6 +266,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("kernel_timing", &S::kernel_timing, K::kText);
   f("profiled_kernel_us", &S::profiled_kernel_us, K::kGauge);
   f("profiled_event_us", &S::profiled_event_us, K::kGauge);
+  f("profiled_allocator_waits", &S::profiled_allocator_waits, K::kGauge);
   f("bytes_offloaded", &S::bytes_offloaded, K::kCounter);
   f("bytes_prefetched", &S::bytes_prefetched, K::kCounter);
   f("stall_us", &S::stall_us, K::kCounter);

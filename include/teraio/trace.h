@@ -95,6 +95,15 @@ class Trace {
   bool has_host_times() const { return !kernel_host_us_.empty(); }
   // Sets kernel k's host time (the first call gives every other kernel 0).
   void set_kernel_host_us(KernelIndex k, double host_us);
+  // Format v2, optional: kernel k's operator copies a value from the device to the host and the
+  // host waits for it (a tensor's item(), nonzero's size; docs/formats.md): the copy queues behind
+  // the device-to-host transfers issued before it (Note [Reads back behind the writes] in
+  // simulator.cpp). False where the trace records none.
+  bool kernel_reads_back(KernelIndex k) const {
+    return !kernel_reads_back_.empty() && kernel_reads_back_[k] != 0;
+  }
+  bool has_reads_back() const { return !kernel_reads_back_.empty(); }
+  void set_kernel_reads_back(KernelIndex k, bool reads_back);
 
   // Appends a kernel. Tensor ids must refer to tensors already added (checked by validate()).
   // Duplicate ids within one kernel are collapsed.
@@ -130,6 +139,7 @@ class Trace {
   std::vector<uint32_t> kernel_name_id_;
   std::vector<double> kernel_time_us_;
   std::vector<double> kernel_host_us_;  // empty: none recorded
+  std::vector<uint8_t> kernel_reads_back_;  // empty: none recorded
   std::vector<uint64_t> offsets_{0};
   std::vector<TensorId> tensor_ids_;
   std::vector<std::pair<std::string, uint32_t>> name_index_;  // sorted lookup for interning

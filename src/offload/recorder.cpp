@@ -222,11 +222,12 @@ void Recorder::note_produced(LogicalId id, std::string_view op_name, const Produ
 
 void Recorder::add_operator(std::string name, double time_us, std::span<const LogicalId> inputs,
                             std::span<const LogicalId> outputs, const TensorSource& source,
-                            double host_us) {
+                            double host_us, bool reads_back) {
   OperatorRecord r;
   r.name = std::move(name);
   r.time_us = time_us;
   r.host_us = host_us;
+  r.reads_back = reads_back;
   r.ids.assign(inputs.begin(), inputs.end());
   for (LogicalId id : outputs)
     if (std::find(r.ids.begin(), r.ids.end(), id) == r.ids.end()) r.ids.push_back(id);
@@ -354,8 +355,10 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
     trace.add_kernel(ops_[k].name, std::max(0.0, source.operator_time_us(k, ops_[k].time_us)), ids);
   }
   if (source.host_times())  // Note [The host lane] in simulator.cpp
-    for (size_t k = 0; k < ops_.size(); ++k)
+    for (size_t k = 0; k < ops_.size(); ++k) {
       trace.set_kernel_host_us(static_cast<KernelIndex>(k), std::max(0.0, ops_[k].host_us));
+      if (ops_[k].reads_back) trace.set_kernel_reads_back(static_cast<KernelIndex>(k), true);
+    }
   // alive_until, for transient tensors whose memory outlived their last listed use.
   std::vector<int64_t> first_listed(trace.num_tensors(), -1), last_listed(trace.num_tensors(), -1);
   for (size_t k = 0; k < trace.num_kernels(); ++k)

@@ -117,6 +117,7 @@ struct OperatorRecord {
   double time_us = 0;
   std::vector<LogicalId> ids;
   double host_us = 0;  // the host's time to reach and launch it (TensorSource::host_times)
+  bool reads_back = false;  // it copies a device value to the host, which waits (Trace::kernel_reads_back)
 };
 
 // What the recorder asks of the binding layer (src/torch; fakes in tests).
@@ -197,10 +198,12 @@ class Recorder {
   const std::vector<uint64_t>& signatures() const { return signatures_; }
   // Appends an operator touching `inputs` and then `outputs` (duplicates dropped), and marks every
   // recorded tensor still alive after it (source.alive) as alive there. host_us: the host's time
-  // to reach and launch it (Note [Host times of a recording] in src/torch/session.cpp).
+  // to reach and launch it (Note [Host times of a recording] in src/torch/session.cpp);
+  // reads_back: it copies a value from the device to the host, which waits for it (kept in the
+  // trace with the host times: kernels[k].reads_back).
   void add_operator(std::string name, double time_us, std::span<const LogicalId> inputs,
                     std::span<const LogicalId> outputs, const TensorSource& source,
-                    double host_us = 0);
+                    double host_us = 0, bool reads_back = false);
   // Replaces the recorded operators and signatures with these (a plan's own profile of the
   // operators before a drift: the iteration can still become the profile of its shape).
   void splice(std::span<const OperatorRecord> ops, std::span<const uint64_t> signatures);

@@ -134,6 +134,8 @@ class TierLinks {
     }
   }
 
+  double now() const { return now_; }
+
   // Serves `urgent` (transfers of direction d not yet done, in issue order) from now_ on, which the
   // caller has advanced to: the transfer in service keeps going if it is urgent, else it is
   // suspended and resumes right after them. The other direction keeps serving meanwhile (it is
@@ -338,6 +340,17 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
 // among the recomputes in proportion to their producers' recorded host times, so where the host
 // lane falls behind still follows the plan. Measured that way it is no longer part of the runner's
 // per-kernel host time (the Session leaves it out there), so it is counted once.
+// Note [Reads back behind the writes]: an operator that reads a device value back to the host (a
+// tensor's item(), is_nonzero, nonzero's size; kernels[k].reads_back, recorded by a Session on
+// CUDA) copies it device-to-host on the compute stream, and the GPU's copy engine serves that copy
+// after the device-to-host copies queued before it on the transfer streams. Measured on the H200
+// (Llama-3-8B shape in autocast, docs/benchmarks.md): HF Llama's mask check reads a flag back at
+// its 14th operator, just after the step had issued two 2 GiB offloads; its 1-byte copy ran when
+// the second ended, and the compute stream sat idle 75 ms of a 1.09 s step. So such a kernel
+// starts only when every write issued before it has ended (counted in stall_us), and the host,
+// which waits for the value, reaches the next operator only after the kernel (with a host lane).
+// Writes issued after it are not in its way: the Session's issue order moves the writes it can past
+// such operators (Note [Writes after reads back]).
 // Note [Reported iteration]
 // iteration_us is the mean over the simulated iterations: ideal plus every stall from time 0 to the
 // start of kernel 0 of the iteration after the last, divided by the iteration count. Each kernel's
@@ -590,6 +603,16 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     t = satisfy(g, true, t);   // offloads that free the memory kernel g needs
     issue_all(g, false, t);    // prefetches issued as kernel g begins take memory now
     t = satisfy(g, false, t);  // prefetches kernel g reads
+    // Note [Reads back behind the writes]
+    if (g < last_g && trace.kernel_reads_back(static_cast<KernelIndex>(k))) {
+      for (TierLinks& l : links) {
+        Direction& w = l.dir[0];
+        l.advance(xs, t);
+        for (size_t i = 0; i < w.issued; ++i)
+          if (!xs[w.seq[i]].done) l.advance(xs, kInf, w.seq[i]);
+        t = std::max(t, l.now());
+      }
+    }
     if (t > free_us) {
       stall_us += t - free_us;
       gaps.push_back({free_us, t});
@@ -612,6 +635,8 @@ SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts)
     if (g >= first_g) start_us[static_cast<size_t>(g - first_g)] = t;
     if (g == last_g) break;
     t += times[static_cast<size_t>(g % n)];
+    // The host waits for the value it reads back (Note [Reads back behind the writes]).
+    if (host_lane && trace.kernel_reads_back(static_cast<KernelIndex>(k))) h = std::max(h, t);
     issue_all(g, true, t);  // offloads begin once kernel g has finished
   }
   for (TierLinks& l : links) l.advance(xs, kInf);
@@ -787,6 +812,54 @@ std::vector<double> begins_leaving_idle(const Trace& trace, const Plan& plan, co
   return begin;
 }
 
+// Note [Writes after reads back]: a write still running when an operator reads a value back holds
+// that operator, and the host behind it, until the write ends (Note [Reads back behind the
+// writes]). An offload issued before such an operator whose copy, in the replay `r`, ends after the
+// kernel before the operator, and which may begin as late as the operator's end (before its
+// deadline), is issued there instead. nullopt when none is, or the plan would not be valid. issue_in_deadline_order
+// keeps it where the replay is faster.
+std::optional<Plan> writes_after_reads_back(const Trace& trace, const Lifetimes& lifetimes,
+                                            const Plan& plan, const SimResult& r) {
+  const auto N = static_cast<int64_t>(trace.num_kernels());
+  std::vector<int64_t> reads;
+  for (int64_t k = 0; k < N; ++k)
+    if (trace.kernel_reads_back(static_cast<KernelIndex>(k))) reads.push_back(k);
+  if (reads.empty() || r.kernel_start_us.size() < static_cast<size_t>(N)) return std::nullopt;
+  const double period = r.last_iteration_us;
+  auto start_of = [&](int64_t k) {  // kernel k from kernel 0 of the last iteration, periodically
+    const int64_t wraps = k >= 0 ? k / N : -((-k + N - 1) / N);
+    return r.kernel_start_us[static_cast<size_t>(k - wraps * N)] + static_cast<double>(wraps) * period;
+  };
+  // The first kernel that reads back after kernel k (periodically).
+  auto next_read = [&](int64_t k) {
+    const int64_t wraps = k >= 0 ? k / N : -((-k + N - 1) / N);
+    const int64_t in = k - wraps * N;
+    const auto it = std::upper_bound(reads.begin(), reads.end(), in);
+    return it != reads.end() ? *it + wraps * N : reads.front() + (wraps + 1) * N;
+  };
+  Plan out = plan;
+  bool changed = false;
+  for (const SimTransfer& x : r.transfers) {
+    if (!x.offload || x.writeback || x.move >= out.moves.size()) continue;
+    Move& m = out.moves[x.move];
+    if (m.op != MoveOp::offload) continue;
+    const int64_t read = next_read(x.issue_kernel);
+    // Ended before the reading kernel could start (the kernel before it ended): not in its way.
+    const KernelIndex before = static_cast<KernelIndex>(((read - 1) % N + N) % N);
+    if (x.end_us <= start_of(read - 1) + trace.kernel_time_us(before)) continue;
+    const int64_t span = (static_cast<int64_t>(m.deadline) - m.start + N) % N;
+    const int64_t d = read - x.issue_kernel;  // issued at the end of the reading kernel instead
+    if (d > span - 1) continue;               // too late for its deadline
+    m.start = static_cast<KernelIndex>((m.start + d) % N);
+    changed = true;
+  }
+  if (!changed) return std::nullopt;
+  std::stable_sort(out.moves.begin(), out.moves.end(),
+                   [](const Move& a, const Move& b) { return a.start < b.start; });
+  if (!check_plan(trace, lifetimes, out, 1).valid) return std::nullopt;
+  return out;
+}
+
 }  // namespace
 
 Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOptions& opts, SimResult* as_run) {
@@ -868,6 +941,14 @@ Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOpti
       if (us < best_us || (tie_wins && us == best_us)) best = std::move(*out), best_run = std::move(run);
     }
     tie_wins = false;
+  }
+  if (trace.has_reads_back()) {  // Note [Writes after reads back]: only where faster
+    SimOptions shown = run_opts;
+    shown.record_timeline = true;
+    if (std::optional<Plan> out = writes_after_reads_back(trace, lifetimes, best, simulate(trace, best, shown))) {
+      SimResult run = simulate(trace, *out, run_opts);
+      if (ranking_us(run) < ranking_us(best_run)) best = std::move(*out), best_run = std::move(run);
+    }
   }
   if (as_run) *as_run = std::move(best_run);
   return best;

@@ -321,6 +321,10 @@ struct OpCtx final : at::ObserverContext {
   // previous operator's ended, and the nested callbacks' time at its start (tl_nested_hook_us).
   double gap_us = 0;
   double nested_hook_us0 = 0;
+  int64_t allocator_syncs0 = -1;  // allocator_syncs() at its start (CUDA recordings)
+  // Recording on CUDA: it reads a value of a device tensor back to the host (waits_for_device,
+  // with an input on the device), which queues behind the device-to-host copies issued before it.
+  bool reads_back = false;
   uint64_t timer_token = 0;  // nonzero while the KernelTimer attributes this thread's work to it
   bool violation = false;  // the budget could not be met at this operator (reported once)
   // A planned step's capture for the outputs a recompute makes again (Note [Recipes from the
@@ -354,6 +358,15 @@ std::pair<uint64_t, uint64_t> device_allocated(c10::DeviceIndex device) {
       s.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   return {static_cast<uint64_t>(std::max<int64_t>(a.current, 0)),
           static_cast<uint64_t>(std::max<int64_t>(a.peak, 0))};
+}
+
+// Note [Host times of a recording]: the caching allocator's calls that wait for the device. A
+// cudaMalloc that fails makes it free its cached blocks and retry (num_alloc_retries); freeing a
+// cached block is a cudaFree, which waits for all the device's work (num_device_free); it also
+// synchronises every stream's pending frees (num_sync_all_streams). Their sum only grows.
+int64_t allocator_syncs(c10::DeviceIndex device) {
+  const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  return s.num_alloc_retries + s.num_device_free + s.num_sync_all_streams;
 }
 #endif
 
@@ -674,6 +687,9 @@ struct Session::Impl final : offload::StepBinding {
   // operator CUPTI's time, else its events' (negative: none, the host clock's time stands).
   std::vector<double> op_device_us;
   double event_us_sum = 0;  // the last recording's operators timed with events (CUDA)
+  // Operators of the recording under way / of the last one whose body waited for the device in the
+  // caching allocator (Note [Host times of a recording]): stats()["profiled_allocator_waits"].
+  uint64_t allocator_wait_ops = 0, profiled_allocator_waits = 0;
   std::atomic<double> hook_us{0};  // host time inside the operator callbacks (stats()["hook_us"])
   double runner_host_us() const override {
     return hook_us.load(std::memory_order_relaxed);
@@ -715,6 +731,8 @@ struct Session::Impl final : offload::StepBinding {
     }
     op_device_us.assign(op_events.size(), -1.0);
     event_us_sum = 0;
+    profiled_allocator_waits = allocator_wait_ops;
+    allocator_wait_ops = 0;
     for (size_t k = 0; k < op_events.size(); ++k) {
       if (!op_events[k]) continue;  // spliced from an earlier profile: its time is final
       op_events[k]->second.synchronize();
@@ -988,6 +1006,12 @@ struct Session::Impl final : offload::StepBinding {
         ctx->events = std::make_shared<std::pair<at::cuda::CUDAEvent, at::cuda::CUDAEvent>>(
             at::cuda::CUDAEvent(cudaEventDefault), at::cuda::CUDAEvent(cudaEventDefault));
         ctx->events->first.record(c10::cuda::getCurrentCUDAStream(device->index()));
+        ctx->allocator_syncs0 = allocator_syncs(device->index());
+        if (waits_for_device(fn.name()))
+          for (const c10::IValue& v : fn.inputs())
+            visit_tensors(v, [&](const at::Tensor& t) {
+              if (t.defined() && t.device() == *device) ctx->reads_back = true;
+            });
         start_timer();
         if (timer) {
           ctx->timer_token = ++timer_tokens;
@@ -1091,10 +1115,22 @@ struct Session::Impl final : offload::StepBinding {
       // engine work between them), its host time in the trace (kernels[k].host_us, CUDA only).
       // An operator that waits for the device (a scalar read back, nonzero's size) spends its body
       // waiting for what the GPU had queued, which is device time, not host time: its gap alone
-      // counts.
+      // counts. So does one in which the caching allocator waited for the device (a cudaMalloc
+      // retried after freeing its cache, a cudaFree: allocator_syncs), whatever its name. The
+      // Llama-3-8B shape's recording on the H200, 123 of 140 GiB reserved, had an aten::mul and an
+      // aten::add_ of 38 ms host time each over 0.1 ms kernels, which the replay took for host
+      // work (docs/benchmarks.md); stats()["profiled_allocator_waits"] says whether such are these.
       const double body_us = std::max(0.0, t1 - ctx->t0_us - (tl_nested_hook_us - ctx->nested_hook_us0));
-      const double host_us = ctx->gap_us + (waits_for_device(fn.name()) ? 0.0 : body_us);
-      ctl->recorder().add_operator(fn.name(), body_us, ctx->ids, outs, *this, host_us);
+      bool device_wait = waits_for_device(fn.name());
+#ifdef TERAIO_TORCH_CUDA
+      if (ctx->allocator_syncs0 >= 0 && allocator_syncs(device->index()) > ctx->allocator_syncs0) {
+        device_wait = true;
+        allocator_wait_ops++;
+      }
+#endif
+      const double host_us = ctx->gap_us + (device_wait ? 0.0 : body_us);
+      ctl->recorder().add_operator(fn.name(), body_us, ctx->ids, outs, *this, host_us,
+                                   ctx->reads_back);
 #ifdef TERAIO_TORCH_CUDA
       if (ctx->events) {
         ctx->events->second.record(c10::cuda::getCurrentCUDAStream(device->index()));
@@ -1732,6 +1768,7 @@ SessionStats Session::stats() const {
   s.ctl->fill_stats(e, &r);
   r.kernel_timing = s.kernel_timing();
   r.profiled_event_us = s.event_us_sum;
+  r.profiled_allocator_waits = s.profiled_allocator_waits;
   r.tracked_tensors = s.storages.size();
   r.hook_us = s.hook_us.load(std::memory_order_relaxed);
   r.owner_resizes = s.owner_resizes;

@@ -41,6 +41,7 @@ void Trace::add_kernel(std::string_view name, double time_us, std::span<const Te
   kernel_name_id_.push_back(intern(name));
   kernel_time_us_.push_back(time_us);
   if (!kernel_host_us_.empty()) kernel_host_us_.push_back(0.0);
+  if (!kernel_reads_back_.empty()) kernel_reads_back_.push_back(0);
   const size_t begin = tensor_ids_.size();
   for (TensorId t : ids) {
     // Collapse duplicates: a kernel touching a tensor twice uses it once.
@@ -49,6 +50,16 @@ void Trace::add_kernel(std::string_view name, double time_us, std::span<const Te
       tensor_ids_.push_back(t);
   }
   offsets_.push_back(tensor_ids_.size());
+}
+
+void Trace::set_kernel_reads_back(KernelIndex k, bool reads_back) {
+  TERAIO_CHECK(k < num_kernels(), "set_kernel_reads_back: kernel {} is out of range ({} kernels)",
+               k, num_kernels());
+  if (kernel_reads_back_.empty()) {
+    if (!reads_back) return;
+    kernel_reads_back_.assign(num_kernels(), 0);
+  }
+  kernel_reads_back_[k] = reads_back ? 1 : 0;
 }
 
 void Trace::set_kernel_host_us(KernelIndex k, double host_us) {

@@ -155,6 +155,9 @@ Trace parse_trace(std::string_view text, std::string_view source) {
       if (total_host_us > kMaxTraceTimeUs) r.fail(p.field("host_us"), Trace::time_bound_message(host_us));
       trace.set_kernel_host_us(static_cast<KernelIndex>(k), host_us);
     }
+    if (version >= 2 && r.has(o, "reads_back") &&
+        r.boolean(r.field(o, "reads_back", p), p.field("reads_back")))
+      trace.set_kernel_reads_back(static_cast<KernelIndex>(k), true);
     ++k;
   }
   if (check_uses) {  // checked against the uses, which are known only now
@@ -176,7 +179,7 @@ std::string trace_to_json(const Trace& trace) {
   std::string out;
   out.reserve(64 + trace.num_tensors() * 96 + trace.num_kernels() * 64);
   // v1 when nothing needs v2, so that files without producers stay readable by older teraio.
-  const bool v2 = trace.has_host_times() ||
+  const bool v2 = trace.has_host_times() || trace.has_reads_back() ||
                   std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const TensorInfo& t) {
                     return t.producer.has_value() || t.recomputable;
                   });
@@ -239,6 +242,7 @@ std::string trace_to_json(const Trace& trace) {
       out += ", \"host_us\": ";
       append_json_number(out, trace.kernel_host_us(ki), "a host time");
     }
+    if (trace.kernel_reads_back(ki)) out += ", \"reads_back\": true";
     fmt::format_to(std::back_inserter(out), ", \"tensors\": [{}]}}",
                    fmt::join(trace.kernel_tensors(ki), ", "));
   }

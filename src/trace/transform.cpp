@@ -250,6 +250,8 @@ Trace move_optimizer_into_backward(const Trace& trace, StepInBackwardInfo* info)
     out.add_kernel(trace.kernel_name(part.old), time_us, ids);
     if (trace.has_host_times())
       out.set_kernel_host_us(static_cast<KernelIndex>(out.num_kernels() - 1), host_us);
+    if (trace.kernel_reads_back(part.old))  // each part of a split one: it read back once, somewhere
+      out.set_kernel_reads_back(static_cast<KernelIndex>(out.num_kernels() - 1), true);
   }
 
   // Kernel indices of the tensors follow their kernels: for a split kernel, the part that lists

@@ -54,11 +54,14 @@ TEST(Recorder, HostTimesGoIntoTheTraceOnlyWhereTimesAreTheDevices) {
     r.note_bound(a, make_key(0, 0, false), 4096, true);
     src.live.insert(a);
     r.add_operator("first", 10, std::vector<LogicalId>{a}, {}, src, 25);
-    r.add_operator("second", 10, std::vector<LogicalId>{a}, {}, src, 7.5);
+    r.add_operator("second", 10, std::vector<LogicalId>{a}, {}, src, 7.5, /*reads_back=*/true);
     runtime::Engine engine(runtime::EngineOptions{}, {});
     const Trace t = r.build_trace(engine, src).trace;
     ASSERT_EQ(t.num_kernels(), 2u);
     EXPECT_EQ(t.has_host_times(), device);
+    // Note [Reads back behind the writes]: kept with the host times (a device's), never on the CPU.
+    EXPECT_FALSE(t.kernel_reads_back(0));
+    EXPECT_EQ(t.kernel_reads_back(1), device);
     EXPECT_DOUBLE_EQ(t.kernel_host_us(0), device ? 25 : 0);
     EXPECT_DOUBLE_EQ(t.kernel_host_us(1), device ? 7.5 : 0);
     EXPECT_DOUBLE_EQ(t.kernel_time_us(1), 11);  // the device's time (the fake's)

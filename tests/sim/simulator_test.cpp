@@ -996,6 +996,23 @@ TEST(SimHost, HostTimesRoundTripThroughJson) {
   EXPECT_THROW(tr.validate(), Error);
 }
 
+TEST(SimHost, ReadsBackRoundTripThroughJson) {
+  Trace tr = make_trace({10, 10}, {{100, true}}, {{0}, {0}});
+  EXPECT_FALSE(tr.has_reads_back());
+  EXPECT_EQ(trace_to_json(tr).find("reads_back"), std::string::npos);
+  EXPECT_NE(trace_to_json(tr).find("\"version\": 1"), std::string::npos);
+  tr.set_kernel_reads_back(1, true);
+  const std::string text = trace_to_json(tr);
+  EXPECT_NE(text.find("\"version\": 2"), std::string::npos) << "reads_back is a v2 field";
+  const Trace back = parse_trace(text, "t.json");
+  EXPECT_FALSE(back.kernel_reads_back(0));
+  EXPECT_TRUE(back.kernel_reads_back(1));
+  // A v1 file's reads_back is not read (v2 only, as host_us).
+  std::string v1 = text;
+  v1.replace(v1.find("\"version\": 2"), std::string("\"version\": 2").size(), "\"version\": 1");
+  EXPECT_FALSE(parse_trace(v1, "t.json").has_reads_back());
+}
+
 // On random plans over traces that record random writes: every offload's bytes are either written
 // or clean, exactly the bytes of the same plan over the trace without writes recorded.
 TEST(SimProperty, CleanOffloadsSplitTheOffloadedBytes) {
@@ -1151,6 +1168,70 @@ TEST(SimWriteback, AWritebackWaitsBehindOffloadsIssuedByThen) {
   EXPECT_DOUBLE_EQ(off->begin_us, 30);
   EXPECT_DOUBLE_EQ(w->begin_us, 35);
   EXPECT_DOUBLE_EQ(r.iteration_us, 60);
+}
+
+// Note [Reads back behind the writes]: seven kernels of 10 us; a parameter of 20 us of transfer read
+// at kernels 0 and 6; kernel 1 reads a value back to the host.
+struct ReadBackAfterAWrite {
+  Trace tr = make_trace({10, 10, 10, 10, 10, 10, 10}, {{20000, true}}, {{0}, {}, {}, {}, {}, {}, {0}});
+  Plan plan;
+  ReadBackAfterAWrite() {
+    tr.set_kernel_reads_back(1, true);
+    plan.tiers = {tier("host", kGbps, kGbps)};
+    plan.moves = {offload(0, 0, 4), prefetch(0, 5, 6)};
+    test::fit_budget(tr, plan);
+  }
+};
+
+// The write issued at the end of kernel 0 (10..30) holds kernel 1 until 30; the read back (issued
+// as kernel 5 begins, at 70) then holds kernel 6 until 90: 100 us, against 80 when kernel 1 does
+// not read back. A write issued after it (end of kernel 1, 20..40, done as kernel 4 begins) is not
+// in its way.
+TEST(SimGolden, AReadBackWaitsForTheWritesIssuedBeforeIt) {
+  auto [tr, plan] = ReadBackAfterAWrite();
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[1], 30);
+  EXPECT_DOUBLE_EQ(r.stall_us, 30);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 100);
+  tr.set_kernel_reads_back(1, false);
+  EXPECT_DOUBLE_EQ(simulate(tr, plan, o).iteration_us, 80);
+  tr.set_kernel_reads_back(1, true);
+  plan.moves = {offload(0, 1, 4), prefetch(0, 5, 6)};
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[1], 10);
+  EXPECT_DOUBLE_EQ(r.iteration_us, 80);
+}
+
+// The host waits for the value: with host times of 1 us, kernel 2 is launched 1 us after kernel 1
+// (the read back) ends, not while it runs.
+TEST(SimHost, TheHostWaitsForAReadBack) {
+  auto [tr, plan] = ReadBackAfterAWrite();
+  set_host_us(tr, 1);
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  SimResult r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[2] - r.kernel_start_us[1], 11);
+  tr.set_kernel_reads_back(1, false);
+  r = simulate(tr, plan, o);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[2] - r.kernel_start_us[1], 10);
+}
+
+// Note [Writes after reads back]: the Session's issue order moves the offload past the read back
+// (issued at the end of kernel 1, still done before kernel 4), and the step no longer waits there.
+TEST(SimGolden, IssueOrderMovesAWritePastAReadBack) {
+  const auto [tr, plan] = ReadBackAfterAWrite();
+  const Plan moved = issue_in_deadline_order(tr, plan);
+  ASSERT_EQ(moved.moves.size(), 2u);
+  const Move& off = moved.moves[0].op == MoveOp::offload ? moved.moves[0] : moved.moves[1];
+  EXPECT_EQ(off.start, 1u);
+  EXPECT_EQ(off.deadline, 4u);
+  const Lifetimes lt(tr);
+  EXPECT_TRUE(check_plan(tr, lt, moved).valid);
+  EXPECT_LT(simulate(tr, moved).iteration_us, simulate(tr, plan).iteration_us);
 }
 
 }  // namespace
