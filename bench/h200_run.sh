@@ -43,6 +43,10 @@
 # Still to measure (issues 15, 16; docs/benchmarks.md, "Writebacks taken over, the A/B again, and
 # the 8B as a user runs it, on the H200"), one device call each (< 10 min), in this order (ask only
 # with >= 6 min of device time left: a start is refused under 4):
+#   WARMUP=9 bash bench/h200_call36.sh 8b-teraio  (H200: the 8B as a user runs it, with reads back
+#                                            modelled and offloads issued past them, and the
+#                                            allocator's waits out of the host times: expect about
+#                                            1.01 s, profiled_allocator_waits > 0, prediction within 5%)
 #   bash bench/call41.sh                    (GPU storage tests, build-gpu/ carried, and CUDA bitwise
 #                                            with reads back ordered after their running writes and
 #                                            session 40's deferred read extents; any GPU, ~4 min)
