@@ -167,7 +167,7 @@ struct SessionStats {
   double stall_room_us = 0;        // writes completed or evictions made to stay within the budget
   // parts of stall_write_us (the rest: tensors forgotten or used again while their write ran)
   double stall_write_due_us = 0;       // offloads waited for at their deadline
-  double stall_write_readback_us = 0;  // writes still running when their tensor's read back completed
+  double stall_write_readback_us = 0;  // writes a read back followed, waited for before their bytes were relied on
   double stall_writeback_us = 0;       // writeback copies waited for
   // part of stall_read_us (the rest: a read's tier space wanted back, a tensor forgotten while its
   // read ran)

@@ -196,7 +196,8 @@ Location Engine::location(LogicalId id) const {
 
 // Note [Where the CPU waits]: every wait of the engine for a transfer counts in stall_us, and in
 // one of three parts: reads (those of a use also in stall_read_use_us), writes due (their planned
-// deadline, or the write a read back was ordered after, still running when the read completes), and room (make_room_locked: writes
+// deadline, or the write a read back was ordered after, waited for before the tensor's bytes are
+// relied on: settle_read_after_locked), and room (make_room_locked: writes
 // completed, or evictions, to stay within the budget). That includes the waits no plan asks for:
 // forgetting a tensor that died with a transfer still running (its bytes must outlive the copy;
 // a read back's tier space alone is released later instead, forget_locked), giving back a read's
@@ -319,24 +320,8 @@ bool Engine::complete_prefetch_locked(Entry& e) {
     e.pending = tiers_[e.tier].tier->submit(req);
   }
   if (t0 != 0) add_stall_locked(Wait::kReadUse, t0, e.tier);
-  // The write this read followed (prefetch_locked), most often ended long ago: one that failed after
-  // its memory was released left nothing to read (on a GPU the read may not have said so yet).
-  if (e.read_after.valid()) {
-    const storage::IoResult w = wait_locked(e.read_after, Wait::kWriteReadBack, e.tier);
-    e.read_after = {};
-    if (!w.ok) {
-      if (ok) wait_locked(e.pending, Wait::kRead, e.tier);  // no copy into the memory still runs
-      e.pending = {};
-      e.memory->drop();
-      e.loc = Location::kOffloaded;
-      stats_.resident_bytes -= e.bytes;
-      fault_locked(e, w,
-                   fmt::format("offload of {} to tier '{}' failed after its device memory was released",
-                               name_locked(e), tiers_[e.tier].name),
-                   /*lost=*/true);
-      return false;
-    }
-  }
+  // The write this read followed (prefetch_locked): checked if it has ended, else later.
+  if (!settle_read_after_locked(e, /*wait=*/false)) return false;
   if (!ok) {
     const storage::IoResult r = e.pending.wait();
     e.pending = {};
@@ -598,6 +583,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
     return true;
   }
   if (!settle_writeback_alive_locked(e)) return false;  // the offload relies on the copy
+  if (!settle_read_after_locked(e, /*wait=*/true)) return false;  // and on these bytes
   if (e.clean && e.has_extent && e.tier == tier) {
     // Note [Clean offloads]: the tier already holds these bytes; only the memory goes. `pending`
     // (the read that brought them) stays until the next read waits for it.
@@ -680,6 +666,7 @@ bool Engine::writeback_locked(Entry& e, uint32_t tier) {
   if (!options_.clean_offloads || e.loc != Location::kResident || !e.memory->alive() || e.permanent || e.pins > 0)
     return false;
   if (e.writing_back) settle_writeback_locked(e, /*wait=*/true);
+  if (!settle_read_after_locked(e, /*wait=*/true)) return false;
   if (e.clean && e.has_extent && e.tier == tier) return true;  // the tier holds these bytes
   const std::optional<storage::BufferView> bytes = e.memory->view();
   if (!bytes) return false;
@@ -768,6 +755,35 @@ std::optional<storage::Extent> Engine::fresh_extent_locked(Entry& e, uint32_t ti
   std::optional<storage::Extent> ext = extents_[tier]->try_allocate(e.bytes);
   if (!ext && reclaim_extents_locked(tier)) ext = extents_[tier]->try_allocate(e.bytes);
   return ext;
+}
+
+// Note [Reads after their write] in the engine: a tensor read back while its stream-ordered write
+// still ran (prefetch_locked) holds that write in `read_after` until its result is known. Its use
+// does not wait for it: on a GPU the use's kernels wait for the read, which waits for the write, on
+// the device (on the H100 the CPU waited 5-28 ms a step of llama-1b in autocast when the use waited
+// for it, docs/benchmarks.md). It is checked once ended (poll, the read's completion), and waited
+// for (wait) before anything relies on the tensor's bytes on the device or in the tier: an offload
+// or a writeback (a clean offload would keep the tier's copy), bringing everything back. A write
+// that failed left nothing to read: the tensor is lost (false), reported with its name. On the host
+// tier a write freed in stream order fails only with the device (a CUDA error).
+bool Engine::settle_read_after_locked(Entry& e, bool wait) {
+  if (!e.read_after.valid() || (!wait && !e.read_after.ready())) return true;
+  const storage::IoResult w = wait_locked(e.read_after, Wait::kWriteReadBack, e.tier);
+  e.read_after = {};
+  if (w.ok) return true;
+  if (e.loc == Location::kPrefetching || e.loc == Location::kResident) {
+    if (e.pending.valid()) wait_locked(e.pending, Wait::kRead, e.tier);  // no copy into it still runs
+    e.pending = {};
+    e.memory->drop();
+    e.loc = Location::kOffloaded;
+    e.clean = false;
+    stats_.resident_bytes -= e.bytes;
+  }
+  fault_locked(e, w,
+               fmt::format("offload of {} to tier '{}' failed after its device memory was released",
+                           name_locked(e), tiers_[e.tier].name),
+               /*lost=*/true);
+  return false;
 }
 
 // An offload whose memory was freed in stream order, its write ended: a write that failed after its
@@ -925,6 +941,7 @@ void Engine::poll() {
       complete_prefetch_locked(e);
     // a finished write is settled here (one that failed loses the tensor: reported now)
     if (e.write_in_flight && e.pending.ready()) finish_write_locked(e);
+    if (e.read_after.valid() && e.read_after.ready()) settle_read_after_locked(e, /*wait=*/false);
     if (e.writing_back && e.pending.ready()) settle_writeback_locked(e, /*wait=*/false);
     if (e.loc == Location::kResident && e.has_extent && !e.clean && !e.writing_back && e.pending.ready())
       release_read_extent_locked(e);
@@ -1166,6 +1183,7 @@ void Engine::fetch_all() {
     // still raises its message, but bringing everything back does not fail on it.
     if (p->loc == Location::kLost && p->discarded) continue;
     make_usable_locked(*p);  // failures are Faults; the others still come back
+    settle_read_after_locked(*p, /*wait=*/true);
   }
   note_resident_locked();
 }
