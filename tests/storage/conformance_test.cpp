@@ -252,7 +252,8 @@ TEST_P(Conformance, ReadOrderedAfterAFailedWriteFailsAsLost) {
   IoRequest read{Direction::kRead, BufferView::host(back.data(), kSize), 0};
   read.after = Completion(write);
   write->finish(IoResult{false, 0, EIO, "disk on fire (the write's message)"});
-  const IoResult& r = tier_->submit(read).wait();
+  const Completion c = tier_->submit(read);
+  const IoResult& r = c.wait();
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.error_code, ENODATA);
   EXPECT_TRUE(lost(r));
