@@ -53,9 +53,9 @@ struct Engine::Entry {
   // Offloaded, its memory freed in stream order while `pending` (the write) may still be running
   // (EngineOptions::stream_ordered_offloads).
   bool write_in_flight = false;
-  // kPrefetching: the stream-ordered write this read back was ordered after, still running when the
-  // read was submitted (Note [Reads after their write] in src/storage/host_tier.cpp); its result is
-  // checked when the read completes (complete_prefetch_locked).
+  // kPrefetching or kResident: the stream-ordered write this read back was ordered after, still
+  // running when the read was submitted (Note [Reads after their write] in
+  // src/storage/host_tier.cpp); its result is checked once it has ended (settle_read_after_locked).
   storage::Completion read_after;
   uint64_t last_use = 0;
   uint64_t write_seq = 0;  // the order its offload was started in (make_room_locked)
