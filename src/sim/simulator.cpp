@@ -942,7 +942,14 @@ Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOpti
     }
     tie_wins = false;
   }
-  if (trace.has_reads_back()) {  // Note [Writes after reads back]: only where faster
+  // Note [Writes after reads back]: only where faster, and tried only where a kernel that reads
+  // back started late in the reference replay (two more replays per plan searched otherwise).
+  bool read_waited = false;
+  for (size_t k = 1; k < n && k < r.kernel_start_us.size() && !read_waited; ++k)
+    read_waited = trace.kernel_reads_back(static_cast<KernelIndex>(k)) &&
+                  r.kernel_start_us[k] >
+                      r.kernel_start_us[k - 1] + trace.kernel_time_us(static_cast<KernelIndex>(k - 1)) + 1e-6;
+  if (read_waited) {
     SimOptions shown = run_opts;
     shown.record_timeline = true;
     if (std::optional<Plan> out = writes_after_reads_back(trace, lifetimes, best, simulate(trace, best, shown))) {
