@@ -47,9 +47,12 @@
 #                                            modelled and offloads issued past them, and the
 #                                            allocator's waits out of the host times: expect about
 #                                            1.01 s, profiled_allocator_waits > 0, prediction within 5%)
-#   bash bench/call41.sh                    (GPU storage tests, build-gpu/ carried, and CUDA bitwise
-#                                            with reads back ordered after their running writes and
-#                                            session 40's deferred read extents; any GPU, ~4 min)
+#   WARMUP=9 REPEATS=1 MODES="step-in-backward step-in-backward+no-deep-recompute+no-writebacks"
+#     bash bench/call37.sh "2 4"            (any 80 GB GPU: since 7c1dd57 a use no longer waits for the
+#                                            write its read back followed; expect stall_write_readback_us
+#                                            near 0, against 5-28 ms a step in session 41's H100 call)
+# Measured in session 41 (H100): bench/call41.sh (GPU storage tests, CUDA bitwise 4/4) and the A/B
+# above before 7c1dd57 (docs/benchmarks.md, "Reads back ordered after their writes, on an H100").
 #   WARMUP=9 REPEATS=1 MODES="step-in-backward step-in-backward+no-deep-recompute+no-writebacks"
 #     bash bench/call37.sh "2 4"            (any 80 GB GPU, ~6 min: expect stall_read_us near its
 #                                            at-a-use part now; python3 bench/run_summary.py)
