@@ -21,6 +21,14 @@ using test::tier;
 // 1 GB/s moves 1000 bytes per microsecond, which keeps the hand arithmetic simple.
 constexpr double kGbps = 1.0;
 
+// One simulated iteration, its kernels' starts and transfers kept (the golden timelines' options).
+SimOptions one_iteration_with_timeline() {
+  SimOptions o;
+  o.iterations = 1;
+  o.record_timeline = true;
+  return o;
+}
+
 const SimTransfer* find_transfer(const SimResult& r, bool is_offload, uint64_t bytes) {
   for (const SimTransfer& t : r.transfers) {
     if (t.offload == is_offload && t.bytes == bytes) return &t;
@@ -340,9 +348,7 @@ SimResult replay_once(const Trace& tr, const TierSpec& tier, std::vector<Move> m
   plan.tiers = {tier};
   plan.moves = std::move(moves);
   test::fit_budget(tr, plan);
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
+  SimOptions o = one_iteration_with_timeline();
   return simulate(tr, plan, o);
 }
 
@@ -375,9 +381,7 @@ TEST(SimDuplex, FullOverlapRunsBothAtTheDuplexRate) {
   plan.tiers = {duplex_tier(kGbps, 0.5)};
   plan.moves = {offload(0, 0, 1), prefetch(0, 3, 4), prefetch(1, 1, 2), offload(1, 2, 3)};
   test::fit_budget(tr, plan);
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
+  SimOptions o = one_iteration_with_timeline();
   const SimResult r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.iteration_us, 110);
   EXPECT_DOUBLE_EQ(r.stall_us, 60);
@@ -845,9 +849,7 @@ struct RecomputedActivation {
 // nothing; a recompute costs its producer's host time too.
 TEST(SimHost, AHostBehindTheKernelsSetsThePace) {
   auto [tr, plan] = FourKernels();
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
+  SimOptions o = one_iteration_with_timeline();
   EXPECT_DOUBLE_EQ(simulate(tr, plan, o).iteration_us, 40);
   // Host times 10, 30, 10, 10: kernel 0 is launched at 10, kernel 1 at 40 (the stream, free at
   // 20, waits 20 us), kernels 2 and 3 at 50 and 60, as the stream frees (starts relative to
@@ -908,9 +910,7 @@ TEST(SimHost, TheRunnersHostTimeIsPaidWhereTheHostBounds) {
 
 TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
   auto [tr, plan] = RecomputedActivation();
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
+  SimOptions o = one_iteration_with_timeline();
   SimResult r = simulate(tr, plan, o);
   EXPECT_EQ(r.recomputes, 1u);
   EXPECT_DOUBLE_EQ(r.iteration_us, 50);
@@ -935,9 +935,7 @@ TEST(SimHost, ARecomputeCostsItsProducersHostTime) {
 // their producers' recorded host times on the host lane; without host times it changes nothing.
 TEST(SimHost, MeasuredRecomputeHostTimeReplacesTheProducersOnTheHostLane) {
   auto [tr, plan] = RecomputedActivation();
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
+  SimOptions o = one_iteration_with_timeline();
   o.recompute_host_us_per_iteration = 100;
   SimResult r = simulate(tr, plan, o);  // no host times: the CPU's recompute is stream time alone
   EXPECT_DOUBLE_EQ(r.iteration_us, 50);
@@ -1189,9 +1187,7 @@ struct ReadBackAfterAWrite {
 // in its way.
 TEST(SimGolden, AReadBackWaitsForTheWritesIssuedBeforeIt) {
   auto [tr, plan] = ReadBackAfterAWrite();
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
+  SimOptions o = one_iteration_with_timeline();
   SimResult r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[1], 30);
   EXPECT_DOUBLE_EQ(r.stall_us, 30);
@@ -1210,9 +1206,7 @@ TEST(SimGolden, AReadBackWaitsForTheWritesIssuedBeforeIt) {
 TEST(SimHost, TheHostWaitsForAReadBack) {
   auto [tr, plan] = ReadBackAfterAWrite();
   set_host_us(tr, 1);
-  SimOptions o;
-  o.iterations = 1;
-  o.record_timeline = true;
+  SimOptions o = one_iteration_with_timeline();
   SimResult r = simulate(tr, plan, o);
   EXPECT_DOUBLE_EQ(r.kernel_start_us[2] - r.kernel_start_us[1], 11);
   tr.set_kernel_reads_back(1, false);
