@@ -771,6 +771,13 @@ bool Engine::settle_read_after_locked(Entry& e, bool wait) {
   const storage::IoResult w = wait_locked(e.read_after, Wait::kWriteReadBack, e.tier);
   e.read_after = {};
   if (w.ok) return true;
+  lose_to_failed_write_locked(e, w);
+  return false;
+}
+
+// A stream-ordered write that failed after the tensor's device memory was released: the tensor's
+// contents are lost (fault_locked), also the bytes a read back since brought (dropped here).
+void Engine::lose_to_failed_write_locked(Entry& e, const storage::IoResult& w) {
   if (e.loc == Location::kPrefetching || e.loc == Location::kResident) {
     if (e.pending.valid()) wait_locked(e.pending, Wait::kRead, e.tier);  // no copy into it still runs
     e.pending = {};
@@ -783,7 +790,6 @@ bool Engine::settle_read_after_locked(Entry& e, bool wait) {
                fmt::format("offload of {} to tier '{}' failed after its device memory was released",
                            name_locked(e), tiers_[e.tier].name),
                /*lost=*/true);
-  return false;
 }
 
 // An offload whose memory was freed in stream order, its write ended: a write that failed after its
@@ -794,10 +800,7 @@ bool Engine::finish_write_locked(Entry& e) {
   const storage::IoResult r = take_pending_locked(e, Wait::kWriteReadBack);
   e.write_in_flight = false;
   if (r.ok) return true;
-  fault_locked(e, r,
-               fmt::format("offload of {} to tier '{}' failed after its device memory was released",
-                           name_locked(e), tiers_[e.tier].name),
-               /*lost=*/true);
+  lose_to_failed_write_locked(e, r);
   return false;
 }
 

@@ -465,6 +465,7 @@ class Engine {
   bool complete_prefetch_locked(Entry& e);
   bool finish_write_locked(Entry& e);  // false: the write failed and the tensor is lost
   bool settle_read_after_locked(Entry& e, bool wait);  // false: the same
+  void lose_to_failed_write_locked(Entry& e, const storage::IoResult& write);
   void fault_locked(Entry& e, const storage::IoResult& r, std::string what, bool lost);
   std::string name_locked(const Entry& e) const;
   void forget_locked(Entry& e);

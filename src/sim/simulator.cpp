@@ -743,19 +743,28 @@ namespace teraio {
 // the plan as it was is kept (by ranking_us).
 namespace {
 
+// A replay's kernels extended periodically: kernel k counted from kernel 0 of the last iteration
+// (k may be negative or >= the trace's kernels), each iteration repeating the last one.
+struct PeriodicKernels {
+  const Trace& trace;
+  const SimResult& r;  // with kernel_start_us (record_timeline)
+  int64_t n() const { return static_cast<int64_t>(trace.num_kernels()); }
+  int64_t wraps(int64_t k) const { return k >= 0 ? k / n() : -((-k + n() - 1) / n()); }
+  int64_t within(int64_t k) const { return k - wraps(k) * n(); }  // its index in the trace
+  double start_of(int64_t k) const {
+    return r.kernel_start_us[static_cast<size_t>(within(k))] +
+           static_cast<double>(wraps(k)) * r.last_iteration_us;
+  }
+  double end_of(int64_t k) const {
+    return start_of(k) + trace.kernel_time_us(static_cast<KernelIndex>(within(k)));
+  }
+};
+
 // Per transfer of the reference run (indexed as r.transfers), the begin time of the schedule of
 // Note [Leaving the link idle for a transfer due sooner]; the reference's own where it keeps it.
 std::vector<double> begins_leaving_idle(const Trace& trace, const Plan& plan, const SimResult& r) {
-  const auto n = static_cast<int64_t>(trace.num_kernels());
+  const PeriodicKernels kernels{trace, r};
   const double period = r.last_iteration_us;
-  const std::vector<double>& start = r.kernel_start_us;
-  auto start_of = [&](int64_t k) {  // kernel k from kernel 0 of the last iteration, periodically
-    const int64_t wraps = k >= 0 ? k / n : -((-k + n - 1) / n);
-    return start[static_cast<size_t>(k - wraps * n)] + static_cast<double>(wraps) * period;
-  };
-  auto end_of = [&](int64_t k) {
-    return start_of(k) + trace.kernel_time_us(static_cast<KernelIndex>(((k % n) + n) % n));
-  };
   std::vector<double> begin(r.transfers.size());
   struct Job {
     double release, due, length;
@@ -770,8 +779,8 @@ std::vector<double> begins_leaving_idle(const Trace& trace, const Plan& plan, co
     const TierSpec& tier = plan.tiers.at(x.tier);
     const double gbps = x.offload ? tier.write_gbps : tier.read_gbps;
     if (!(gbps > 0)) continue;
-    const double release = x.offload ? end_of(x.issue_kernel) : start_of(x.issue_kernel);
-    const double due = end_of(x.need_kernel - 1);
+    const double release = x.offload ? kernels.end_of(x.issue_kernel) : kernels.start_of(x.issue_kernel);
+    const double due = kernels.end_of(x.need_kernel - 1);
     const double length = static_cast<double>(x.bytes) / (gbps * 1e3);
     std::vector<Job>& jobs = links[{x.tier, x.offload}];
     jobs.push_back({release, due, length, i, false});
@@ -825,16 +834,11 @@ std::optional<Plan> writes_after_reads_back(const Trace& trace, const Lifetimes&
   for (int64_t k = 0; k < N; ++k)
     if (trace.kernel_reads_back(static_cast<KernelIndex>(k))) reads.push_back(k);
   if (reads.empty() || r.kernel_start_us.size() < static_cast<size_t>(N)) return std::nullopt;
-  const double period = r.last_iteration_us;
-  auto start_of = [&](int64_t k) {  // kernel k from kernel 0 of the last iteration, periodically
-    const int64_t wraps = k >= 0 ? k / N : -((-k + N - 1) / N);
-    return r.kernel_start_us[static_cast<size_t>(k - wraps * N)] + static_cast<double>(wraps) * period;
-  };
+  const PeriodicKernels kernels{trace, r};
   // The first kernel that reads back after kernel k (periodically).
   auto next_read = [&](int64_t k) {
-    const int64_t wraps = k >= 0 ? k / N : -((-k + N - 1) / N);
-    const int64_t in = k - wraps * N;
-    const auto it = std::upper_bound(reads.begin(), reads.end(), in);
+    const int64_t wraps = kernels.wraps(k);
+    const auto it = std::upper_bound(reads.begin(), reads.end(), kernels.within(k));
     return it != reads.end() ? *it + wraps * N : reads.front() + (wraps + 1) * N;
   };
   Plan out = plan;
@@ -845,8 +849,7 @@ std::optional<Plan> writes_after_reads_back(const Trace& trace, const Lifetimes&
     if (m.op != MoveOp::offload) continue;
     const int64_t read = next_read(x.issue_kernel);
     // Ended before the reading kernel could start (the kernel before it ended): not in its way.
-    const KernelIndex before = static_cast<KernelIndex>(((read - 1) % N + N) % N);
-    if (x.end_us <= start_of(read - 1) + trace.kernel_time_us(before)) continue;
+    if (x.end_us <= kernels.end_of(read - 1)) continue;
     const int64_t span = (static_cast<int64_t>(m.deadline) - m.start + N) % N;
     const int64_t d = read - x.issue_kernel;  // issued at the end of the reading kernel instead
     if (d > span - 1) continue;               // too late for its deadline
@@ -944,11 +947,11 @@ Plan issue_in_deadline_order(const Trace& trace, const Plan& plan, const SimOpti
   }
   // Note [Writes after reads back]: only where faster, and tried only where a kernel that reads
   // back started late in the reference replay (two more replays per plan searched otherwise).
+  const PeriodicKernels kernels{trace, r};
   bool read_waited = false;
-  for (size_t k = 1; k < n && k < r.kernel_start_us.size() && !read_waited; ++k)
+  for (int64_t k = 1; k < N && !read_waited; ++k)
     read_waited = trace.kernel_reads_back(static_cast<KernelIndex>(k)) &&
-                  r.kernel_start_us[k] >
-                      r.kernel_start_us[k - 1] + trace.kernel_time_us(static_cast<KernelIndex>(k - 1)) + 1e-6;
+                  kernels.start_of(k) > kernels.end_of(k - 1) + 1e-6;
   if (read_waited) {
     SimOptions shown = run_opts;
     shown.record_timeline = true;

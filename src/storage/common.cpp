@@ -178,18 +178,20 @@ void CompletionState::finish(IoResult r) {
 
 CompletionState* state_of(const Completion& completion) { return completion.state_.get(); }
 
-std::optional<IoResult> wait_after(const Completion& after, std::string_view what) {
+std::string request_text(std::string_view tier, Direction direction, uint64_t size_bytes,
+                         uint64_t offset_bytes) {
+  return fmt::format("{}: {} of {} bytes at offset {}", tier, to_string(direction), size_bytes,
+                     offset_bytes);
+}
+
+std::optional<IoResult> wait_after(const Completion& after, std::string_view tier,
+                                   Direction direction, uint64_t size_bytes, uint64_t offset_bytes) {
   if (!after.valid()) return std::nullopt;
   const IoResult& w = after.wait();
   if (w.ok) return std::nullopt;
   return failure(ENODATA, fmt::format("{} follows a write of the same bytes that failed, so nothing "
                                       "can be read back: {}",
-                                      what, w.error));
-}
-
-std::string request_text(std::string_view tier, const IoRequest& r) {
-  return fmt::format("{}: {} of {} bytes at offset {}", tier, to_string(r.direction),
-                     r.buffer.size_bytes(), r.offset_bytes);
+                                      request_text(tier, direction, size_bytes, offset_bytes), w.error));
 }
 
 }  // namespace detail

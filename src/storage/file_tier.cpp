@@ -78,7 +78,7 @@ class FileTier final : public Tier {
     q->state = std::make_shared<detail::CompletionState>();
     Completion completion(q->state);
     // Note [Reads after their write]: the file tiers wait for the write here, on the caller's CPU.
-    if (auto f = detail::wait_after(r.after, detail::request_text("file tier", r))) {
+    if (auto f = detail::wait_after(r, "file tier")) {
       q->state->finish(std::move(*f));
       return completion;
     }

@@ -207,7 +207,7 @@ class HostTier final : public Tier {
         landed = w->event;
       } else {
         wl.unlock();
-        if (auto f = detail::wait_after(r.after, detail::request_text("host tier", r))) {
+        if (auto f = detail::wait_after(r, "host tier")) {
           state->finish(std::move(*f));
           return Completion(state);
         }
@@ -232,8 +232,9 @@ class HostTier final : public Tier {
       }
       cuda::event_record(state->event, l.stream);
     } catch (const std::exception& e) {
-      state->finish(failure(EIO, fmt::format("host tier: {} of {} bytes at offset {}: {}",
-                                             to_string(r.direction), size, r.offset_bytes,
+      state->finish(failure(EIO, fmt::format("{}: {}",
+                                             detail::request_text("host tier", r.direction, size,
+                                                                  r.offset_bytes),
                                              e.what())));
       return Completion(state);
     }
@@ -260,16 +261,16 @@ class HostTier final : public Tier {
         cuda::event_sync(q->state->event);
         r.bytes = q->size_bytes;
       } catch (const std::exception& e) {
-        r = failure(EIO, fmt::format("host tier: {} of {} bytes at offset {}: {}",
-                                     to_string(q->direction), q->size_bytes, q->offset_bytes,
+        r = failure(EIO, fmt::format("{}: {}",
+                                     detail::request_text("host tier", q->direction, q->size_bytes,
+                                                          q->offset_bytes),
                                      e.what()));
       }
       // The write this read followed on the GPU has ended too (its lane reports it shortly): a
       // failed one left nothing to read.
       if (r.ok) {
-        if (auto f = detail::wait_after(
-                q->after, fmt::format("host tier: {} of {} bytes at offset {}", to_string(q->direction),
-                                      q->size_bytes, q->offset_bytes)))
+        if (auto f = detail::wait_after(q->after, "host tier", q->direction, q->size_bytes,
+                                        q->offset_bytes))
           r = std::move(*f);
       }
       q->state->finish(std::move(r));
@@ -283,13 +284,14 @@ class HostTier final : public Tier {
       IoResult r;
       try {
         // Note [Reads after their write]: a worker waits for the write before the copy.
-        auto f = detail::wait_after(job->request.after, detail::request_text("host tier", job->request));
+        auto f = detail::wait_after(job->request, "host tier");
         r = f ? std::move(*f) : run(*job, streams);
       } catch (const std::exception& e) {
-        r = failure(EIO,
-                    fmt::format("host tier: {} of {} bytes at offset {}: {}",
-                                to_string(job->request.direction), job->request.buffer.size_bytes(),
-                                job->request.offset_bytes, e.what()));
+        const IoRequest& q = job->request;
+        r = failure(EIO, fmt::format("{}: {}",
+                                     detail::request_text("host tier", q.direction,
+                                                          q.buffer.size_bytes(), q.offset_bytes),
+                                     e.what()));
       }
       cuda::event_destroy(job->ready_event);
       job->state->finish(std::move(r));

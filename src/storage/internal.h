@@ -40,11 +40,17 @@ struct CompletionState {
   void finish(IoResult r);
 };
 
+// "<tier>: read of N bytes at offset X", the start of a failed request's message.
+std::string request_text(std::string_view tier, Direction direction, uint64_t size_bytes,
+                         uint64_t offset_bytes);
 // The failure of a request ordered after the write `after` (Note [Reads after their write]): ENODATA,
-// saying that the request (`what`: tier, direction, size, offset) followed that failed write;
-// nullopt when `after` is unset or succeeded. Waits for it.
-std::optional<IoResult> wait_after(const Completion& after, std::string_view what);
-std::string request_text(std::string_view tier, const IoRequest& r);  // "<tier>: read of N bytes at offset X"
+// saying that the request (request_text) followed that failed write; nullopt when `after` is unset
+// or succeeded. Waits for it; formats nothing unless it failed.
+std::optional<IoResult> wait_after(const Completion& after, std::string_view tier,
+                                   Direction direction, uint64_t size_bytes, uint64_t offset_bytes);
+inline std::optional<IoResult> wait_after(const IoRequest& r, std::string_view tier) {
+  return wait_after(r.after, tier, r.direction, r.buffer.size_bytes(), r.offset_bytes);
+}
 
 }  // namespace detail
 
