@@ -825,8 +825,9 @@ std::vector<double> begins_leaving_idle(const Trace& trace, const Plan& plan, co
 // that operator, and the host behind it, until the write ends (Note [Reads back behind the
 // writes]). An offload issued before such an operator whose copy, in the replay `r`, ends after the
 // kernel before the operator, and which may begin as late as the operator's end (before its
-// deadline), is issued there instead. nullopt when none is, or the plan would not be valid. issue_in_deadline_order
-// keeps it where the replay is faster.
+// deadline), is issued there instead; so is a writeback, where that is still at or before the
+// offload that relies on it. nullopt when none is, or the plan would not be valid.
+// issue_in_deadline_order keeps it where the replay is faster.
 std::optional<Plan> writes_after_reads_back(const Trace& trace, const Lifetimes& lifetimes,
                                             const Plan& plan, const SimResult& r) {
   const auto N = static_cast<int64_t>(trace.num_kernels());
@@ -853,6 +854,28 @@ std::optional<Plan> writes_after_reads_back(const Trace& trace, const Lifetimes&
     const int64_t span = (static_cast<int64_t>(m.deadline) - m.start + N) % N;
     const int64_t d = read - x.issue_kernel;  // issued at the end of the reading kernel instead
     if (d > span - 1) continue;               // too late for its deadline
+    m.start = static_cast<KernelIndex>((m.start + d) % N);
+    changed = true;
+  }
+  // Writebacks in its way too, after the offloads (those only move later): a writeback moves no
+  // further than the offload that relies on it (the first of its tensor at or after its start), so
+  // that offload still relies on it and the tensor stays resident and unchanged in between.
+  for (const SimTransfer& x : r.transfers) {
+    if (!x.writeback || x.move >= out.moves.size()) continue;
+    Move& m = out.moves[x.move];
+    if (m.op != MoveOp::writeback) continue;
+    const int64_t read = next_read(x.issue_kernel);
+    if (x.end_us <= kernels.end_of(read - 1)) continue;
+    const int64_t span = (static_cast<int64_t>(m.deadline) - m.start + N) % N;
+    const int64_t d = read - x.issue_kernel;
+    if (d > span - 1) continue;
+    int64_t relied = -1;  // distance to the offload that relies on it
+    for (const Move& o : out.moves)
+      if (o.op == MoveOp::offload && o.tensor == m.tensor && o.tier == m.tier) {
+        const int64_t at = (static_cast<int64_t>(o.start) - m.start + N) % N;
+        if (relied < 0 || at < relied) relied = at;
+      }
+    if (relied < 0 || d > relied) continue;
     m.start = static_cast<KernelIndex>((m.start + d) % N);
     changed = true;
   }

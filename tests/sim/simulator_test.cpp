@@ -1228,5 +1228,41 @@ TEST(SimGolden, IssueOrderMovesAWritePastAReadBack) {
   EXPECT_LT(simulate(tr, moved).iteration_us, simulate(tr, plan).iteration_us);
 }
 
+// The same for a writeback: a parameter updated by kernel 0 is written back at its end (10..30),
+// which holds the read back at kernel 1 until 30. Moved past it (issued at the end of kernel 1,
+// 20..40), it still comes before its clean offload after kernel 3, and the step no longer waits.
+// It never moves past that offload: with the offload right after kernel 1 it stays where it was.
+TEST(SimGolden, IssueOrderMovesAWritebackPastAReadBack) {
+  Trace tr = make_trace({10, 10, 10, 10, 10, 10, 10}, {{20000, true}}, {{0}, {}, {}, {}, {}, {}, {0}});
+  tr.tensors[0].kind = TensorKind::parameter;
+  tr.writes_recorded = true;
+  tr.tensors[0].written_at = {0};
+  tr.set_kernel_reads_back(1, true);
+  Plan plan;
+  plan.tiers = {tier("host", kGbps, kGbps)};
+  plan.moves = {Move{0, MoveOp::writeback, 0, 0, 3}, offload(0, 3, 4), prefetch(0, 5, 6)};
+  test::fit_budget(tr, plan);
+  const Lifetimes lt(tr);
+  ASSERT_TRUE(check_plan(tr, lt, plan).valid) << ::testing::PrintToString(check_plan(tr, lt, plan).errors);
+  SimOptions o = one_iteration_with_timeline();
+  EXPECT_DOUBLE_EQ(simulate(tr, plan, o).kernel_start_us[1], 30) << "the writeback holds the read back";
+  const Plan moved = issue_in_deadline_order(tr, plan);
+  const auto wb = std::find_if(moved.moves.begin(), moved.moves.end(),
+                               [](const Move& m) { return m.op == MoveOp::writeback; });
+  ASSERT_NE(wb, moved.moves.end());
+  EXPECT_EQ(wb->start, 1u);
+  EXPECT_TRUE(check_plan(tr, lt, moved).valid);
+  const SimResult r = simulate(tr, moved, o);
+  EXPECT_DOUBLE_EQ(r.kernel_start_us[1], 10);
+  EXPECT_EQ(r.clean_offloads, 1u) << "the offload still relies on it";
+  EXPECT_LT(r.iteration_us, simulate(tr, plan, o).iteration_us);
+
+  plan.moves = {Move{0, MoveOp::writeback, 0, 0, 1}, offload(0, 1, 4), prefetch(0, 5, 6)};
+  test::fit_budget(tr, plan);
+  ASSERT_TRUE(check_plan(tr, lt, plan).valid);
+  for (const Move& m : issue_in_deadline_order(tr, plan).moves)
+    if (m.op == MoveOp::writeback) EXPECT_EQ(m.start, 0u) << "not past its deadline or its offload";
+}
+
 }  // namespace
 }  // namespace teraio
