@@ -397,6 +397,9 @@ class Session {
   void set_predict_step_in_backward(bool on);
   // Names a tensor (parameter name, "<param>.<state key>") and its kind for the trace.
   void name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind);
+  // Changes whenever the Session starts tracking a tensor it has no name for (a new one, or one
+  // whose storage became another tensor's): naming the watched tensors again only matters then.
+  uint64_t names_generation() const;
   // Tracks tensors that exist before the step's operators use them (a watched model's parameters,
   // in the first step) from now on, so that a budget smaller than they are can move them out
   // before their first use; call inside a step. Tensors on another device, smaller than

@@ -301,6 +301,7 @@ class Session:
         self._adopted = set()  # (id(model), id(optimizer)) of the watched pairs adopted (_adopt)
         self._split = []  # optimizers whose steps teraio wraps (watch)
         self._names = None  # id(parameter) -> name in a watched model (_param_name)
+        self._named_generation = None  # names_generation() when the watched tensors were named
         self._predict_in_backward = False  # plans predict steps in backward (watch)
         self._hinted = False  # the PerformanceHint about steps in backward was given (or decided)
         self._auto: Optional[_AutoInBackward] = None  # watch(..., step_in_backward="auto")
@@ -429,6 +430,7 @@ class Session:
                             "averages the gradients across ranks; use step_in_backward=False "
                             "with DDP or FSDP")
         self._watched.append((model, optimizer))
+        self._named_generation = None  # its tensors may be tracked already, unnamed
         self._names = None
         if optimizer is not None and (split_steps or step_in_backward):
             self._split_steps(optimizer, split_steps, step_in_backward is True)
@@ -541,6 +543,11 @@ class Session:
 
     def _name_watched(self):
         impl = self._require()
+        # Names stick to the tensors the Session tracks: only new ones need them (the loop below
+        # costs a few ms a step for a model of a few hundred parameters).
+        generation = impl.names_generation()
+        if generation == self._named_generation:
+            return
         for model, optimizer in self._watched:
             names = {}
             if model is not None:
@@ -557,6 +564,7 @@ class Session:
                         for key, value in state.items():
                             if isinstance(value, torch.Tensor):
                                 impl.name_tensor(value, f"{base}.{key}", "optimizer_state")
+        self._named_generation = generation
 
     def stats(self) -> dict:
         """mode, iteration, budget_bytes, peak_resident_bytes, bytes_offloaded, bytes_prefetched,

@@ -79,6 +79,7 @@ LogicalId Recorder::id_for_key(uint64_t key, const TensorSource& source) {
   if (it != key_ids_.end() && !source.alive(it->second)) return it->second;
   const auto id = static_cast<LogicalId>(facts_.size());
   facts_.emplace_back();
+  facts_generation_++;
   key_ids_[key] = id;
   return id;
 }
@@ -88,6 +89,7 @@ void Recorder::note_bound(LogicalId id, uint64_t key, uint64_t bytes, bool is_pa
   if (m.key != key || m.bytes == 0) {  // a new logical tensor; the same key keeps its labels
     m = TensorFacts{};
     m.key = key;
+    facts_generation_++;
   }
   m.bytes = bytes;
   m.first_iteration = iteration_;

@@ -163,6 +163,9 @@ class Recorder {
   // is gone (the same tensor of another iteration), else a new one (and the key names it now).
   LogicalId id_for_key(uint64_t key, const TensorSource& source);
   size_t num_tensors() const { return facts_.size(); }
+  // Changes whenever a tensor's facts are created or started anew (a new logical tensor: its name
+  // and kind are gone), so a caller that names tensors knows when there is anything to name.
+  uint64_t facts_generation() const { return facts_generation_; }
   TensorFacts& tensor(LogicalId id) { return facts_.at(id); }
   const TensorFacts& tensor(LogicalId id) const { return facts_.at(id); }
   // A storage of `bytes` is now bound to `id`, first seen at `key` in the current iteration. A new
@@ -228,6 +231,7 @@ class Recorder {
   TensorFacts& write_facts(LogicalId id);  // its writes, reset in a new iteration
   void mark_writes(Recording& rec, const runtime::Engine& engine) const;
   uint64_t iteration_ = 0;
+  uint64_t facts_generation_ = 0;
 };
 
 }  // namespace teraio::offload

@@ -239,6 +239,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("error_code"), py::arg("delay_us") = 0)
       .def("clear_faults", &teraio::Session::clear_faults)
       .def("name_tensor", &teraio::Session::name_tensor)
+      .def("names_generation", &teraio::Session::names_generation)
       .def("adopt", &teraio::Session::adopt)
       .def("storage_resizing", &teraio::Session::storage_resizing,
            py::call_guard<py::gil_scoped_release>())

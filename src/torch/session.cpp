@@ -1760,6 +1760,11 @@ void Session::name_tensor(const at::Tensor& t, const std::string& name, const st
   m.named_kind = k;
 }
 
+uint64_t Session::names_generation() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->ctl->recorder().facts_generation();
+}
+
 SessionStats Session::stats() const {
   std::lock_guard lock(impl_->mu);
   const Impl& s = *impl_;

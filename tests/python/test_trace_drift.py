@@ -49,6 +49,24 @@ def test_trace_v2_written_and_valid(tmp_path):
         assert r.returncode == 0, r.stderr
 
 
+def test_watched_tensors_are_named_again_only_when_new_ones_are_tracked(tmp_path):
+    """Naming every watched tensor after every step cost a few ms a step: the Session names them
+    again only when it tracks a tensor it has no name for. Names still reach a later trace."""
+    trace = tmp_path / "trace.json"
+    with teraio.Session(budget="200KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=1024, trace_path=str(trace)) as s:
+        generations = []
+        train(mlp, mlp_batch, 6, session=s,
+              after_step=lambda i, model: generations.append(s._require().names_generation()))
+        assert s.stats()["mode"] == "planned"
+    # the same tensors every step once the gradients and states exist: nothing new to name
+    assert generations[3] == generations[4] == generations[5], generations
+    assert generations[0] < generations[2], generations
+    t = json.loads(trace.read_text())
+    names = {x["name"] for x in t["tensors"] if x["kind"] in ("parameter", "gradient", "optimizer_state")}
+    assert {"0.weight", "0.weight.grad", "0.weight.exp_avg", "4.weight.exp_avg_sq"} <= names, names
+
+
 def test_drift_is_detected_and_plans_are_cached_per_shape(tmp_path):
     g = torch.Generator().manual_seed(1)
     batches = []
