@@ -31,6 +31,7 @@ struct PlanArgs : PlanningArgs {
   bool no_discard_dead = false;
   bool writebacks = false;
   bool deep_recompute = false;
+  double runner_host_us = 0;
 };
 
 int run_plan(const PlanArgs& args) {
@@ -51,14 +52,19 @@ int run_plan(const PlanArgs& args) {
   Plan plan = make_plan(trace, opts, &stats);
   std::string search_line;
   if (args.search) {  // keep the fastest variant in the simulator (make_plan's stats stay)
-    BestPlan best = plan_best(trace, opts);
+    BestPlan best = plan_best(trace, opts, 2, args.runner_host_us);
     search_line = fmt::format(
-        "search               {} variants simulated, kept \"{}\": {} (make_plan's own plan: {})\n",
+        "search               {} variants simulated, kept \"{}\": {} (make_plan's own plan: {}){}\n",
         best.variants, best.variant, format_us(best.iteration_us),
-        format_us(best.default_iteration_us));
+        format_us(best.default_iteration_us),
+        args.runner_host_us > 0
+            ? fmt::format(", replayed with the runner's {} us of host time a kernel", args.runner_host_us)
+            : std::string());
     plan = std::move(best.plan);
   } else {
-    plan = issue_in_deadline_order(trace, plan);  // as the Session runs it (docs/simulator.md)
+    SimOptions so;  // as the Session runs it (docs/simulator.md, "Issue order")
+    so.runner_host_us_per_kernel = args.runner_host_us;
+    plan = issue_in_deadline_order(trace, plan, so);
   }
 
   const Lifetimes lifetimes(trace);
@@ -196,6 +202,13 @@ const Registration kPlan{{
       sub.add_flag("--deep-recompute", args->deep_recompute,
                    "recompute chains of any depth: inputs freed or dead at a recompute's point are made "
                    "there too (with --search, variants that do; a Session's search unless TERAIO_DEEP_RECOMPUTE=0)");
+      sub.add_option("--runner-host-us", args->runner_host_us,
+                     "host time in us the runner spends per kernel besides the trace's (a Session's "
+                     "stats()['runner_host_us_per_operator']): the search ranks the plans, and the "
+                     "issue order is chosen, as that runner runs them; `predicted` stays the replay "
+                     "without it")
+          ->check(CLI::Range(0.0, 1e9))
+          ->capture_default_str();
       return [args] { return run_plan(*args); };
     },
 }};

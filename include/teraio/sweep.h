@@ -49,13 +49,19 @@ std::vector<SweepPoint> sweep_bandwidth(const Trace& trace, const PlannerOptions
 // using the others is more than 2% faster (Note [A second tier must pay for itself], sweep.cpp); so the result is never slower
 // than make_plan's own plan in the simulator with one tier, and at most 2% slower than the fastest
 // variant with several. Its `predicted` field is filled from that simulation.
+// `runner_host_us_per_kernel` (SimOptions::runner_host_us_per_kernel: what the runner of the plan
+// costs the host per kernel, a Session's measured stats()['runner_host_us_per_operator']) ranks the
+// variants as that runner would run them (where the host bounds the step, a plan that recomputes
+// more costs host time the runner's own time leaves no room for); `predicted` stays the replay
+// without it, as `teraio simulate` gives by default.
 struct BestPlan {
   Plan plan;
   std::string variant;            // the winner's name
   size_t variants = 0;            // how many were simulated
-  double iteration_us = 0;        // the winner, simulated
-  double default_iteration_us = 0;  // make_plan's plan, simulated
+  double iteration_us = 0;        // the winner, simulated (as ranked: with the runner's host time)
+  double default_iteration_us = 0;  // make_plan's plan, simulated (the same way)
 };
-BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iterations = 2);
+BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iterations = 2,
+                   double runner_host_us_per_kernel = 0);
 
 }  // namespace teraio

@@ -127,6 +127,9 @@ namespace {
 constexpr size_t kHostSamples = 5;
 constexpr size_t kMinHostSamples = 3;  // Note [Plans for the host that runs them]
 constexpr double kProbeHostScale = 0.7;  // the same Note
+constexpr int kMaxHostReplans = 3;       // the same Note
+constexpr double kHostReplanMoved = 0.1;  // the same Note
+constexpr size_t kMaxStepSamples = 16;   // a schedule's steps kept for its trial (the first stays)
 
 double median_of_last(std::vector<double>& samples) {
   if (samples.size() > kHostSamples) samples.erase(samples.begin());
@@ -200,7 +203,8 @@ bool Controller::note_host_scale() {
 // ms too (docs/benchmarks.md, "Autocast predictions with the counted waits, and plans for the host
 // that runs them"). So once kMinHostSamples planned steps have run, the trace is planned again
 // (the same planner options) with its host times scaled: by the measured scale when it is below
-// 0.9, else by kProbeHostScale. The measured scale cannot be trusted where the plan keeps the
+// 0.9, else by kProbeHostScale, and searched ranking the plans with the runner's measured host time
+// per operator (plan_best's runner_host_us_per_kernel). The measured scale cannot be trusted where the plan keeps the
 // device waiting for the link: the host then blocks inside operators on a full launch queue,
 // which counts as host time, so a plan made for a slow host measures a slow host and is never
 // planned again (on an H100, one autocast run in three kept a plan that ran at 0.240 s where the
@@ -209,26 +213,38 @@ bool Controller::note_host_scale() {
 // more than 2% faster than the active plan's replaces it from the next step, on trial: after
 // kMinHostSamples steps of it, its best measured step (the first, which aligns to the plan, left
 // out) is compared with the replaced plan's, and the new plan is kept only when it ran more than
-// 1% faster; otherwise the replaced plan comes back. So the guess costs at most a few steps,
-// once, and a plan is kept by what the steps measured, not by the model that chose it. Once per
-// cached plan: the scale corrects the recording's systematic overstatement, and later samples
-// move with the host's noise, which must not cost a search every few steps. A planner error keeps
-// the active plan. stats()["plan_variant"] says what happened ("planned again for host times xS of
+// 1% faster; otherwise the replaced plan comes back. So a guess costs at most a few steps, and a
+// plan is kept by what the steps measured, not by the model that chose it. Tried again only when
+// the scale or the runner's host time per operator has moved by more than kHostReplanMoved since
+// the last try, and at most kMaxHostReplans times per cached plan: the first planned steps run
+// slower than the later ones (on an H100, llama-1b in autocast at 1/2 measured the runner at 10.2,
+// 8.5, 7.9, then 5.8 us an operator and the host at x1.0, x0.93, then x0.68 of the recording's;
+// the one try, at 7.9 us and the probe's x0.7, found no plan 2% faster, where at 5.8 us and x0.68
+// the search replays one at 178.7 ms against the active plan's 198.4), but noise within 10% must
+// not cost a search every few steps. A planner error keeps the active plan. stats()["plan_variant"] says what happened ("planned again for host times xS of
 // the recording's", then whether it was kept); plan_path gets the plan in use.
 void Controller::replan_for_host() {
-  if (!active_ || !active_->trace || !active_->plan || host_samples_.size() < kMinHostSamples ||
-      step_us_.size() < kMinHostSamples)
+  if (!active_ || !active_->trace || !active_->plan || active_->on_trial ||
+      host_samples_.size() < kMinHostSamples || step_us_.size() < kMinHostSamples ||
+      active_->host_replans_tried >= kMaxHostReplans)
     return;
-  if (active_->host_replan_tried) return;
   const double scale = host_scale_used_ <= 0.9 ? host_scale_used_ : kProbeHostScale;
+  auto moved = [](double now, double then) {
+    return then > 0 ? std::abs(now - then) > kHostReplanMoved * then : now > 0;
+  };
+  if (active_->host_replans_tried > 0 && !moved(scale, active_->tried_scale) &&
+      !moved(runner_us_used_, active_->tried_runner_us))
+    return;
   CachedPlan* active = active_slot();
   if (!active) return;
   CachedPlan& slot = *active;
-  slot.host_replan_tried = true;
+  slot.host_replans_tried++;
+  slot.tried_scale = scale;
+  slot.tried_runner_us = runner_us_used_;
   try {
     const Trace scaled = with_host_times_scaled(*slot.trace, scale);
     std::string variant;
-    Plan plan = plan_for(scaled, slot.planner_options, &variant);
+    Plan plan = plan_for(scaled, slot.planner_options, &variant, runner_us_used_);
     const double active_us = steady_iteration_us(scaled, *slot.plan, runner_us_used_, false);
     const double new_us = steady_iteration_us(scaled, plan, runner_us_used_, false);
     if (!(new_us < 0.98 * active_us)) return;
@@ -413,7 +429,10 @@ StepErrors Controller::end_step(StepBinding& binding) {
         host_samples_.push_back(std::max(0.0, step_us - std::max(0.0, hook_us)) / active_->recorded_host_us);
         // Kept only while a plan made again for the host may still be tried or is on trial (a long
         // run's steps must not pile up).
-        if (active_->on_trial || !active_->host_replan_tried) step_us_.push_back(step_us);
+        if (active_->on_trial || active_->host_replans_tried < kMaxHostReplans) {
+          step_us_.push_back(step_us);
+          if (step_us_.size() > kMaxStepSamples) step_us_.erase(step_us_.begin() + 1);
+        }
       }
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();
@@ -606,9 +625,10 @@ void Controller::end_operator(uint32_t k, const char* name, std::span<const Logi
   collect_faults();
 }
 
-Plan Controller::plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const {
+Plan Controller::plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant,
+                          double runner_us) const {
   if (options_.plan_search) {
-    BestPlan best = plan_best(trace, po, kFirstIterations);
+    BestPlan best = plan_best(trace, po, kFirstIterations, runner_us);
     *variant = best.variant;
     return std::move(best.plan);
   }

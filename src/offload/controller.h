@@ -185,11 +185,12 @@ class Controller {
     double predicted_us = 0;
     double recorded_host_us = 0;  // the trace's host times, summed (Note [Host times of planned steps])
     // Note [Plans for the host that runs them]: what planning again needs besides the trace and the
-    // schedule's signatures (the recording's tensors, the planner's options), and whether it was
-    // tried.
+    // schedule's signatures (the recording's tensors, the planner's options), how often it was
+    // tried, and the host scale and runner's host time per operator of the last try.
     std::vector<RecordedTensor> tensors;
     PlannerOptions planner_options;
-    bool host_replan_tried = false;
+    int host_replans_tried = 0;
+    double tried_scale = 0, tried_runner_us = 0;
     // While a plan made again for the host is on trial: the plan it replaced, and that plan's
     // best measured step (Note [Plans for the host that runs them]).
     struct Replaced {
@@ -208,7 +209,8 @@ class Controller {
   bool switch_plan_at_start(uint32_t k, uint64_t signature, StepBinding& binding);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
-  Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant) const;
+  Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant,
+                double runner_us = 0) const;
   double steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us = 0,
                              bool as_planned = true, double recompute_host_us = 0) const;
   bool note_runner_host_us();

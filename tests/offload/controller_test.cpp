@@ -383,6 +383,32 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
   EXPECT_TRUE(persistent_intact());
 }
 
+// The same trace, where the first planned steps measure the host as recorded (a host warming up):
+// the probe's x0.7 finds no plan 2% faster there (every plan is still bound by the host), and the
+// trace is not planned again while the host measures the same. Once the steps measure far less host
+// time (the scale has moved by more than 10% since the try), it is planned again for that, and the
+// plan is kept.
+TEST_F(ControllerTest, APlanIsMadeAgainWhenTheMeasuredHostMovesAfterATry) {
+  bool warm = false;
+  const double recorded_us = 9.0 * 200000;  // ControllerChain's 9 operators
+  const SessionStats first = start_host_replan(200000, [&](const std::string& variant) {
+    if (!warm) return recorded_us;
+    return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
+  });
+  ASSERT_FALSE(HasFailure());
+  for (int i = 3; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  EXPECT_EQ(ctl_->host_replans(), 0u) << "tried at x0.70: nothing 2% faster";
+  EXPECT_EQ(stats().plan_variant, first.plan_variant);
+  warm = true;
+  for (int i = 12; i < 24; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(ctl_->host_replans(), 1u);
+  EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
+  EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos) << s.plan_variant;
+  EXPECT_LT(s.plan_predicted_us, 0.5 * first.plan_predicted_us);
+  expect_host_replan_steps_sound(s);
+}
+
 // The same, where the steps of the plan made again measure slower than the first plan's (the model
 // that chose it was wrong about this host): the first plan comes back, stats() says why, and the
 // trace is not planned again.

@@ -96,6 +96,38 @@ TEST(PlanBest, NeverSlowerThanTheDefaultPlanAndValid) {
   EXPECT_GT(better, 0) << "some random trace should have a better variant than the default";
 }
 
+// With the runner's host time per kernel (a Session's, measured), plan_best ranks the variants as
+// that runner runs them: the kept plan is never slower there than make_plan's plan run the same
+// way, and never slower than the plan kept without it; its `predicted` stays the replay without it.
+TEST(PlanBest, RanksWithTheRunnersHostTimeAndPredictsWithoutIt) {
+  std::mt19937_64 rng(4242);
+  int differs = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const Trace tr = test::random_trace(rng, trial % 2 == 0);
+    const Lifetimes lt(tr);
+    const auto [peak, need] = sizes(tr, lt);
+    PlannerOptions o;
+    o.budget_bytes = std::max(need, peak / 2);
+    o.min_tensor_bytes = 0;
+    o.tiers = {test::tier("host", 2.0, 2.0)};
+    const double runner_us = tr.total_time_us() / static_cast<double>(tr.num_kernels());
+    const BestPlan best = plan_best(tr, o, 2, runner_us);
+    const BestPlan plain = plan_best(tr, o, 2);
+    EXPECT_TRUE(check_plan(tr, lt, best.plan).valid) << "trial " << trial;
+    SimOptions with;
+    with.runner_host_us_per_kernel = runner_us;
+    const SimResult kept = simulate(tr, best.plan, with);
+    EXPECT_DOUBLE_EQ(kept.iteration_us, best.iteration_us) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(best.plan.predicted.iteration_us, simulate(tr, best.plan).iteration_us) << "trial " << trial;
+    const Plan planned = issue_in_deadline_order(tr, make_plan(tr, o), with);
+    EXPECT_LE(ranking_us(kept), ranking_us(simulate(tr, planned, with)) + 1e-6) << "trial " << trial;
+    const double plain_us = ranking_us(simulate(tr, plain.plan, with));
+    EXPECT_LE(ranking_us(kept), plain_us + 1e-6) << "trial " << trial;
+    if (ranking_us(kept) < plain_us - 1e-6) ++differs;
+  }
+  EXPECT_GT(differs, 0) << "on some trace the runner's host time should change which plan is fastest";
+}
+
 // Note [A second tier must pay for itself]: with a fast first tier and a slow second one, the kept
 // plan is within 2% of the fastest plan found; it uses the second tier only when every plan on the
 // first alone is more than 2% slower; and when the first tier cannot hold what must move, the
