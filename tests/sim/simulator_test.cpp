@@ -1260,8 +1260,11 @@ TEST(SimGolden, IssueOrderMovesAWritebackPastAReadBack) {
   plan.moves = {Move{0, MoveOp::writeback, 0, 0, 1}, offload(0, 1, 4), prefetch(0, 5, 6)};
   test::fit_budget(tr, plan);
   ASSERT_TRUE(check_plan(tr, lt, plan).valid);
-  for (const Move& m : issue_in_deadline_order(tr, plan).moves)
-    if (m.op == MoveOp::writeback) EXPECT_EQ(m.start, 0u) << "not past its deadline or its offload";
+  for (const Move& m : issue_in_deadline_order(tr, plan).moves) {
+    if (m.op == MoveOp::writeback) {
+      EXPECT_EQ(m.start, 0u) << "not past its deadline or its offload";
+    }
+  }
 }
 
 }  // namespace
