@@ -196,33 +196,34 @@ bool Controller::note_host_scale() {
 // Note [Plans for the host that runs them]: the planner prices a recompute at its producer's host
 // time and replays every operator's host time (docs/simulator.md, "The host"), so where the host
 // bounds the step (bf16 autocast, small kernels) the plan it keeps depends on those times. Made
-// with the recording's, which overstate the planned steps' (Note [Host times of planned steps]),
-// it is the plan for a slower host: on an H100 two profiles of the same autocast llama-1b at 1/2,
-// recorded with 231 and 308 ms of host time, were planned to 234 and 310 ms, and the second ran
-// at 310 ms; planned with its host times scaled to the first's, the second profile predicts 234
-// ms too (docs/benchmarks.md, "Autocast predictions with the counted waits, and plans for the host
-// that runs them"). So once kMinHostSamples planned steps have run, the trace is planned again
-// (the same planner options) with its host times scaled: by the measured scale when it is below
-// 0.9, else by kProbeHostScale, and searched ranking the plans with the runner's measured host time
-// per operator (plan_best's runner_host_us_per_kernel). The measured scale cannot be trusted where the plan keeps the
-// device waiting for the link: the host then blocks inside operators on a full launch queue,
-// which counts as host time, so a plan made for a slow host measures a slow host and is never
-// planned again (on an H100, one autocast run in three kept a plan that ran at 0.240 s where the
-// runs planned again ran at 0.206-0.239 s; its trace, planned for host times x0.7, predicts 198
+// with the recording's, which overstate the planned steps' (Note [Host times of planned steps]), it
+// is the plan for a slower host: on an H100 two profiles of the same autocast llama-1b at 1/2,
+// recorded with 231 and 308 ms of host time, were planned to 234 and 310 ms, and the second ran at
+// 310 ms; planned with its host times scaled to the first's, the second profile predicts 234 ms too
+// (docs/benchmarks.md, "Autocast predictions with the counted waits, and plans for the host that
+// runs them"). So once kMinHostSamples planned steps have run, the trace is planned again (the same
+// planner options) with its host times scaled: by the measured scale when it is below 0.9, else by
+// kProbeHostScale, and searched ranking the plans with the runner's measured host time per operator
+// (plan_best's runner_host_us_per_kernel). The measured scale cannot be trusted where the plan
+// keeps the device waiting for the link: the host then blocks inside operators on a full launch
+// queue, which counts as host time, so a plan made for a slow host measures a slow host and is
+// never planned again (on an H100, one autocast run in three kept a plan that ran at 0.240 s where
+// the runs planned again ran at 0.206-0.239 s; its trace, planned for host times x0.7, predicts 198
 // against 233 ms). A new plan whose replay (with the runner's host time, on the scaled trace) is
 // more than 2% faster than the active plan's replaces it from the next step, on trial: after
 // kMinHostSamples steps of it, its best measured step (the first, which aligns to the plan, left
-// out) is compared with the replaced plan's, and the new plan is kept only when it ran more than
-// 1% faster; otherwise the replaced plan comes back. So a guess costs at most a few steps, and a
-// plan is kept by what the steps measured, not by the model that chose it. Tried again only when
-// the scale or the runner's host time per operator has moved by more than kHostReplanMoved since
-// the last try, and at most kMaxHostReplans times per cached plan: the first planned steps run
-// slower than the later ones (on an H100, llama-1b in autocast at 1/2 measured the runner at 10.2,
-// 8.5, 7.9, then 5.8 us an operator and the host at x1.0, x0.93, then x0.68 of the recording's;
-// the one try, at 7.9 us and the probe's x0.7, found no plan 2% faster, where at 5.8 us and x0.68
-// the search replays one at 178.7 ms against the active plan's 198.4), but noise within 10% must
-// not cost a search every few steps. A planner error keeps the active plan. stats()["plan_variant"] says what happened ("planned again for host times xS of
-// the recording's", then whether it was kept); plan_path gets the plan in use.
+// out) is compared with the replaced plan's, and the new plan is kept only when it ran more than 1%
+// faster; otherwise the replaced plan comes back. So a guess costs at most a few steps, and a plan
+// is kept by what the steps measured, not by the model that chose it. Tried again only when the
+// scale or the runner's host time per operator has moved by more than kHostReplanMoved since the
+// last try, and at most kMaxHostReplans times per cached plan: the first planned steps run slower
+// than the later ones (on an H100, llama-1b in autocast at 1/2 measured the runner at 10.2, 8.5,
+// 7.9, then 5.8 us an operator and the host at x1.0, x0.93, then x0.68 of the recording's; the one
+// try, at 7.9 us and the probe's x0.7, found no plan 2% faster, where at 5.8 us and x0.68 the
+// search replays one at 178.7 ms against the active plan's 198.4), but noise within 10% must not
+// cost a search every few steps. A planner error keeps the active plan. stats()["plan_variant"]
+// says what happened ("planned again for host times xS of the recording's", then whether it was
+// kept); plan_path gets the plan in use.
 void Controller::replan_for_host() {
   if (!active_ || !active_->trace || !active_->plan || active_->on_trial ||
       host_samples_.size() < kMinHostSamples || step_us_.size() < kMinHostSamples ||
