@@ -39,7 +39,8 @@ for path in sys.argv[1:]:
                  "recompute %.1f ms" % (d["recompute_us"] / n / 1e3), "n %d" % (d["recomputes"] / n),
                  "moves %d" % (d["plan_moves"] / n), "full sweeps %d" % (d.get("full_sweeps", 0) / n),
                  "warm-up steps " + " ".join("%.3f" % s for s in r.get("warmup_step_s", [])),
-                 "host scale %.2f, replans %d (%d not kept)" % (st.get("host_time_scale", 1), st.get("host_replans", 0),
-                                                                st.get("host_replans_reverted", 0)),
+                 "host scale %.2f, replans %d (%d not kept) of %d searches" % (
+                     st.get("host_time_scale", 1), st.get("host_replans", 0),
+                     st.get("host_replans_reverted", 0), st.get("host_replan_searches", 0)),
                  "variant '%s'" % st.get("plan_variant", "")]  # says when it was planned again for the host
     print(*line)

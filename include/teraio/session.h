@@ -140,10 +140,12 @@ struct SessionStats {
   // Note [Host times of planned steps] (src/offload/controller.cpp): the planned steps' host time
   // outside the callbacks over the recording's (the median of the last five; 1 until measured,
   // and never above 1), and Note [Plans for the host that runs them]: plans made again for the
-  // host and tried, and of those, the ones whose steps measured slower (the plan before came back).
+  // host and tried, and of those, the ones whose steps measured slower (the plan before came back);
+  // the searches made for it (host_replans counts those that found a plan 2% faster).
   double host_time_scale = 1;
   uint64_t host_replans = 0;
   uint64_t host_replans_reverted = 0;
+  uint64_t host_replan_searches = 0;
   // The same for the same loop with each optimizer update run in the backward
   // (Session::set_predict_step_in_backward; docs/pytorch.md, "Optimizer steps in backward"): the
   // profile rewritten as that loop records it, planned and replayed alike. 0 when not asked for,
@@ -262,6 +264,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("host_time_scale", &S::host_time_scale, K::kGauge);
   f("host_replans", &S::host_replans, K::kCounter);
   f("host_replans_reverted", &S::host_replans_reverted, K::kCounter);
+  f("host_replan_searches", &S::host_replan_searches, K::kCounter);
   f("predicted_step_in_backward_us", &S::predicted_step_in_backward_us, K::kGauge);
   f("kernel_timing", &S::kernel_timing, K::kText);
   f("profiled_kernel_us", &S::profiled_kernel_us, K::kGauge);

@@ -240,6 +240,7 @@ void Controller::replan_for_host() {
   if (!active) return;
   CachedPlan& slot = *active;
   slot.host_replans_tried++;
+  host_replan_searches_++;
   slot.tried_scale = scale;
   slot.tried_runner_us = runner_us_used_;
   try {
@@ -750,6 +751,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->host_time_scale = host_scale_used_;
   r->host_replans = host_replans_;
   r->host_replans_reverted = host_replans_reverted_;
+  r->host_replan_searches = host_replan_searches_;
   r->predicted_step_in_backward_us = predicted_in_backward_us_;
   r->profiled_kernel_us = profiled_kernel_us_;
   r->resident_bytes = e.resident_bytes;

@@ -112,6 +112,7 @@ class Controller {
   // Plans made again for the planned steps' host times (Note [Plans for the host that runs them]).
   uint64_t host_replans() const { return host_replans_; }
   uint64_t host_replans_reverted() const { return host_replans_reverted_; }
+  uint64_t host_replan_searches() const { return host_replan_searches_; }
 
   // --- steps --------------------------------------------------------------------------------
   // Begins a step: resets its errors, puts tensors within the budget and where the plan starts.
@@ -289,6 +290,7 @@ class Controller {
   double now_us() const { return options_.clock_us ? options_.clock_us() : steady_us(); }
   uint64_t host_replans_ = 0;           // plans made again for the host and put on trial
   uint64_t host_replans_reverted_ = 0;  // of those, measured slower than the plan they replaced
+  uint64_t host_replan_searches_ = 0;   // searches made for the host (found a plan or not)
   // Note [Predicting steps in backward] in controller.cpp: whether to predict, and the prediction.
   bool predict_in_backward_ = false;
   double predicted_in_backward_us_ = 0;

@@ -398,12 +398,17 @@ TEST_F(ControllerTest, APlanIsMadeAgainWhenTheMeasuredHostMovesAfterATry) {
   ASSERT_FALSE(HasFailure());
   for (int i = 3; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   EXPECT_EQ(ctl_->host_replans(), 0u) << "tried at x0.70: nothing 2% faster";
+  EXPECT_EQ(stats().host_replan_searches, 1u) << "tried once while the host measures the same";
   EXPECT_EQ(stats().plan_variant, first.plan_variant);
   warm = true;
   for (int i = 12; i < 24; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   const SessionStats s = stats();
   EXPECT_EQ(ctl_->host_replans(), 1u);
   EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
+  // The second search found it; the kept plan's own runner time may ask for one more, never more
+  // than three in all.
+  EXPECT_GE(s.host_replan_searches, 2u);
+  EXPECT_LE(s.host_replan_searches, 3u);
   EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos) << s.plan_variant;
   EXPECT_LT(s.plan_predicted_us, 0.5 * first.plan_predicted_us);
   expect_host_replan_steps_sound(s);
@@ -423,6 +428,7 @@ TEST_F(ControllerTest, APlanMadeAgainThatMeasuresSlowerIsNotKept) {
   const SessionStats s = stats();
   EXPECT_EQ(ctl_->host_replans(), 1u) << "tried once";
   EXPECT_EQ(ctl_->host_replans_reverted(), 1u);
+  EXPECT_EQ(s.host_replan_searches, 1u) << "the host measured the same after: not searched again";
   EXPECT_EQ(s.plan_variant.rfind(first.plan_variant, 0), 0u) << "the first plan again: " << s.plan_variant;
   EXPECT_NE(s.plan_variant.find("it ran 25.00 ms a step against 20.00 ms: not kept"), std::string::npos)
       << s.plan_variant;
