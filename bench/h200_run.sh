@@ -42,7 +42,8 @@
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
 # Still to measure (issues 15, 16; docs/benchmarks.md, "A use no longer waits for the write its read
 # back follows, on an H100"), one device call each (< 10 min), in this order (ask only with >= 6 min
-# of device time left: a start is refused under 4):
+# of device time left: a start is refused under 4). bench/call42.sh runs the first two in one call
+# on an H200 (one start: refused starts cost 1-2 minutes each), the second alone elsewhere:
 #   WARMUP=13 bash bench/h200_call36.sh 8b-teraio  (H200: the 8B as a user runs it, with reads back
 #                                            modelled and offloads and writebacks issued past them,
 #                                            the allocator's waits out of the host times, and plans
