@@ -843,41 +843,46 @@ std::optional<Plan> writes_after_reads_back(const Trace& trace, const Lifetimes&
     return it != reads.end() ? *it + wraps * N : reads.front() + (wraps + 1) * N;
   };
   Plan out = plan;
-  bool changed = false;
-  for (const SimTransfer& x : r.transfers) {
-    if (!x.offload || x.writeback || x.move >= out.moves.size()) continue;
-    Move& m = out.moves[x.move];
-    if (m.op != MoveOp::offload) continue;
+  // How far past its start a move whose transfer is x is issued instead: to the end of the first
+  // kernel that reads back after it, when x is in that kernel's way and the move's deadline allows;
+  // 0 when not.
+  auto past_the_read = [&](const SimTransfer& x, const Move& m) -> int64_t {
     const int64_t read = next_read(x.issue_kernel);
     // Ended before the reading kernel could start (the kernel before it ended): not in its way.
-    if (x.end_us <= kernels.end_of(read - 1)) continue;
+    if (x.end_us <= kernels.end_of(read - 1)) return 0;
     const int64_t span = (static_cast<int64_t>(m.deadline) - m.start + N) % N;
     const int64_t d = read - x.issue_kernel;  // issued at the end of the reading kernel instead
-    if (d > span - 1) continue;               // too late for its deadline
-    m.start = static_cast<KernelIndex>((m.start + d) % N);
-    changed = true;
-  }
-  // Writebacks in its way too, after the offloads (those only move later): a writeback moves no
-  // further than the offload that relies on it (the first of its tensor at or after its start), so
-  // that offload still relies on it and the tensor stays resident and unchanged in between.
-  for (const SimTransfer& x : r.transfers) {
-    if (!x.writeback || x.move >= out.moves.size()) continue;
-    Move& m = out.moves[x.move];
-    if (m.op != MoveOp::writeback) continue;
-    const int64_t read = next_read(x.issue_kernel);
-    if (x.end_us <= kernels.end_of(read - 1)) continue;
-    const int64_t span = (static_cast<int64_t>(m.deadline) - m.start + N) % N;
-    const int64_t d = read - x.issue_kernel;
-    if (d > span - 1) continue;
-    int64_t relied = -1;  // distance to the offload that relies on it
+    return d > span - 1 ? 0 : d;              // too late for its deadline
+  };
+  // The distance from a writeback's start to the offload that relies on it (the first of its
+  // tensor, to its tier, at or after its start); -1 when none does.
+  auto relied_on_at = [&](const Move& w) {
+    int64_t relied = -1;
     for (const Move& o : out.moves)
-      if (o.op == MoveOp::offload && o.tensor == m.tensor && o.tier == m.tier) {
-        const int64_t at = (static_cast<int64_t>(o.start) - m.start + N) % N;
+      if (o.op == MoveOp::offload && o.tensor == w.tensor && o.tier == w.tier) {
+        const int64_t at = (static_cast<int64_t>(o.start) - w.start + N) % N;
         if (relied < 0 || at < relied) relied = at;
       }
-    if (relied < 0 || d > relied) continue;
-    m.start = static_cast<KernelIndex>((m.start + d) % N);
-    changed = true;
+    return relied;
+  };
+  // The offloads first, then the writebacks in its way too (offloads only move later): a writeback
+  // moves no further than the offload that relies on it, so that offload still relies on it and
+  // the tensor stays resident and unchanged in between.
+  bool changed = false;
+  for (const MoveOp op : {MoveOp::offload, MoveOp::writeback}) {
+    for (const SimTransfer& x : r.transfers) {
+      const bool ours = op == MoveOp::writeback ? x.writeback : x.offload && !x.writeback;
+      if (!ours || x.move >= out.moves.size() || out.moves[x.move].op != op) continue;
+      Move& m = out.moves[x.move];
+      const int64_t d = past_the_read(x, m);
+      if (d == 0) continue;
+      if (op == MoveOp::writeback) {
+        const int64_t relied = relied_on_at(m);
+        if (relied < 0 || d > relied) continue;
+      }
+      m.start = static_cast<KernelIndex>((m.start + d) % N);
+      changed = true;
+    }
   }
   if (!changed) return std::nullopt;
   std::stable_sort(out.moves.begin(), out.moves.end(),

@@ -25,6 +25,17 @@ Sizes sizes(const Trace& tr, const Lifetimes& lt) {
   return {*std::max_element(m.begin(), m.end()), *std::max_element(active.begin(), active.end())};
 }
 
+// The plan search's options for a random trace: half its peak (never below what one kernel
+// needs), every tensor movable, on `tiers`.
+PlannerOptions at_half_peak(const Trace& tr, const Lifetimes& lt, std::vector<TierSpec> tiers) {
+  const auto [peak, need] = sizes(tr, lt);
+  PlannerOptions o;
+  o.budget_bytes = std::max(need, peak / 2);
+  o.min_tensor_bytes = 0;
+  o.tiers = std::move(tiers);
+  return o;
+}
+
 TEST(Sweep, CurveIsMonotoneAndHonest) {
   std::mt19937_64 rng(4242);
   int swept = 0;
@@ -70,11 +81,7 @@ TEST(PlanBest, NeverSlowerThanTheDefaultPlanAndValid) {
   for (int trial = 0; trial < 30; ++trial) {
     const Trace tr = test::random_trace(rng, trial % 2 == 0);
     const Lifetimes lt(tr);
-    const auto [peak, need] = sizes(tr, lt);
-    PlannerOptions o;
-    o.budget_bytes = std::max(need, peak / 2);
-    o.min_tensor_bytes = 0;
-    o.tiers = {test::tier("host", 2.0, 2.0)};
+    const PlannerOptions o = at_half_peak(tr, lt, {test::tier("host", 2.0, 2.0)});
     const BestPlan best = plan_best(tr, o);
     ASSERT_GE(best.variants, 2u);
     const Plan planned = make_plan(tr, o);
@@ -105,11 +112,7 @@ TEST(PlanBest, RanksWithTheRunnersHostTimeAndPredictsWithoutIt) {
   for (int trial = 0; trial < 20; ++trial) {
     const Trace tr = test::random_trace(rng, trial % 2 == 0);
     const Lifetimes lt(tr);
-    const auto [peak, need] = sizes(tr, lt);
-    PlannerOptions o;
-    o.budget_bytes = std::max(need, peak / 2);
-    o.min_tensor_bytes = 0;
-    o.tiers = {test::tier("host", 2.0, 2.0)};
+    const PlannerOptions o = at_half_peak(tr, lt, {test::tier("host", 2.0, 2.0)});
     const double runner_us = tr.total_time_us() / static_cast<double>(tr.num_kernels());
     const BestPlan best = plan_best(tr, o, 2, runner_us);
     const BestPlan plain = plan_best(tr, o, 2);
@@ -142,13 +145,10 @@ TEST(PlanBest, ASecondTierIsUsedOnlyWhenItPays) {
   for (int trial = 0; trial < 60; ++trial) {
     const Trace tr = test::random_trace(rng, trial % 2 == 0);
     const Lifetimes lt(tr);
-    const auto [peak, need] = sizes(tr, lt);
-    PlannerOptions o;
-    o.budget_bytes = std::max(need, peak / 2);
-    o.min_tensor_bytes = 0;
     // A second tier nearly as fast as the first: plans using both are often a little faster.
-    o.tiers = {test::tier("host", 2.0, 2.0), test::tier("ssd", 1.5, 1.5)};
-    if (trial % 3 == 2) o.tiers[0].capacity_bytes = peak / 50;  // too small to hold much
+    PlannerOptions o =
+        at_half_peak(tr, lt, {test::tier("host", 2.0, 2.0), test::tier("ssd", 1.5, 1.5)});
+    if (trial % 3 == 2) o.tiers[0].capacity_bytes = sizes(tr, lt).peak / 50;  // too small to hold much
     const BestPlan best = plan_best(tr, o);
     EXPECT_TRUE(check_plan(tr, lt, best.plan).valid) << "trial " << trial;
     const SimResult kept = simulate(tr, best.plan);
