@@ -245,14 +245,17 @@ int run_quick(const IobenchArgs& a, bool cuda, uint64_t total, uint64_t stripe) 
     std::string out = fmt::format(
         "{{\"format\":\"teraio.iobench.quick\",\"version\":1,\"tier\":{},\"engine\":{},\"memory\":{},"
         "\"pass_bytes\":{},\"request_bytes\":{},\"queue_depth\":{},"
-        "\"write_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"write_passes\":{},"
-        "\"read_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"read_passes\":{},"
-        "\"both_gbps\":{{\"median\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"both_passes\":{},"
+        "\"write_gbps\":{{\"median\":{:.3f},\"upper\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"write_passes\":{},"
+        "\"read_gbps\":{{\"median\":{:.3f},\"upper\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"read_passes\":{},"
+        "\"both_gbps\":{{\"median\":{:.3f},\"upper\":{:.3f},\"min\":{:.3f},\"max\":{:.3f}}},\"both_passes\":{},"
+        "\"planned_gbps\":{{\"read\":{:.3f},\"write\":{:.3f},\"both\":{:.3f}}},"
         "\"elapsed_s\":{:.4f},\"cut\":{},\"page_cache\":{},\"notes\":[",
         json_quote(p.tier), json_quote(p.engine), json_quote(p.memory), p.pass_bytes, p.request_bytes,
-        p.queue_depth, p.write_gbps.median, p.write_gbps.min, p.write_gbps.max, p.write_passes,
-        p.read_gbps.median, p.read_gbps.min, p.read_gbps.max, p.read_passes, p.both_gbps.median,
-        p.both_gbps.min, p.both_gbps.max, p.both_passes, p.elapsed_s, p.cut, p.page_cache);
+        p.queue_depth, p.write_gbps.median, p.write_gbps.upper, p.write_gbps.min, p.write_gbps.max,
+        p.write_passes, p.read_gbps.median, p.read_gbps.upper, p.read_gbps.min, p.read_gbps.max,
+        p.read_passes, p.both_gbps.median, p.both_gbps.upper, p.both_gbps.min, p.both_gbps.max,
+        p.both_passes, planned_gbps(p.read_gbps, info), planned_gbps(p.write_gbps, info),
+        planned_gbps(p.both_gbps, info), p.elapsed_s, p.cut, p.page_cache);
     for (size_t i = 0; i < notes.size(); ++i) out += (i ? "," : "") + json_quote(notes[i]);
     fmt::print("{}]}}\n", out);
     return 0;
@@ -265,6 +268,9 @@ int run_quick(const IobenchArgs& a, bool cuda, uint64_t total, uint64_t stripe) 
              p.write_gbps.median, p.write_gbps.min, p.write_gbps.max, p.write_passes, p.read_gbps.median,
              p.read_gbps.min, p.read_gbps.max, p.read_passes, p.both_gbps.median, p.both_gbps.min,
              p.both_gbps.max, p.both_passes, p.elapsed_s);
+  fmt::print("a Session plans with: read {:.2f}, write {:.2f}, both ways {:.2f} GB/s (the {} of the passes)\n",
+             planned_gbps(p.read_gbps, info), planned_gbps(p.write_gbps, info),
+             planned_gbps(p.both_gbps, info), planned_statistic(info));
   for (auto& n : notes) fmt::print("note: {}\n", n);
   return 0;
 }

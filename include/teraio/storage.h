@@ -298,6 +298,7 @@ class ExtentAllocator {
 
 struct Spread {
   double median = 0, min = 0, max = 0;
+  double upper = 0;  // the upper quartile (75th percentile, interpolated between the values)
 };
 Spread spread(std::vector<double> values);  // all 0 when empty
 
@@ -383,7 +384,15 @@ BandwidthProbe probe_bandwidth(Tier& tier, BufferView scratch, uint64_t offset_b
 // the default options with a time limit of 0.5 s for a host tier and 1.5 s for others.
 inline constexpr uint64_t kQuickProbeScratchBytes = 64ull << 20;
 inline constexpr uint64_t kQuickProbeTierBytes = 256ull << 20;
+// Timed passes per direction of the quick probe of a host tier (engine "memcpy"), within its time limit (Note [A
+// probe caught in a slow moment] in src/storage/bandwidth.cpp); other tiers take the default 3.
+inline constexpr int kQuickProbeHostPasses = 15;
 BandwidthProbeOptions quick_probe_options(const TierInfo& info);
+// The figure a Session plans with from a quick probe's passes of `info`'s tier: their upper
+// quartile for a host tier (engine "memcpy"), their median for others (Note [A probe caught in a
+// slow moment]); planned_statistic names which.
+double planned_gbps(const Spread& passes, const TierInfo& info);
+std::string_view planned_statistic(const TierInfo& info);
 
 // ---------------------------------------------------------------------------------------------
 // Integrity and cleanup.

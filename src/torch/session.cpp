@@ -634,19 +634,20 @@ struct Session::Impl final : offload::StepBinding {
       try {
         const storage::BandwidthProbe p = storage::probe_bandwidth(
             *tiers[i], view, 0, std::min(storage::kQuickProbeTierBytes, spec.capacity_bytes), po);
+        const storage::TierInfo info = tiers[i]->info();
         if (ts.read_source != "given") {
-          spec.read_gbps = ts.read_gbps = p.read_gbps.median;
+          spec.read_gbps = ts.read_gbps = storage::planned_gbps(p.read_gbps, info);
           ts.read_source = "measured";
         }
         if (ts.write_source != "given") {
-          spec.write_gbps = ts.write_gbps = p.write_gbps.median;
+          spec.write_gbps = ts.write_gbps = storage::planned_gbps(p.write_gbps, info);
           ts.write_source = "measured";
         }
         if (ts.duplex_source != "given") {  // measured both ways, else the default fraction
-          const bool both = p.both_passes > 0 && p.both_gbps.median > 0;
+          const double both_gbps = storage::planned_gbps(p.both_gbps, info);
+          const bool both = p.both_passes > 0 && both_gbps > 0;
           spec.duplex_gbps = ts.duplex_gbps =
-              both ? p.both_gbps.median
-                   : default_duplex_gbps(spec.read_gbps, spec.write_gbps);
+              both ? both_gbps : default_duplex_gbps(spec.read_gbps, spec.write_gbps);
           ts.duplex_source = both ? "measured" : "default";
         }
         ts.read_gbps_min = p.read_gbps.min;

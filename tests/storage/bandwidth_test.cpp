@@ -171,6 +171,46 @@ TEST(BandwidthProbe, BothWaysIsOptionalAndNeedsTwoRequestsInFlight) {
   EXPECT_GE(p.read_passes, 1);
 }
 
+TEST(Spread, UpperQuartileInterpolatesBetweenThePasses) {
+  EXPECT_EQ(spread({}).upper, 0);
+  EXPECT_EQ(spread({7}).upper, 7);
+  EXPECT_DOUBLE_EQ(spread({5, 1, 3, 2, 4}).upper, 4);
+  // The H100 probe of Note [A probe caught in a slow moment]: halfway between 26.4 and 47.0.
+  const Spread s = spread({47.0, 24.2, 26.4});
+  EXPECT_DOUBLE_EQ(s.median, 26.4);
+  EXPECT_DOUBLE_EQ(s.upper, 36.7);
+}
+
+// Note [A probe caught in a slow moment]: more than half of a host tier's read passes run slow
+// (every read request of the first eight passes completes 2 ms late, about 8 ms a pass against a
+// fraction of that), and the Session's figure is still the fast passes' rate, not the median.
+TEST(BandwidthProbe, QuickProbeOfAHostTierPlansWithTheFastPassesAfterASlowMoment) {
+  constexpr uint64_t kRange = 1 << 20, kRequest = 256 << 10;  // 4 requests a pass, all in flight
+  FaultOptions f;
+  f.rules = {{.kind = FaultKind::kSlow, .nth_request = 0, .count = 8 * kRange / kRequest,
+              .delay_us = 2000, .direction = Direction::kRead}};
+  auto tier = make_fault_tier(make_host_tier({.capacity_bytes = kTier}), f);
+  std::vector<unsigned char> scratch(kRange);
+  BandwidthProbeOptions o = quick_probe_options(tier->info());
+  EXPECT_EQ(o.repetitions, kQuickProbeHostPasses);
+  o.request_bytes = kRequest;
+  const BandwidthProbe p =
+      probe_bandwidth(*tier, BufferView::host(scratch.data(), scratch.size()), 0, kRange, o);
+  expect_numbers(p);
+  ASSERT_EQ(p.read_passes, kQuickProbeHostPasses) << "the time limit cut the read passes";
+  const double planned = planned_gbps(p.read_gbps, tier->info());
+  EXPECT_EQ(planned_statistic(tier->info()), "upper quartile");
+  // Four requests 2 ms late take >= 8 ms for 1 MiB (<= 0.13 GB/s); the median is such a pass.
+  EXPECT_LE(p.read_gbps.median, 0.14);
+  EXPECT_GT(planned, 2 * p.read_gbps.median) << planned;
+  EXPECT_EQ(planned, p.read_gbps.upper);
+  // A file tier keeps the median of three passes.
+  TierInfo file = tier->info();
+  file.engine = "io_uring";
+  EXPECT_EQ(planned_gbps(p.read_gbps, file), p.read_gbps.median);
+  EXPECT_EQ(quick_probe_options(file).repetitions, BandwidthProbeOptions{}.repetitions);
+}
+
 TEST(BandwidthProbe, BadArgumentsAreClearErrors) {
   auto tier = make_host_tier({.capacity_bytes = kTier});
   std::vector<unsigned char> scratch(1 << 20);
