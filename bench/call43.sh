@@ -9,6 +9,7 @@
 #   fsdp2   issue 15's tightest peer: FSDP2 + CPUOffloadPolicy with activation checkpointing of
 #           every decoder layer on llama-1b fp32, then teraio (steps in backward and after) at the
 #           GPU memory FSDP2 took (bench/h200_run.sh peers1b fsdp2-offload-ac), same machine.
+#   fsdp2amp the same in bf16 autocast (teraio with steps in backward, 16 warm-up steps).
 #   fp32    the 8B in fp32 at 1 x 4096 on host + disk, then the largest model (H200 only).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/call43.sh PART
 # Results under $OUT/PART/, and $OUT/PART.log.
@@ -23,12 +24,12 @@ part=${1:?usage: bench/call43.sh first|ab|fsdp2|fp32}
 [[ $part == first ]] && part=8b
 case $part in
 8b)
-  OUT=$OUT/8b WARMUP=${WARMUP:-13} bash bench/h200_call36.sh 8b-teraio
+  OUT=$OUT/8b WARMUP=${WARMUP:-16} bash bench/h200_call36.sh 8b-teraio
   xz -T0 -f "$OUT"/8b/res_real/trace-*.json "$OUT"/8b/res_real/plan-*.json \
     "$OUT"/8b/res_real/timeline-*.json 2>/dev/null
   ;;
 ab)
-  OUT=$OUT/ab WARMUP=${WARMUP:-13} REPEATS=1 MODES=step-in-backward bash bench/call37.sh "${FRACS:-2 4}"
+  OUT=$OUT/ab WARMUP=${WARMUP:-16} REPEATS=1 MODES=step-in-backward bash bench/call37.sh "${FRACS:-2 4}"
   ;;
 fsdp2)
   OUT=$OUT/fsdp2 bash bench/h200_run.sh peers1b fsdp2-offload-ac > /dev/null 2>&1
@@ -37,6 +38,15 @@ fsdp2)
     [[ $f == */trace-* || $f == */plan-* ]] || python3 bench/run_summary.py "$f"
   done
   xz -T0 -f "$OUT"/fsdp2/res_peers1b/trace-*.json "$OUT"/fsdp2/res_peers1b/plan-*.json 2>/dev/null
+  ;;
+fsdp2amp)
+  o=$OUT/fsdp2amp/res; mkdir -p "$o"; source bench/h200_env.sh; ensure_teraio
+  python3 bench/llm_bench.py --steps 3 --out "$o/fsdp2-offload-ac-llama-1b-amp.json" --system fsdp2-offload \
+    --model llama-1b --dtype amp --grad-ckpt 2>&1 | tail -3
+  mem=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["memory"]["cuda_max_allocated_bytes"] if r.get("ok") else 0)' "$o/fsdp2-offload-ac-llama-1b-amp.json")
+  ((mem > 0)) && python3 bench/llm_bench.py --steps 3 --warmup 16 --out "$o/teraio-at-fsdp2-offload-ac-llama-1b-amp.json" \
+    --system teraio --model llama-1b --dtype amp --tiers host --budget "${mem}B" --host-gbps 0 --step-in-backward 2>&1 | tail -3
+  for f in "$o"/*.json; do python3 bench/run_summary.py "$f"; done
   ;;
 fp32)
   OUT=$OUT/fp32 LARGEST=1 bash bench/h200_call36.sh fp32

@@ -40,31 +40,31 @@
 #            its footprint; the HF Trainer under TeraioCallback bitwise); OPTIM=default: foreach AdamW
 #   ddp      issue 7, on nvidia-h200-x2: bench/ddp_bench.py, DDP of llama-1b on 1 and 2 GPUs at 1/2
 #            of the per-GPU footprint, with and without teraio (throughput scaling, bitwise)
-# Still to measure (issues 15, 16; docs/benchmarks.md, "A use no longer waits for the write its read
-# back follows, on an H100"), one device call each (< 10 min), in this order (ask only with >= 6 min
-# of device time left: a start is refused under 4). bench/call42.sh runs the first two in one call
-# on an H200 (one start: refused starts cost 1-2 minutes each), the second alone elsewhere:
-#   WARMUP=13 bash bench/h200_call36.sh 8b-teraio  (H200: the 8B as a user runs it, with reads back
+# Still to measure (issues 15, 16; docs/benchmarks.md, "Issue 15's peers at their memory, and plans
+# made again for the host, on an H100"), one device call each (< 10 min), in this order (ask only
+# with >= 6 min of device time left: a start is refused under 4). bench/call43.sh runs them a part
+# per call (`first`: the 8B on an H200, the A/B elsewhere):
+#   WARMUP=16 bash bench/h200_call36.sh 8b-teraio  (H200: the 8B as a user runs it, with reads back
 #                                            modelled and offloads and writebacks issued past them,
 #                                            the allocator's waits out of the host times, and plans
 #                                            made again once the host's numbers settle: expect about
 #                                            1.01 s, profiled_allocator_waits > 0, prediction within 5%)
-#   WARMUP=13 REPEATS=1 MODES=step-in-backward bash bench/call37.sh "2 4"
-#                                           (any 80 GB GPU, ~3 min: plans made again for the settled
-#                                            host; plan_variant says "planned again ..., kept: T a
-#                                            step against T0" where it ran faster; session 42's H100:
-#                                            0.206 s at 1/2, replayed 178.7 ms with such a plan)
+#   bash bench/call43.sh fsdp2amp            (any 80 GB GPU, ~3 min: teraio at the memory of FSDP2 with
+#                                            checkpointing in autocast, with the probe that plans
+#                                            with the upper quartile of its passes; session 43's H100:
+#                                            0.396 s against FSDP2's 0.527, planned for a 26 GB/s link)
 #   bash bench/h200_call36.sh fp32          (H200: the 8B in fp32 at 1 x 4096 on host + disk; LARGEST=1
 #                                            adds the largest model, or `bash bench/h200_run.sh real
 #                                            largest-inbwd`)
 #   bash bench/h200_run.sh real fsdp2-8b-amp, real ds-infinity   (the 8B peers not run yet: error rows)
-# Measured in session 42 (H100): bench/call41.sh (GPU storage tests 28/28, CUDA bitwise 4/4) and the
-# A/B (call37.sh "2 4", WARMUP=9) after 7c1dd57.
+# Measured in session 43 (H100): the A/B with 13 warm-up steps twice (call37.sh "2 4"), FSDP2 with
+# checkpointing and teraio at its memory (fp32 and autocast).
 # "Footprint" is the Ideal run's torch.cuda.max_memory_allocated(); budgets are fractions of it.
 # WARMUP=N: llm_bench's --warmup for every run (default 3: 2 profiled, 1 planned); 6 lets the Session
 # plan again for the planned steps' host times before the measured steps (Note [Plans for the host
 # that runs them] in src/offload/controller.cpp: after 3 planned steps); 13 lets it plan again once
-# more when the host's numbers settle later (they did after 6 planned steps on an H100).
+# more when the host's numbers settle later (they did after 6 planned steps on an H100), 16 also
+# keeps a third try's search (about 0.7 s of one step) out of the measured steps.
 # TIMELINE=1: every llm_bench run also profiles one step after the measured ones (bench/timeline.py;
 # its Chrome trace beside the result, its summary in the result's "timeline").
 # Usage (repo root on the GPU machine, build-gpu/, build-train-gpu/, build-gpudeps/ and .whl/ carried):
