@@ -1,9 +1,11 @@
 """Shared helpers for the teraio pytest suite: deterministic training with and without a Session."""
 import copy
 import os
+import pathlib
 import sys
 
 import pytest
+
 import torch
 
 torch.use_deterministic_algorithms(True)
@@ -67,6 +69,34 @@ def assert_bitwise(a, b):
 
 def footprint_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def trace_bounds(trace_path):
+    """(the most bytes one operator touches, the most bytes alive at once) in a teraio.trace file:
+    a budget between the two makes the planner move or recompute, and a budget under the first
+    cannot be planned. Both depend on the machine's kernels (a CPU without bf16 convolutions runs
+    autocast's conv2d through im2col buffers several times its input), so tests that need a budget
+    below a model's footprint take it from here rather than a fixed size."""
+    import json
+    t = json.loads(pathlib.Path(trace_path).read_text())
+    size = {x["id"]: x["bytes"] for x in t["tensors"]}
+    first, last = {}, {}
+    for k, kern in enumerate(t["kernels"]):
+        for i in kern["tensors"]:
+            first.setdefault(i, k)
+            last[i] = k
+    persistent = sum(x["bytes"] for x in t["tensors"] if x.get("persistent"))
+    delta = [0] * (len(t["kernels"]) + 1)
+    for x in t["tensors"]:
+        if not x.get("persistent") and x["id"] in first:
+            delta[first[x["id"]]] += x["bytes"]
+            delta[last[x["id"]] + 1] -= x["bytes"]
+    live, peak = persistent, persistent
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    widest = max(sum(size[i] for i in set(k["tensors"])) for k in t["kernels"])
+    return widest, peak
 
 
 class TinyLlama(torch.nn.Module):
