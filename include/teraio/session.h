@@ -110,6 +110,11 @@ struct SessionTierStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_clean = 0;  // offloaded without writing: the tier's copy was still valid
+  // The rates the tier's copies of at least 1 MiB ran at since the Session began, GB/s (0: none
+  // timed; file tiers do not time theirs): what the link did, beside what the plan assumed
+  // (read_gbps, write_gbps). Note [The link's rate in use] in src/storage/host_tier.cpp.
+  double read_gbps_in_use = 0;
+  double write_gbps_in_use = 0;
 };
 
 struct SessionStats {
@@ -146,6 +151,9 @@ struct SessionStats {
   uint64_t host_replans = 0;
   uint64_t host_replans_reverted = 0;
   uint64_t host_replan_searches = 0;
+  // Corrections of tier figures the probe measured (or defaulted) to the rates the tiers' copies ran
+  // at, each followed by the trace planned again on trial (docs/pytorch.md, "Tier bandwidth").
+  uint64_t link_replans = 0;
   // The same for the same loop with each optimizer update run in the backward
   // (Session::set_predict_step_in_backward; docs/pytorch.md, "Optimizer steps in backward"): the
   // profile rewritten as that loop records it, planned and replayed alike. 0 when not asked for,
@@ -265,6 +273,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("host_replans", &S::host_replans, K::kCounter);
   f("host_replans_reverted", &S::host_replans_reverted, K::kCounter);
   f("host_replan_searches", &S::host_replan_searches, K::kCounter);
+  f("link_replans", &S::link_replans, K::kCounter);
   f("predicted_step_in_backward_us", &S::predicted_step_in_backward_us, K::kGauge);
   f("kernel_timing", &S::kernel_timing, K::kText);
   f("profiled_kernel_us", &S::profiled_kernel_us, K::kGauge);
@@ -337,6 +346,8 @@ constexpr void for_each_tier_stats_field(F&& f) {
   f("bytes_read", &T::bytes_read);
   f("bytes_written", &T::bytes_written);
   f("bytes_clean", &T::bytes_clean);
+  f("read_gbps_in_use", &T::read_gbps_in_use);
+  f("write_gbps_in_use", &T::write_gbps_in_use);
 }
 
 class Session {

@@ -104,6 +104,9 @@ struct IoResult {
   int error_code = 0;         // errno value (ECANCELED when cancelled at shutdown; Note [Lost bytes])
   std::string error;          // names the tier, path, offset and size
   uint64_t finish_ns = 0;     // steady_clock time of completion, for ordering and latency
+  // The copy's own time, from its first byte to its last, where the tier can tell (the host tier:
+  // Note [The link's rate in use] in src/storage/host_tier.cpp); 0 where it cannot.
+  double transfer_us = 0;
 };
 
 // True when a failed read can never succeed (Note [Lost bytes]).
@@ -185,12 +188,26 @@ struct TierInfo {
 // in the tier are not ordered with respect to each other. Errors in a request (bad range, refused
 // device buffer, closed tier) throw teraio::Error from submit(); I/O failures are reported in the
 // IoResult, never thrown from a worker and never printed.
+// What a tier's own copies took, summed since it was made, per direction: the bytes and time of
+// its timed transfers (IoResult::transfer_us) of at least kTimedTransferMinBytes (smaller ones wait
+// on latency more than on the link; HostTierOptions::timed_min_bytes). Note [The link's rate in use] in src/storage/host_tier.cpp.
+struct TransferTimes {
+  uint64_t read_bytes = 0, write_bytes = 0;
+  double read_us = 0, write_us = 0;
+  // GB/s (1e9 bytes/s) over the timed transfers; 0 when none was timed.
+  double read_gbps() const { return read_us > 0 ? static_cast<double>(read_bytes) / read_us / 1e3 : 0; }
+  double write_gbps() const { return write_us > 0 ? static_cast<double>(write_bytes) / write_us / 1e3 : 0; }
+};
+inline constexpr uint64_t kTimedTransferMinBytes = 1 << 20;
+
 class Tier {
  public:
   virtual ~Tier() = default;
   virtual Completion submit(const IoRequest& request) = 0;
   virtual void shutdown(ShutdownMode mode) = 0;  // idempotent; submit() afterwards throws
   virtual TierInfo info() const = 0;
+  // Thread-safe; all zero for a tier that does not time its copies (file tiers today).
+  virtual TransferTimes transfer_times() const { return {}; }
   uint64_t capacity_bytes() const { return info().capacity_bytes; }
 
   // Convenience: submit and wait, throwing on failure.
@@ -204,6 +221,7 @@ struct HostTierOptions {
   bool pin = true;               // cudaHostAlloc when a GPU is present; plain memory otherwise
   int worker_threads = 2;        // copy threads per direction (each with its own CUDA streams)
   bool checksums = false;        // checksum per written extent, verified on read of the same extent
+  uint64_t timed_min_bytes = kTimedTransferMinBytes;  // transfer_times() counts copies this large
 };
 std::unique_ptr<Tier> make_host_tier(const HostTierOptions& options);
 

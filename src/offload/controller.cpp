@@ -129,6 +129,8 @@ constexpr size_t kMinHostSamples = 3;  // Note [Plans for the host that runs the
 constexpr double kProbeHostScale = 0.7;  // the same Note
 constexpr int kMaxHostReplans = 3;       // the same Note
 constexpr double kHostReplanMoved = 0.1;  // the same Note
+constexpr int kMaxLinkReplans = 2;         // Note [Plans for the link in use]
+constexpr double kLinkOff = 1.25;          // the same Note
 constexpr size_t kMaxStepSamples = 16;   // a schedule's steps kept for its trial (the first stays)
 
 double median_of_last(std::vector<double>& samples) {
@@ -243,13 +245,23 @@ void Controller::replan_for_host() {
   host_replan_searches_++;
   slot.tried_scale = scale;
   slot.tried_runner_us = runner_us_used_;
+  if (plan_again(slot, scale, planned_again(scale))) host_replans_++;
+}
+
+// Plans the slot's trace again with its host times scaled by `scale` and the slot's planner
+// options, ranking with the runner's host time; when the new plan's replay is more than 2% faster
+// than the active one's, puts it on trial (judge_host_replan keeps it or brings the old one back)
+// and returns true. `why` ends the variant ("planned again for ..."). A planner error keeps the
+// active plan.
+bool Controller::plan_again(CachedPlan& slot, double scale, const std::string& why) {
+  if (step_us_.size() < kMinHostSamples) return false;  // no measured step to judge a trial by
   try {
     const Trace scaled = with_host_times_scaled(*slot.trace, scale);
     std::string variant;
     Plan plan = plan_for(scaled, slot.planner_options, &variant, runner_us_used_);
     const double active_us = steady_iteration_us(scaled, *slot.plan, runner_us_used_, false);
     const double new_us = steady_iteration_us(scaled, plan, runner_us_used_, false);
-    if (!(new_us < 0.98 * active_us)) return;
+    if (!(new_us < 0.98 * active_us)) return false;
     Recording rec;
     rec.trace = *slot.trace;
     rec.tensors = slot.tensors;
@@ -257,18 +269,103 @@ void Controller::replan_for_host() {
     for (const runtime::Schedule::Operator& op : slot.schedule->operators) signatures.push_back(op.signature);
     auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, plan, signatures));
     CachedPlan::Replaced replaced{slot.schedule, slot.plan, slot.predicted_us, slot.variant,
-                                  best_step_us(step_us_), scale};
+                                  best_step_us(step_us_), why};
     slot.predicted_us = steady_iteration_us(scaled, plan);
     if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);
     slot.schedule = std::move(schedule);
     slot.plan = std::make_shared<const Plan>(std::move(plan));
-    slot.variant = fmt::format("{}; {}", variant, planned_again(scale));
+    slot.variant = fmt::format("{}; {}", variant, why);
     slot.on_trial = std::move(replaced);
-    host_replans_++;
     install(&slot);  // the same slot: the host samples stay
+    return true;
   } catch (const std::exception&) {
-    // the active plan stays
+    return false;  // the active plan stays
   }
+}
+
+void Controller::set_link_measured(size_t i, bool read, bool write, bool duplex) {
+  if (link_.size() < options_.tiers.size()) link_.resize(options_.tiers.size());
+  LinkState& l = link_.at(i);
+  l.read_measured = read;
+  l.write_measured = write;
+  l.duplex_measured = duplex;
+}
+
+// Note [Plans for the link in use]: the Session plans for the bandwidth its probe measured, and a
+// probe can be wrong: on an H100 one read the host link at 26.4 GB/s where it runs at 50-54, and
+// the plan made for it predicted 0.681 s a step that ran 0.396 s (docs/benchmarks.md, "Issue 15's
+// peers at their memory, and plans made again for the host, on an H100"). The tiers time their
+// own copies (Note [The link's rate in use] in src/storage/host_tier.cpp), so after kMinHostSamples
+// planned steps counted from the first (the probe's passes left out), each figure the probe
+// measured is compared with the rate the copies ran at, once 256 MiB (link_min_bytes) moved that way: when
+// they differ by more than a factor kLinkOff, the figure becomes the rate in use (with the
+// both-ways figure kDefaultDuplexFraction of the slower direction when it was measured too), every
+// cached plan's replay and planner options take the corrected tier, and the active trace is
+// planned again, on trial as a plan made again for the host (judge_host_replan keeps it only when
+// its steps ran faster). Within kLinkOff the figures stay: two directions busy at once run each at
+// about 90% of its one-way rate (docs/simulator.md, "Duplex links"), which the plan models already.
+// Given figures are the user's and stay. At most kMaxLinkReplans corrections per Session.
+void Controller::note_link_in_use() {
+  if (!active_ || active_->on_trial || link_replans_ >= kMaxLinkReplans || link_.empty()) return;
+  const runtime::EngineStats e = engine_.stats();
+  std::string what;
+  for (size_t i = 0; i < link_.size() && i < e.tiers.size(); ++i) {
+    LinkState& l = link_[i];
+    const storage::TransferTimes& now = e.tiers[i].transfer;
+    if (!l.base_set) {
+      l.base = now;
+      l.base_set = true;
+      l.steps = 0;
+      continue;
+    }
+    if (++l.steps < static_cast<int>(kMinHostSamples)) continue;
+    TierSpec& spec = options_.tiers[i];
+    auto correct = [&](bool measured, uint64_t bytes, double us, double* gbps, bool* fixed,
+                       const char* dir) {
+      if (!measured || bytes < options_.link_min_bytes || us <= 0 || *gbps <= 0) return;
+      const double rate = static_cast<double>(bytes) / us / 1e3;
+      if (rate <= kLinkOff * *gbps && rate * kLinkOff >= *gbps) return;
+      what += fmt::format("{}{} {} {:.1f} GB/s (planned {:.1f})", what.empty() ? "" : ", ",
+                          spec.name, dir, rate, *gbps);
+      *gbps = rate;
+      *fixed = true;
+    };
+    const std::string before = what;
+    correct(l.read_measured, now.read_bytes - l.base.read_bytes, now.read_us - l.base.read_us,
+            &spec.read_gbps, &l.read_fixed, "reads");
+    correct(l.write_measured, now.write_bytes - l.base.write_bytes, now.write_us - l.base.write_us,
+            &spec.write_gbps, &l.write_fixed, "writes");
+    if (what != before && l.duplex_measured && spec.duplex_gbps > 0)
+      spec.duplex_gbps = default_duplex_gbps(spec.read_gbps, spec.write_gbps);
+  }
+  if (what.empty()) return;
+  link_replans_++;
+  for (LinkState& l : link_) l.base_set = false;  // measured afresh for the corrected plans
+  // Every cached plan replays, and plans again, with the corrected tiers.
+  for (auto& [sig, slot] : cache_) {
+    slot.planner_options.tiers = options_.tiers;
+    if (!slot.plan || !slot.trace) continue;
+    Plan fixed = *slot.plan;
+    fixed.tiers = options_.tiers;
+    try {  // its own prediction too (steady_iteration_us starts from it)
+      SimOptions so;
+      so.iterations = kFirstIterations;
+      const SimResult r = simulate(*slot.trace, fixed, so);
+      fixed.predicted.iteration_us = r.iteration_us;
+      fixed.predicted.ideal_us = r.ideal_us;
+      fixed.predicted.stall_us = r.stall_us;
+      fixed.predicted.peak_bytes = static_cast<double>(r.peak_bytes);
+    } catch (const std::exception&) {
+      continue;  // the plan stays as it was
+    }
+    slot.plan = std::make_shared<const Plan>(std::move(fixed));
+    slot.predicted_us = steady_iteration_us(*slot.trace, *slot.plan);
+  }
+  predict_active();
+  CachedPlan* active = active_slot();
+  if (!active) return;
+  const double scale = host_scale_used_ <= 0.9 ? host_scale_used_ : 1.0;
+  plan_again(*active, scale, fmt::format("planned again for the link in use: {}", what));
 }
 
 // Note [Plans for the host that runs them]: the trial of a plan made again, once it has run
@@ -291,7 +388,7 @@ void Controller::judge_host_replan() {
   slot.plan = std::move(old.plan);
   slot.predicted_us = old.predicted_us;
   slot.variant = fmt::format("{}; {}, it ran {} a step against {}: not kept", old.variant,
-                             planned_again(old.scale), format_us(best_us), format_us(old.best_step_us));
+                             old.why, format_us(best_us), format_us(old.best_step_us));
   try {
     if (!options_.plan_path.empty()) write_plan(*slot.plan, options_.plan_path);
   } catch (const std::exception& e) {
@@ -431,7 +528,8 @@ StepErrors Controller::end_step(StepBinding& binding) {
         host_samples_.push_back(std::max(0.0, step_us - std::max(0.0, hook_us)) / active_->recorded_host_us);
         // Kept only while a plan made again for the host may still be tried or is on trial (a long
         // run's steps must not pile up).
-        if (active_->on_trial || active_->host_replans_tried < kMaxHostReplans) {
+        if (active_->on_trial || active_->host_replans_tried < kMaxHostReplans ||
+            link_replans_ < kMaxLinkReplans) {
           step_us_.push_back(step_us);
           if (step_us_.size() > kMaxStepSamples) step_us_.erase(step_us_.begin() + 1);
         }
@@ -439,6 +537,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();
       judge_host_replan();
+      note_link_in_use();
       replan_for_host();
     }
     if (mode_ == Mode::kProfiling) {
@@ -752,6 +851,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->host_replans = host_replans_;
   r->host_replans_reverted = host_replans_reverted_;
   r->host_replan_searches = host_replan_searches_;
+  r->link_replans = link_replans_;
   r->predicted_step_in_backward_us = predicted_in_backward_us_;
   r->profiled_kernel_us = profiled_kernel_us_;
   r->resident_bytes = e.resident_bytes;

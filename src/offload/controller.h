@@ -57,6 +57,9 @@ struct ControllerOptions {
   // Plans may recompute chains of any depth (PlannerOptions::deep_recompute; off by default). The
   // PyTorch Session turns it on unless TERAIO_DEEP_RECOMPUTE=0 (docs/pytorch.md).
   bool deep_recompute = false;
+  // Bytes a direction of a tier must have moved in timed copies before its figure is compared
+  // with their rate (Note [Plans for the link in use]); tests give less.
+  uint64_t link_min_bytes = 256ull << 20;
   // The host clock a step's wall time is read from, in microseconds (steady_us() when empty):
   // tests give a fake one (Note [Plans for the host that runs them]).
   std::function<double()> clock_us;
@@ -94,6 +97,15 @@ class Controller {
   const runtime::BudgetPolicy& budget() const { return budget_; }
   // The planner's view of tier i (its bandwidth, measured after construction by the binding).
   TierSpec& tier(size_t i) { return options_.tiers.at(i); }
+  const TierSpec& tier(size_t i) const { return options_.tiers.at(i); }
+  // Which of tier i's figures were measured by the binding's probe (not given), and so may be
+  // corrected from the rates its copies run at in planned steps (Note [Plans for the link in use]).
+  void set_link_measured(size_t i, bool read, bool write, bool duplex);
+  // Whether tier i's read / write figure is the rate in use now (corrected), not the probe's.
+  bool read_from_use(size_t i) const { return i < link_.size() && link_[i].read_fixed; }
+  bool write_from_use(size_t i) const { return i < link_.size() && link_[i].write_fixed; }
+  // Plans made again for a link found faster or slower than planned.
+  uint64_t link_replans() const { return link_replans_; }
   // The tensors live on a device whose memory is measured (CUDA): the planner keeps a margin.
   void set_device_margin(bool on) { budget_.device_margin = on; }
 
@@ -200,7 +212,7 @@ class Controller {
       double predicted_us = 0;
       std::string variant;
       double best_step_us = 0;  // its fastest planned step, the first left out
-      double scale = 1;         // the host scale the new plan was made for
+      std::string why;          // what the new plan was made for ("planned again for ...")
     };
     std::optional<Replaced> on_trial;
     uint64_t iteration_signature = 0;
@@ -215,6 +227,8 @@ class Controller {
   double steady_iteration_us(const Trace& trace, const Plan& plan, double runner_us = 0,
                              bool as_planned = true, double recompute_host_us = 0) const;
   bool note_runner_host_us();
+  void note_link_in_use();
+  bool plan_again(CachedPlan& slot, double scale, const std::string& why);
   void predict_active();
   void install(const CachedPlan* p);
   void uninstall(Mode mode);
@@ -289,6 +303,17 @@ class Controller {
   void judge_host_replan();
   double now_us() const { return options_.clock_us ? options_.clock_us() : steady_us(); }
   uint64_t host_replans_ = 0;           // plans made again for the host and put on trial
+  // Note [Plans for the link in use]: per tier, which figures the probe measured, whether they were
+  // corrected, and the tier's copy times at the first planned step counted (or the last correction).
+  struct LinkState {
+    bool read_measured = false, write_measured = false, duplex_measured = false;
+    bool read_fixed = false, write_fixed = false;
+    bool base_set = false;
+    int steps = 0;  // planned steps counted since `base`
+    storage::TransferTimes base;
+  };
+  std::vector<LinkState> link_;
+  uint64_t link_replans_ = 0;
   uint64_t host_replans_reverted_ = 0;  // of those, measured slower than the plan they replaced
   uint64_t host_replan_searches_ = 0;   // searches made for the host (found a plan or not)
   // Note [Predicting steps in backward] in controller.cpp: whether to predict, and the prediction.

@@ -1465,7 +1465,10 @@ void Engine::free_after_locked(std::span<const LogicalId> ids, bool (Engine::*fr
 
 EngineStats Engine::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  EngineStats s = stats_;
+  for (size_t i = 0; i < s.tiers.size() && i < tiers_.size(); ++i)
+    if (tiers_[i].tier != nullptr) s.tiers[i].transfer = tiers_[i].tier->transfer_times();
+  return s;
 }
 
 void Engine::set_event_hook(EventHook hook) {

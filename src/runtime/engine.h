@@ -200,6 +200,8 @@ struct EngineStats {
     uint64_t bytes_written = 0;
     uint64_t bytes_read = 0;
     uint64_t bytes_clean = 0;  // offloaded without writing (Note [Clean offloads])
+    // What the tier's copies took (storage::Tier::transfer_times, read by stats()).
+    storage::TransferTimes transfer;
   };
   std::vector<Tier> tiers;
 };

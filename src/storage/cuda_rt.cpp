@@ -122,6 +122,21 @@ void* event_create(int device) {
   check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   return e;
 }
+void* event_create_timed(int device) {
+  OnDevice on(device);
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDefault), "cudaEventCreate");
+  return e;
+}
+double event_elapsed_us(void* start, void* end) noexcept {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return static_cast<double>(ms) * 1000.0;
+}
 void event_destroy(void* event) noexcept {
   if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
 }
@@ -170,6 +185,8 @@ void* stream_create(int) { absent("cudaStreamCreate"); }
 void stream_destroy(void*) noexcept {}
 void stream_sync(void*) { absent("cudaStreamSynchronize"); }
 void* event_create(int) { absent("cudaEventCreate"); }
+void* event_create_timed(int) { absent("cudaEventCreate"); }
+double event_elapsed_us(void*, void*) noexcept { return -1; }
 void event_destroy(void*) noexcept {}
 void event_record(void*, void*) { absent("cudaEventRecord"); }
 bool event_query(void*) { absent("cudaEventQuery"); }

@@ -24,6 +24,10 @@ void* stream_create(int device);  // non-blocking stream
 void stream_destroy(void* stream) noexcept;
 void stream_sync(void* stream);
 void* event_create(int device);   // timing disabled
+void* event_create_timed(int device);  // timing enabled (event_elapsed_us)
+// Microseconds from `start` to `end`, both timing-enabled and complete; negative when CUDA cannot
+// say (an event without timing, not recorded): never throws.
+double event_elapsed_us(void* start, void* end) noexcept;
 void event_destroy(void* event) noexcept;
 void event_record(void* event, void* stream);
 bool event_query(void* event);    // true when complete; throws on error

@@ -104,6 +104,7 @@ class FaultTierImpl final : public FaultTier {
     if (delayer_.joinable()) delayer_.join();
   }
 
+  TransferTimes transfer_times() const override { return inner_->transfer_times(); }
   TierInfo info() const override {
     TierInfo i = inner_->info();
     i.name = "fault(" + i.name + ")";

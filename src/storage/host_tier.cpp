@@ -7,7 +7,9 @@
 // their own streams, one copy at a time). Reads and writes have their own queue and workers: the
 // link carries both directions at once (bench/duplex_gpu.py: at 90% of each one's one-way speed),
 // and the simulator counts on it (two channels sharing one link, docs/simulator.md "Duplex links").
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -61,11 +63,24 @@ struct HostJob {
 // ended before the read's) and fails the read with ENODATA when it failed, since the arena then
 // holds what was there before. Requests the lanes do not take (host buffers, checksums on) wait for
 // the write in their worker; a write that is not a lane's is waited for in submit().
+// Note [The link's rate in use]: a plan is made for the link's bandwidth the Session's probe
+// measured, and a probe can be wrong (Note [A probe caught in a slow moment] in bandwidth.cpp: an
+// H100 probe read at half the link's speed, and the plan made for it predicted 0.681 s for a step
+// that ran 0.396 s). What the planned steps' copies take says what the link does: each lane copy
+// runs between a timed event recorded on its stream once its waits are over (the previous copy of
+// the lane, the ready stream's work, the write it follows) and its completion event, so
+// cudaEventElapsedTime between the two is the copy's own time, with no queueing in it
+// (IoResult::transfer_us). A worker's memcpy is timed on the CPU clock; a worker's device copy
+// (checksums on) is not timed. The engine sums bytes and times per tier and direction
+// (EngineStats::Tier), stats()["tiers"] reports the rates (read_gbps_in_use, write_gbps_in_use),
+// and the Controller plans again for them when they are far from the plan's (Note [Plans for the
+// link in use] in src/offload/controller.cpp).
 struct Queued {
   std::shared_ptr<detail::CompletionState> state;
   Direction direction;
   uint64_t offset_bytes, size_bytes;
   Completion after;  // a read ordered after this write (Note [Reads after their write])
+  void* start = nullptr;  // owned: timed, recorded when the copy may begin (Note [The link's rate in use])
 };
 struct Lane {
   std::mutex mu;  // held while enqueueing: submission order is stream order
@@ -167,6 +182,10 @@ class HostTier final : public Tier {
   TierInfo info() const override {
     return TierInfo{"host", "memcpy", notes_, options_.capacity_bytes, {}};
   }
+  TransferTimes transfer_times() const override {
+    std::lock_guard lock(times_mu_);
+    return times_;
+  }
 
  private:
   Lane& lane(int device, bool write, bool urgent) {
@@ -177,7 +196,7 @@ class HostTier final : public Tier {
       auto fresh = std::make_unique<Lane>();
       fresh->stream = cuda::stream_create(device);
       Lane* raw = fresh.get();
-      fresh->thread = std::thread([raw] { finish_in_order(*raw); });
+      fresh->thread = std::thread([this, raw] { finish_in_order(*raw); });
       l = std::move(fresh);
     }
     return *l;
@@ -215,14 +234,17 @@ class HostTier final : public Tier {
     }
     std::lock_guard lock(l.mu);
     if (l.closed) throw teraio::Error("host tier: submit after shutdown");
+    void* start = nullptr;
     try {
-      state->event = cuda::event_create(dev);
+      state->event = cuda::event_create_timed(dev);
+      start = cuda::event_create_timed(dev);
       if (r.ready_stream != nullptr) {
         cuda::Event ready(dev);
         cuda::event_record(ready.get(), r.ready_stream);
         cuda::stream_wait_event(l.stream, ready.get());  // the wait keeps what it needs
       }
       if (landed != nullptr) cuda::stream_wait_event(l.stream, landed);
+      cuda::event_record(start, l.stream);
       if (size > 0) {
         if (write) {
           cuda::memcpy_async(slot, r.buffer.data(), size, l.stream);
@@ -232,6 +254,7 @@ class HostTier final : public Tier {
       }
       cuda::event_record(state->event, l.stream);
     } catch (const std::exception& e) {
+      cuda::event_destroy(start);
       state->finish(failure(EIO, fmt::format("{}: {}",
                                              detail::request_text("host tier", r.direction, size,
                                                                   r.offset_bytes),
@@ -240,13 +263,27 @@ class HostTier final : public Tier {
     }
     if (write) state->event_lands = true;  // set before anyone can see the state
     state->publish_event();  // a read's data is in place / a write's source free after it
-    l.queued.push_back(Queued{state, r.direction, r.offset_bytes, size, landed ? r.after : Completion()});
+    l.queued.push_back(
+        Queued{state, r.direction, r.offset_bytes, size, landed ? r.after : Completion(), start});
     l.cv.notify_one();
     return Completion(state);
   }
 
+  // Note [The link's rate in use]
+  void add_time(Direction d, const IoResult& r) {
+    if (!r.ok || r.transfer_us <= 0 || r.bytes < options_.timed_min_bytes) return;
+    std::lock_guard lock(times_mu_);
+    if (d == Direction::kWrite) {
+      times_.write_bytes += r.bytes;
+      times_.write_us += r.transfer_us;
+    } else {
+      times_.read_bytes += r.bytes;
+      times_.read_us += r.transfer_us;
+    }
+  }
+
   // A lane's thread: finishes its requests in stream order as their copies end.
-  static void finish_in_order(Lane& l) {
+  void finish_in_order(Lane& l) {
     for (;;) {
       std::optional<Queued> q;
       {
@@ -260,6 +297,7 @@ class HostTier final : public Tier {
       try {
         cuda::event_sync(q->state->event);
         r.bytes = q->size_bytes;
+        r.transfer_us = std::max(0.0, cuda::event_elapsed_us(q->start, q->state->event));
       } catch (const std::exception& e) {
         r = failure(EIO, fmt::format("{}: {}",
                                      detail::request_text("host tier", q->direction, q->size_bytes,
@@ -273,6 +311,8 @@ class HostTier final : public Tier {
                                         q->offset_bytes))
           r = std::move(*f);
       }
+      cuda::event_destroy(q->start);
+      add_time(q->direction, r);
       q->state->finish(std::move(r));
     }
     cuda::stream_destroy(l.stream);
@@ -294,6 +334,7 @@ class HostTier final : public Tier {
                                      e.what()));
       }
       cuda::event_destroy(job->ready_event);
+      add_time(job->request.direction, r);
       job->state->finish(std::move(r));
     }
     for (auto& [dev, s] : streams) cuda::stream_destroy(s);
@@ -304,6 +345,7 @@ class HostTier final : public Tier {
     uint64_t size = q.buffer.size_bytes();
     std::byte* slot = arena_ + q.offset_bytes;
     bool write = q.direction == Direction::kWrite;
+    double copy_us = 0;
     if (!write && options_.checksums) {
       const uint64_t sum = checksum(arena_ + q.offset_bytes, size);
       if (auto expected = crcs_.mismatch(q.offset_bytes, size, sum))
@@ -326,15 +368,20 @@ class HostTier final : public Tier {
         cuda::event_record(job.state->event, s);
         job.state->publish_event();  // a read's data is in place / a write's source free then
         cuda::event_sync(job.state->event);
-      } else if (write) {
-        std::memcpy(slot, q.buffer.data(), size);
       } else {
-        std::memcpy(q.buffer.data(), slot, size);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (write) {
+          std::memcpy(slot, q.buffer.data(), size);
+        } else {
+          std::memcpy(q.buffer.data(), slot, size);
+        }
+        copy_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       }
     }
     if (write && options_.checksums) record(q.offset_bytes, size);
     IoResult ok;
     ok.bytes = size;
+    ok.transfer_us = copy_us;  // Note [The link's rate in use]
     return ok;
   }
 
@@ -353,6 +400,8 @@ class HostTier final : public Tier {
   std::map<std::tuple<int, bool, bool>, std::unique_ptr<Lane>> lanes_;  // (device, write, urgent)
   std::mutex shutdown_mu_;
   ChecksumTable crcs_;
+  mutable std::mutex times_mu_;
+  TransferTimes times_;  // Note [The link's rate in use]
 };
 
 }  // namespace

@@ -600,6 +600,11 @@ struct Session::Impl final : offload::StepBinding {
     for (size_t i = 0; i < tier_stats.size(); ++i)
       if (tier_stats[i].read_source != "given" || tier_stats[i].write_source != "given")
         todo.push_back(i);
+    // What was not given may be corrected from the rates in use (Note [Plans for the link in use]).
+    for (size_t i = 0; i < tier_stats.size(); ++i)
+      ctl->set_link_measured(i, tier_stats[i].read_source != "given",
+                             tier_stats[i].write_source != "given",
+                             tier_stats[i].duplex_source != "given");
     if (todo.empty()) return;
     // Scratch in the memory tensors live in, from their own allocator, freed after the probe:
     // budget / 4 within [4 MiB, 64 MiB] (the probe's requests are a quarter of it, at most 16 MiB).
@@ -1785,6 +1790,16 @@ SessionStats Session::stats() const {
     r.tiers[i].bytes_read = e.tiers[i].bytes_read;
     r.tiers[i].bytes_written = e.tiers[i].bytes_written;
     r.tiers[i].bytes_clean = e.tiers[i].bytes_clean;
+    r.tiers[i].read_gbps_in_use = e.tiers[i].transfer.read_gbps();
+    r.tiers[i].write_gbps_in_use = e.tiers[i].transfer.write_gbps();
+  }
+  for (size_t i = 0; i < r.tiers.size(); ++i) {  // the figures planned with now
+    const TierSpec& spec = s.ctl->tier(i);
+    r.tiers[i].read_gbps = spec.read_gbps;
+    r.tiers[i].write_gbps = spec.write_gbps;
+    r.tiers[i].duplex_gbps = spec.duplex_gbps;
+    if (s.ctl->read_from_use(i)) r.tiers[i].read_source = "in use";
+    if (s.ctl->write_from_use(i)) r.tiers[i].write_source = "in use";
   }
   return r;
 }

@@ -233,6 +233,7 @@ class ControllerTest : public ::testing::Test {
   SessionStats start_host_replan(double host_us, std::function<double(const std::string&)> step_us);
   // What every step of those tests keeps: no drift, within the budget, nothing lost.
   void expect_host_replan_steps_sound(const SessionStats& s);
+  void run_with_link_measured(bool measured, uint64_t min_bytes);
   static constexpr uint64_t kHostReplanBudget = 230000;
   // When set, the controller's clock is fake and each step takes step_us_(plan_variant) of it
   // (Note [Plans for the host that runs them]: steps whose wall time the test decides).
@@ -454,6 +455,70 @@ TEST_F(ControllerTest, AHostMeasuredAsRecordedIsProbedWithShorterHostTimes) {
       << s.plan_variant;
   EXPECT_LT(s.plan_predicted_us, first.plan_predicted_us);
   expect_host_replan_steps_sound(s);
+}
+
+// Note [Plans for the link in use]: a plan made for a link far slower than the one its copies run
+// at (a probe caught in a slow moment: here 3 MB/s planned, the host tier's memcpy runs at GB/s) is
+// corrected once its planned steps have timed enough bytes each way: the tier's figures become the
+// rates in use, the prediction replays the plan at them, and the trace is planned again (kept only
+// where its steps measure faster). Figures the user gave are never corrected.
+void ControllerTest::run_with_link_measured(bool measured, uint64_t min_bytes) {
+  storage::HostTierOptions h;
+  h.capacity_bytes = 8 << 20;
+  h.pin = false;
+  h.timed_min_bytes = 0;  // the test's tensors are 64 KiB
+  host_ = storage::make_host_tier(h);
+  link_gbps_ = 0.003;
+  search_ = true;
+  step_us_ = [](const std::string& variant) {
+    return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
+  };
+  ControllerOptions o;
+  o.link_min_bytes = min_bytes;
+  start(kHostReplanBudget, o);
+  ctl_->set_link_measured(0, measured, measured, measured);
+}
+
+TEST_F(ControllerTest, APlanMadeForASlowLinkIsCorrectedToTheRateItsCopiesRunAt) {
+  run_with_link_measured(true, 64 << 10);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats first = stats();
+  ASSERT_EQ(first.mode, "planned");
+  ASSERT_GT(first.bytes_offloaded, 0u) << "the plan moves bytes";
+  EXPECT_EQ(ctl_->link_replans(), 0u);
+  for (int i = 3; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  // Corrected once; the rates of these 64 KiB memcpy copies are noisy enough to ask once more, never
+  // more than twice.
+  EXPECT_GE(ctl_->link_replans(), 1u);
+  EXPECT_LE(ctl_->link_replans(), 2u);
+  EXPECT_EQ(s.link_replans, ctl_->link_replans());
+  EXPECT_TRUE(ctl_->read_from_use(0));
+  EXPECT_TRUE(ctl_->write_from_use(0));
+  EXPECT_GT(ctl_->tier(0).read_gbps, 100 * 0.003) << "the copies' rate, not the probe's";
+  EXPECT_GT(ctl_->tier(0).write_gbps, 100 * 0.003);
+  EXPECT_EQ(ctl_->tier(0).duplex_gbps, 0) << "directions planned as independent stay so";
+  EXPECT_LT(s.predicted_iteration_us, 0.5 * first.predicted_iteration_us) << "replayed at the link in use";
+  if (s.plan_variant.find("planned again for the link in use") != std::string::npos) {
+    EXPECT_NE(s.plan_variant.find("host reads"), std::string::npos) << s.plan_variant;
+  }
+  expect_host_replan_steps_sound(s);
+}
+
+TEST_F(ControllerTest, AGivenLinkIsNotCorrected) {
+  run_with_link_measured(false, 64 << 10);
+  for (int i = 0; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  EXPECT_EQ(ctl_->link_replans(), 0u);
+  EXPECT_EQ(ctl_->tier(0).read_gbps, 0.003);
+  EXPECT_FALSE(ctl_->read_from_use(0));
+  expect_host_replan_steps_sound(stats());
+}
+
+TEST_F(ControllerTest, ALinkWithTooFewBytesTimedIsNotCorrected) {
+  run_with_link_measured(true, 1ull << 40);
+  for (int i = 0; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  EXPECT_EQ(ctl_->link_replans(), 0u);
+  EXPECT_EQ(ctl_->tier(0).write_gbps, 0.003);
 }
 
 TEST_F(ControllerTest, WithoutRecomputeThePlanOnlyMoves) {

@@ -3,6 +3,7 @@
 // time limit holds, the page cache is named.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -209,6 +210,29 @@ TEST(BandwidthProbe, QuickProbeOfAHostTierPlansWithTheFastPassesAfterASlowMoment
   file.engine = "io_uring";
   EXPECT_EQ(planned_gbps(p.read_gbps, file), p.read_gbps.median);
   EXPECT_EQ(quick_probe_options(file).repetitions, BandwidthProbeOptions{}.repetitions);
+}
+
+// Note [The link's rate in use]: a host tier sums what its copies of at least 1 MiB took, per
+// direction, and a fault tier reports its inner tier's.
+TEST(TransferTimes, AHostTierTimesItsCopiesOfAMebibyteOrMore) {
+  auto tier = make_fault_tier(make_host_tier({.capacity_bytes = kTier}), {});
+  EXPECT_EQ(tier->transfer_times().read_bytes, 0u);
+  EXPECT_EQ(tier->transfer_times().read_gbps(), 0);
+  auto data = pattern(4 << 20, 5);
+  tier->write(BufferView::host(data.data(), data.size()), 0);
+  tier->write(BufferView::host(data.data(), 4096), 4 << 20);  // too small to say anything
+  std::vector<unsigned char> back(2 << 20);
+  tier->read(BufferView::host(back.data(), back.size()), 1 << 20);
+  const TransferTimes t = tier->transfer_times();
+  EXPECT_EQ(t.write_bytes, 4u << 20);
+  EXPECT_EQ(t.read_bytes, 2u << 20);
+  EXPECT_GT(t.write_us, 0);
+  EXPECT_GT(t.read_us, 0);
+  EXPECT_NEAR(t.read_gbps(), static_cast<double>(t.read_bytes) / t.read_us / 1e3, 1e-9);
+  // A failed request is not a time of the link.
+  tier->inject({.kind = FaultKind::kError, .count = 1, .error_code = EIO});
+  EXPECT_THROW(tier->read(BufferView::host(back.data(), back.size()), 0), teraio::Error);
+  EXPECT_EQ(tier->transfer_times().read_bytes, 2u << 20);
 }
 
 TEST(BandwidthProbe, BadArgumentsAreClearErrors) {
