@@ -42,5 +42,10 @@ for path in sys.argv[1:]:
                  "host scale %.2f, replans %d (%d not kept) of %d searches" % (
                      st.get("host_time_scale", 1), st.get("host_replans", 0),
                      st.get("host_replans_reverted", 0), st.get("host_replan_searches", 0)),
+                 "links " + "; ".join(
+                     "%s read %.1f (%s, in use %.1f) write %.1f (%s, in use %.1f) GB/s" % (
+                         t["name"], t["read_gbps"], t["read_source"], t.get("read_gbps_in_use", 0),
+                         t["write_gbps"], t["write_source"], t.get("write_gbps_in_use", 0))
+                     for t in st.get("tiers", [])) + ", corrected %d" % st.get("link_replans", 0),
                  "variant '%s'" % st.get("plan_variant", "")]  # says when it was planned again for the host
     print(*line)

@@ -72,3 +72,29 @@ def test_given_both_ways_bandwidth_is_used_as_given(tmp_path):
     assert json.loads(plan.read_text())["tiers"][0]["duplex_gbps"] == 3.0
     with pytest.raises(teraio.Error, match="duplex_gbps"):
         teraio.HostTier("64MiB", duplex_gbps=-1)
+
+
+def test_the_host_tier_reports_the_rates_its_copies_ran_at(tmp_path):
+    """Note [The link's rate in use]: the host tier times its copies of 1 MiB or more, and stats()
+    reports their rates beside the figures planned with; nothing corrects a link its copies agree
+    with, and given figures are never corrected."""
+    import torch
+
+    def big():
+        return torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+
+    def big_batch(g):
+        return (torch.randn(64, 1024, generator=g), torch.randint(0, 10, (64,), generator=g))
+
+    for tier in (teraio.HostTier("256MiB"), teraio.HostTier("256MiB", read_gbps=0.5, write_gbps=0.5)):
+        with teraio.Session(budget="12MiB", tiers=[tier]) as s:
+            train(big, big_batch, 8, session=s)
+            st = s.stats()
+        (t,) = st["tiers"]
+        assert st["mode"] == "planned" and st["bytes_prefetched"] > 0, st
+        assert t["read_gbps_in_use"] > 0 and t["write_gbps_in_use"] > 0, t
+        assert math.isfinite(t["read_gbps_in_use"]) and math.isfinite(t["write_gbps_in_use"])
+        assert st["link_replans"] <= 2
+        if t["read_source"] == "given":
+            # 0.5 GB/s given, memcpy runs at GB/s: the user's figure stays all the same
+            assert (t["read_gbps"], t["write_gbps"]) == (0.5, 0.5) and st["link_replans"] == 0, t
