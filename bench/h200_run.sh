@@ -51,8 +51,10 @@
 #                                            1.01 s, profiled_allocator_waits > 0, prediction within 5%)
 #   bash bench/call43.sh fsdp2amp            (any 80 GB GPU, ~3 min: teraio at the memory of FSDP2 with
 #                                            checkpointing in autocast, with the probe that plans
-#                                            with the upper quartile of its passes; session 43's H100:
-#                                            0.396 s against FSDP2's 0.527, planned for a 26 GB/s link)
+#                                            with the upper quartile of its passes and the links
+#                                            corrected from their copies' rates (run_summary's
+#                                            "links"); session 43's H100: 0.396 s against FSDP2's
+#                                            0.527, planned for a 26 GB/s link)
 #   bash bench/h200_call36.sh fp32          (H200: the 8B in fp32 at 1 x 4096 on host + disk; LARGEST=1
 #                                            adds the largest model, or `bash bench/h200_run.sh real
 #                                            largest-inbwd`)
