@@ -302,8 +302,10 @@ void Controller::set_link_measured(size_t i, bool read, bool write, bool duplex)
 // both-ways figure kDefaultDuplexFraction of the slower direction when it was measured too), every
 // cached plan's replay and planner options take the corrected tier, and the active trace is
 // planned again, on trial as a plan made again for the host (judge_host_replan keeps it only when
-// its steps ran faster). Within kLinkOff the figures stay: two directions busy at once run each at
-// about 90% of its one-way rate (docs/simulator.md, "Duplex links"), which the plan models already.
+// its steps ran faster). Within kLinkOff the figures stay, and a figure is lowered only when its
+// copies ran more than kLinkOff below the both-ways figure too: two directions busy at once run
+// each at that rate (about 90% of the one-way one on the H200, 67% on one H100 host: docs/
+// simulator.md, "Duplex links"), which the plan models already.
 // Given figures are the user's and stay. At most kMaxLinkReplans corrections per Session.
 void Controller::note_link_in_use() {
   if (!active_ || active_->on_trial || link_replans_ >= kMaxLinkReplans || link_.empty()) return;
@@ -320,11 +322,14 @@ void Controller::note_link_in_use() {
     }
     if (++l.steps < static_cast<int>(kMinHostSamples)) continue;
     TierSpec& spec = options_.tiers[i];
+    // A copy that ran while the other direction moved too ran at most at the both-ways figure:
+    // only a rate below that is slower than planned.
     auto correct = [&](bool measured, uint64_t bytes, double us, double* gbps, bool* fixed,
                        const char* dir) {
       if (!measured || bytes < options_.link_min_bytes || us <= 0 || *gbps <= 0) return;
       const double rate = static_cast<double>(bytes) / us / 1e3;
-      if (rate <= kLinkOff * *gbps && rate * kLinkOff >= *gbps) return;
+      const double slowest = spec.duplex_gbps > 0 ? std::min(*gbps, spec.duplex_gbps) : *gbps;
+      if (rate <= kLinkOff * *gbps && rate * kLinkOff >= slowest) return;
       what += fmt::format("{}{} {} {:.1f} GB/s (planned {:.1f})", what.empty() ? "" : ", ",
                           spec.name, dir, rate, *gbps);
       *gbps = rate;

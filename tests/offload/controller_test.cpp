@@ -233,7 +233,7 @@ class ControllerTest : public ::testing::Test {
   SessionStats start_host_replan(double host_us, std::function<double(const std::string&)> step_us);
   // What every step of those tests keeps: no drift, within the budget, nothing lost.
   void expect_host_replan_steps_sound(const SessionStats& s);
-  void run_with_link_measured(bool measured, uint64_t min_bytes);
+  void run_with_link_measured(bool measured, uint64_t min_bytes, double gbps = 0.003);
   static constexpr uint64_t kHostReplanBudget = 230000;
   // When set, the controller's clock is fake and each step takes step_us_(plan_variant) of it
   // (Note [Plans for the host that runs them]: steps whose wall time the test decides).
@@ -462,13 +462,13 @@ TEST_F(ControllerTest, AHostMeasuredAsRecordedIsProbedWithShorterHostTimes) {
 // corrected once its planned steps have timed enough bytes each way: the tier's figures become the
 // rates in use, the prediction replays the plan at them, and the trace is planned again (kept only
 // where its steps measure faster). Figures the user gave are never corrected.
-void ControllerTest::run_with_link_measured(bool measured, uint64_t min_bytes) {
+void ControllerTest::run_with_link_measured(bool measured, uint64_t min_bytes, double gbps) {
   storage::HostTierOptions h;
   h.capacity_bytes = 8 << 20;
   h.pin = false;
   h.timed_min_bytes = 0;  // the test's tensors are 64 KiB
   host_ = storage::make_host_tier(h);
-  link_gbps_ = 0.003;
+  link_gbps_ = gbps;
   search_ = true;
   step_us_ = [](const std::string& variant) {
     return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
@@ -503,6 +503,18 @@ TEST_F(ControllerTest, APlanMadeForASlowLinkIsCorrectedToTheRateItsCopiesRunAt) 
     EXPECT_NE(s.plan_variant.find("host reads"), std::string::npos) << s.plan_variant;
   }
   expect_host_replan_steps_sound(s);
+}
+
+// The other way: a probe that overstated the link (100 TB/s planned; memcpy runs at GB/s) is
+// lowered to the copies' rate, and the prediction rises to it.
+TEST_F(ControllerTest, AnOverstatedLinkIsLoweredToTheRateItsCopiesRunAt) {
+  run_with_link_measured(true, 64 << 10, 100000);
+  for (int i = 0; i < 12; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  EXPECT_GE(ctl_->link_replans(), 1u);
+  EXPECT_TRUE(ctl_->read_from_use(0));
+  EXPECT_LT(ctl_->tier(0).read_gbps, 1000) << "the copies' rate, not the probe's";
+  EXPECT_GT(ctl_->tier(0).read_gbps, 0);
+  expect_host_replan_steps_sound(stats());
 }
 
 TEST_F(ControllerTest, AGivenLinkIsNotCorrected) {
