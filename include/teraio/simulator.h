@@ -127,6 +127,8 @@ struct SimResult {
 };
 
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts = {});
+// A replay as a plan's `predicted` (iteration, ideal, stall, peak).
+Prediction prediction_of(const SimResult& result);
 
 // What plans are compared by (plan_best, issue_in_deadline_order): the slower of the mean
 // iteration and the last one alone (Note [Ranking plans by their later iterations], sweep.cpp).

@@ -355,11 +355,7 @@ void Controller::note_link_in_use() {
     try {  // its own prediction too (steady_iteration_us starts from it)
       SimOptions so;
       so.iterations = kFirstIterations;
-      const SimResult r = simulate(*slot.trace, fixed, so);
-      fixed.predicted.iteration_us = r.iteration_us;
-      fixed.predicted.ideal_us = r.ideal_us;
-      fixed.predicted.stall_us = r.stall_us;
-      fixed.predicted.peak_bytes = static_cast<double>(r.peak_bytes);
+      fixed.predicted = prediction_of(simulate(*slot.trace, fixed, so));
     } catch (const std::exception&) {
       continue;  // the plan stays as it was
     }

@@ -358,6 +358,10 @@ Csr build_csr(size_t slots, const std::vector<std::pair<int64_t, uint32_t>>& key
 // alone (last_iteration_us) is closer to the steady state but is a difference of two start times,
 // and that difference can grow with bandwidth while the pipeline warms up (a faster iteration 0
 // leaves more transfers running into iteration 1).
+Prediction prediction_of(const SimResult& r) {
+  return Prediction{r.iteration_us, r.ideal_us, r.stall_us, static_cast<double>(r.peak_bytes)};
+}
+
 SimResult simulate(const Trace& trace, const Plan& plan, const SimOptions& opts) {
   TERAIO_CHECK(opts.iterations >= 1 && opts.iterations <= 1000,
                "simulate: iterations must be in [1, 1000], got {}", opts.iterations);

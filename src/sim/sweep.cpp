@@ -213,10 +213,7 @@ BestPlan plan_best(const Trace& trace, const PlannerOptions& opts, int iteration
     plain = simulate(trace, best.plan, without);
   }
   const SimResult& predicted = runner_host_us_per_kernel > 0 ? plain : results[keep];
-  best.plan.predicted.iteration_us = predicted.iteration_us;
-  best.plan.predicted.ideal_us = predicted.ideal_us;
-  best.plan.predicted.stall_us = predicted.stall_us;
-  best.plan.predicted.peak_bytes = static_cast<double>(predicted.peak_bytes);
+  best.plan.predicted = prediction_of(predicted);
   return best;
 }
 
