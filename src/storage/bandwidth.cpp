@@ -275,7 +275,8 @@ BandwidthProbe probe_bandwidth(Tier& tier, BufferView scratch, uint64_t offset_b
 // Note [A probe caught in a slow moment]: on an H100, one Session's quick probe of the host tier
 // read at 24.2, 26.4 and 47.0 GB/s in its three passes (and 27.0 both ways) where every other run
 // on that machine read at 50-54.6; the plan was made for a 26.4 GB/s read link, predicted 0.681 s a
-// step and ran 0.396 s (docs/benchmarks.md, "Issue 15's peers at their memory, on an H100"). A host
+// step and ran 0.396 s (docs/benchmarks.md, "Issue 15's peers at their memory, and plans made
+// again for the host, on an H100"). A host
 // link's passes take 5 ms each there, so three of them fit in a moment of interference (the host's
 // memory busy elsewhere) and the probe ended in 0.06 s of its 0.5 s. The quick probe of a host tier
 // now repeats its passes until each phase's share of the time limit is spent (at most 15), and the

@@ -71,8 +71,9 @@ struct HostJob {
 // the lane, the ready stream's work, the write it follows) and its completion event, so
 // cudaEventElapsedTime between the two is the copy's own time, with no queueing in it
 // (IoResult::transfer_us). A worker's memcpy is timed on the CPU clock; a worker's device copy
-// (checksums on) is not timed. The engine sums bytes and times per tier and direction
-// (EngineStats::Tier), stats()["tiers"] reports the rates (read_gbps_in_use, write_gbps_in_use),
+// (checksums on) is not timed. The tier sums the bytes and times of those of at least
+// timed_min_bytes per direction (transfer_times(); the engine's stats carry them, EngineStats::Tier),
+// stats()["tiers"] reports the rates (read_gbps_in_use, write_gbps_in_use),
 // and the Controller plans again for them when they are far from the plan's (Note [Plans for the
 // link in use] in src/offload/controller.cpp).
 struct Queued {

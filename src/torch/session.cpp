@@ -1784,22 +1784,22 @@ SessionStats Session::stats() const {
   r.hook_us = s.hook_us.load(std::memory_order_relaxed);
   r.owner_resizes = s.owner_resizes;
   r.tiers = s.tier_stats;
-  for (size_t i = 0; i < r.tiers.size() && i < e.tiers.size(); ++i) {
-    r.tiers[i].stall_read_us = e.tiers[i].stall_read_us;
-    r.tiers[i].stall_write_us = e.tiers[i].stall_write_us;
-    r.tiers[i].bytes_read = e.tiers[i].bytes_read;
-    r.tiers[i].bytes_written = e.tiers[i].bytes_written;
-    r.tiers[i].bytes_clean = e.tiers[i].bytes_clean;
-    r.tiers[i].read_gbps_in_use = e.tiers[i].transfer.read_gbps();
-    r.tiers[i].write_gbps_in_use = e.tiers[i].transfer.write_gbps();
-  }
-  for (size_t i = 0; i < r.tiers.size(); ++i) {  // the figures planned with now
-    const TierSpec& spec = s.ctl->tier(i);
-    r.tiers[i].read_gbps = spec.read_gbps;
-    r.tiers[i].write_gbps = spec.write_gbps;
-    r.tiers[i].duplex_gbps = spec.duplex_gbps;
-    if (s.ctl->read_from_use(i)) r.tiers[i].read_source = "in use";
-    if (s.ctl->write_from_use(i)) r.tiers[i].write_source = "in use";
+  for (size_t i = 0; i < r.tiers.size(); ++i) {
+    SessionTierStats& t = r.tiers[i];
+    const TierSpec& spec = s.ctl->tier(i);  // the figures planned with now
+    t.read_gbps = spec.read_gbps;
+    t.write_gbps = spec.write_gbps;
+    t.duplex_gbps = spec.duplex_gbps;
+    if (s.ctl->read_from_use(i)) t.read_source = "in use";
+    if (s.ctl->write_from_use(i)) t.write_source = "in use";
+    if (i >= e.tiers.size()) continue;
+    t.stall_read_us = e.tiers[i].stall_read_us;
+    t.stall_write_us = e.tiers[i].stall_write_us;
+    t.bytes_read = e.tiers[i].bytes_read;
+    t.bytes_written = e.tiers[i].bytes_written;
+    t.bytes_clean = e.tiers[i].bytes_clean;
+    t.read_gbps_in_use = e.tiers[i].transfer.read_gbps();
+    t.write_gbps_in_use = e.tiers[i].transfer.write_gbps();
   }
   return r;
 }
