@@ -317,7 +317,8 @@ recompute)
   # measured bandwidth), traces and plans kept (the simulator's prediction). RC_MODEL (llama-1b),
   # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"; each mode is a
   # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors", "step-in-backward"
-  # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks", its files named with '_' for '+';
+  # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks", its files named with '_' for '+'
+  # (a flag's value after '=': "step-in-backward+defer-updates=0.25", named step-in-backward_defer-updates_0p25);
   # since 2026-12-06 the Session plans deep recompute chains and writebacks by default: the runs without
   # them are "step-in-backward+no-deep-recompute+no-writebacks"); the footprint
   # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
@@ -329,7 +330,7 @@ recompute)
     (( fp > 0 )) || { echo "no footprint for $m $dt"; continue; }
     for frac in ${RC_FRACS:-2 4}; do
       for mode in ${RC_MODES:-recompute no-recompute}; do
-        n=${mode//+/_}  # file names without '+' (the device call returns only plain names)
+        n=$(tr '+=.' '__p' <<<"$mode")  # plain file names (the device call returns only those)
         # shellcheck disable=SC2046  # a mode may join flags with '+': step-in-backward+writebacks
         bench teraio-$n-1of$frac-$m-$dt 300 --system teraio --model $m --dtype $dt --tiers host \
           --budget "$(fraction "$fp" "$frac")" --host-gbps 0 $(sed 's/^/--/; s/+/ --/g' <<<"$mode") \
