@@ -197,10 +197,6 @@ def parse_args(argv=None):
                    help="teraio: Session.watch(..., step_in_backward=True): each parameter's AdamW update runs "
                         "during backward as soon as its gradient is complete, so the optimizer states move while "
                         "backward computes")
-    g.add_argument("--defer-updates", type=float, default=0.0, metavar="F",
-                   help="teraio: Session.watch(..., step_in_backward=True, defer_updates=F): the updates of the "
-                        "model's first parameters, a fraction F of their bytes, run at their module's next forward "
-                        "so that their states move while the forward computes (needs --step-in-backward)")
     g.add_argument("--writebacks", action=argparse.BooleanOptionalAction, default=None,
                    help="teraio: TERAIO_WRITEBACKS=1 (--no-writebacks: =0) for the Session: the plan may copy a "
                         "dirty tensor to its tier early so that its later offload is clean (docs/pytorch.md, "
@@ -569,8 +565,7 @@ class Teraio(Ideal):
                                       stream_ordered_offloads=a.stream_ordered_offloads,
                                       verify=a.verify, recompute=a.recompute, discard_dead=a.discard_dead)
         self.session.watch(self.model, self.opt,
-                           step_in_backward="auto" if a.step_in_backward_auto else a.step_in_backward,
-                           defer_updates=a.defer_updates)
+                           step_in_backward="auto" if a.step_in_backward_auto else a.step_in_backward)
 
     def step(self, ids):
         ids = ids.to(self.device, non_blocking=True)
@@ -589,8 +584,7 @@ class Teraio(Ideal):
         d = super().info()
         st = self.session.stats()
         d.update(tiers=self.tiers_repr, stats=st, per_step_stats=self.per_step_stats,
-                 teraio_file=__import__("teraio").__file__,
-                 deferred_updates=getattr(self.session, "deferred_updates", 0))
+                 teraio_file=__import__("teraio").__file__)
         s0 = getattr(self, "stats_at_measure", None)
         if s0 is not None:  # counters are cumulative: what the measured steps alone did
             d["measured_delta"] = {k: st[k] - s0[k] for k in sys.modules["teraio"].STATS_COUNTERS}

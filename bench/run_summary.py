@@ -47,7 +47,6 @@ for path in sys.argv[1:]:
                          t["name"], t["read_gbps"], t["read_source"], t.get("read_gbps_in_use", 0),
                          t["write_gbps"], t["write_source"], t.get("write_gbps_in_use", 0))
                      for t in st.get("tiers", [])) + ", corrected %d" % st.get("link_replans", 0),
-                 "deferred updates %d" % r["system_info"].get("deferred_updates", 0),
                  "drifts %d" % st.get("drift_events", 0),
                  "variant '%s'" % st.get("plan_variant", "")]  # says when it was planned again for the host
     print(*line)

@@ -419,11 +419,6 @@ class Session {
   // before their first use; call inside a step. Tensors on another device, smaller than
   // min_tensor_bytes or tracked already are left as they are (Note [Adopted tensors]).
   void adopt(const std::vector<at::Tensor>& tensors);
-  // A parameter whose optimizer update is pending (Python: watch(..., defer_updates=...)): from
-  // now until release(), an operator that reads its storage is an error of the step (raised from
-  // end_step, naming `name` and the operator), since it would read the value before the update.
-  void hold(const at::Tensor& t, const std::string& name);
-  void release(const at::Tensor& t);
   // Called before the owner of a storage resizes it behind the dispatcher
   // (untyped_storage().resize_(n), as FSDP2 frees and re-allocates its unsharded parameters): a
   // tracked storage is handed over to its owner now. Resized to 0, teraio's copy is dropped (not

@@ -393,8 +393,7 @@ class Session:
     def watch(self, model: Optional[torch.nn.Module] = None,
               optimizer: Optional[torch.optim.Optimizer] = None, *,
               split_steps: bool = True,
-              step_in_backward: Union[bool, str] = False,
-              defer_updates: float = 0.0) -> "Session":
+              step_in_backward: Union[bool, str] = False) -> "Session":
         """Names parameters and optimizer states in the trace (parameter name, state key), and runs
         each optimizer.step() of a foreach or fused torch.optim optimizer in parts that fit the
         budget (split_steps; bitwise the same result; docs/pytorch.md, "Optimizers").
@@ -408,30 +407,13 @@ class Session:
         first plan when it predicts the step at least HINT_GAIN faster that way, and keeps it if
         the steps it times agree (Note [Auto steps in backward]; session.steps_in_backward,
         session.step_in_backward_decision). The optimizer gets its step() back when the Session
-        closes.
-
-        defer_updates (with step_in_backward=True and the model): the fraction, in bytes, of the
-        optimizer's parameters, the model's first ones, whose updates run when their own module's
-        next forward starts instead of in the backward, so that their states move while the
-        forward computes (docs/pytorch.md, "Deferred updates"). Bitwise the same parameters
-        wherever they are read; a parameter read before its module's forward (another module's,
-        or an operator outside any forward) raises teraio.Error: use 0 (default) for such a
-        model."""
+        closes."""
         if not isinstance(split_steps, bool):
             raise Error(f"Session.watch: split_steps must be True or False, got {split_steps!r}")
         if not isinstance(step_in_backward, bool) and step_in_backward != "auto":
             raise Error(f"Session.watch: step_in_backward must be True, False or 'auto', got "
                         f"{step_in_backward!r}")
         auto = step_in_backward == "auto"
-        if (isinstance(defer_updates, bool) or not isinstance(defer_updates, (int, float))
-                or not 0 <= defer_updates < 1):
-            raise Error(f"Session.watch: defer_updates must be a fraction in [0, 1), got "
-                        f"{defer_updates!r}")
-        if defer_updates and (step_in_backward is not True or model is None):
-            raise Error("Session.watch: defer_updates moves some updates of steps in backward to "
-                        "their module's next forward: it needs the model and "
-                        "step_in_backward=True (session.watch(model, optimizer, "
-                        "step_in_backward=True, defer_updates=...))")
         self._require()
         if step_in_backward:
             if optimizer is None:
@@ -451,8 +433,7 @@ class Session:
         self._named_generation = None  # its tensors may be tracked already, unnamed
         self._names = None
         if optimizer is not None and (split_steps or step_in_backward):
-            self._split_steps(optimizer, split_steps, step_in_backward is True, model,
-                              float(defer_updates))
+            self._split_steps(optimizer, split_steps, step_in_backward is True)
         if optimizer is not None:
             # Note [Predicting steps in backward] (src/offload/controller.cpp): only for an
             # optimizer whose updates could run in backward and do not yet.
@@ -488,38 +469,11 @@ class Session:
         "auto" once the Session turned it on)."""
         return self._steps_in_backward
 
-    def _split_steps(self, optimizer, split: bool = True, in_backward: bool = False,
-                     model=None, defer: float = 0.0) -> None:
+    def _split_steps(self, optimizer, split: bool = True, in_backward: bool = False) -> None:
         from . import optim
-        optim._install(optimizer, self, split, in_backward, model, defer)
+        optim._install(optimizer, self, split, in_backward)
         if optimizer not in self._split:
             self._split.append(optimizer)
-
-    def _splitters(self):
-        from . import optim
-        return [s for s in (optim._unwrap(o).__dict__.get("_teraio_splitter")
-                            for o in self._split) if s is not None]
-
-    def _hold(self, p: torch.Tensor) -> None:
-        """A parameter whose update is pending: any operator reading it before _release is an
-        error of the step (Note [Deferred updates] in optim.py)."""
-        if self._impl is not None:
-            self._impl.hold(p, self._param_name(p) or f"parameter of shape {tuple(p.shape)}")
-
-    def _release(self, p: torch.Tensor) -> None:
-        if self._impl is not None:
-            self._impl.release(p)
-
-    def _apply_pending(self) -> None:
-        """Runs every deferred update still pending (Note [Deferred updates] in optim.py)."""
-        for splitter in self._splitters():
-            splitter.apply_pending()
-
-    @property
-    def deferred_updates(self) -> int:
-        """How many parameter updates the last optimizer.step() left for their module's next
-        forward (watch(..., defer_updates=...))."""
-        return sum(s.deferred_updates for s in self._splitters())
 
     def _param_name(self, p: torch.Tensor) -> Optional[str]:
         """The name of a watched model's parameter (None if no watched model has it)."""
@@ -610,11 +564,6 @@ class Session:
                         for key, value in state.items():
                             if isinstance(value, torch.Tensor):
                                 impl.name_tensor(value, f"{base}.{key}", "optimizer_state")
-        for splitter in self._splitters():  # gradients of deferred updates (out of p.grad)
-            for p, grad in splitter.pending_gradients():
-                name = self._param_name(p)
-                if name is not None:
-                    impl.name_tensor(grad, name + ".grad", "gradient")
         self._named_generation = generation
 
     def stats(self) -> dict:
@@ -626,10 +575,8 @@ class Session:
     def fetch_all(self) -> None:
         """Brings every offloaded tensor back (before torch.save, .numpy(), raw data_ptr use).
 
-        Raises teraio.IoError naming the tensors that could not come back (the others did).
-        Deferred updates still pending are applied then (watch(..., defer_updates=...))."""
+        Raises teraio.IoError naming the tensors that could not come back (the others did)."""
         self._require().fetch_all()
-        self._apply_pending()
 
     @contextlib.contextmanager
     def resident(self):

@@ -166,26 +166,6 @@ def _same_value(a, b) -> bool:
 # value the same, and a second gradient before optimizer.step() raises from the hook: each raises
 # teraio.Error naming the parameter and saying to use step_in_backward=False.
 
-# Note [Deferred updates]: with watch(..., step_in_backward=True, defer_updates=f) the parameters
-# that come first in the model (registration order, the forward's order in a stack of layers), a
-# fraction f of the optimizer's parameter bytes, are not updated when backward completes their
-# gradient but when their own module's next forward starts (a forward pre-hook on each module that
-# holds one). Their gradients come last in backward, where no compute is left to hide their states'
-# transfers, and the forward's compute hides nothing of the optimizer otherwise: deferred, their
-# states move while the forward computes. The update is the same one: the gradient taken by the
-# hook (checked unchanged at optimizer.step(), as for the others) and the group's values as they
-# were at optimizer.step() (an LR scheduler stepped after it does not reach it), through the same
-# sub-group step; so the parameters are bitwise those of the loop without teraio whenever they are
-# read. The gradient moves out of p.grad at optimizer.step() (zero_grad(set_to_none=False) could
-# not reach it) and is dropped once applied. Pending updates are also applied where the
-# parameters may be read between steps: session.resident(), fetch_all(), model.state_dict(),
-# optimizer.state_dict(), the next optimizer.step() (a parameter no forward used) and close(). A
-# parameter read by an operator before its pending update ran (used by another module first, or
-# by an operator outside any forward) would see the value before the last optimizer.step(): the
-# Session holds such parameters (Session::hold) and reports any such read as a teraio.Error from
-# the end of that step, and a parameter that gets a gradient while its update is pending raises
-# from its hook; both say to watch with defer_updates=0.
-
 
 class _Splitter:
     """The state of one optimizer whose step() teraio wraps: the Session that gives the budget, and
@@ -205,13 +185,6 @@ class _Splitter:
         self.stepped = {}  # id(parameter) -> (parameter, gradient, its version) since step()
         self.values = {}  # id(group) -> (group, its values after the first update in backward)
         self.backward_updates = 0  # parameters stepped in backward at the last step()
-        # Note [Deferred updates]
-        self.defer = set()  # id(parameter) whose update waits for its module's next forward
-        self.held = {}  # id(parameter) -> (parameter, gradient, its version), until step()
-        self.pending = {}  # id(parameter) -> (parameter, gradient, group, group values at step())
-        self.module_hooks = []  # forward pre-hooks of the modules holding deferred parameters
-        self.state_hooks = []  # state_dict pre-hooks (model and optimizer) applying what is pending
-        self.deferred_updates = 0  # updates deferred at the last step()
 
     def _param_name(self, p) -> str:
         session = self.session_ref()
@@ -228,9 +201,8 @@ class _Splitter:
             for handle in self.hooks.values():
                 handle.remove()
             self.hooks = {}
-            self.stepped, self.values, self.held = {}, {}, {}
+            self.stepped, self.values = {}, {}
             self.backward_updates = 0
-            self.set_deferred(None, 0.0)
             return
         self._index_groups(opt)
         splitter_ref = weakref.ref(self)
@@ -251,17 +223,9 @@ class _Splitter:
         if opt is None or not self.in_backward or self.session_ref() is None or p.grad is None:
             return
         from . import Error
-        if id(p) in self.pending:
-            self.stepped, self.values, self.held = {}, {}, {}  # start over, as below
-            raise Error(
-                f"teraio: '{self._param_name(p)}' got a gradient while its deferred update was "
-                f"still pending, so the forward read it before the last optimizer.step()'s update "
-                f"(Session.watch(..., defer_updates=...) applies it when the parameter's own module "
-                f"starts its forward; this model reads it elsewhere first). Watch the optimizer "
-                f"with defer_updates=0 for this model")
-        if id(p) in self.stepped or id(p) in self.held:
+        if id(p) in self.stepped:
             # The loop is not one this mode fits: start over at its next optimizer.step().
-            self.stepped, self.values, self.held = {}, {}, {}
+            self.stepped, self.values = {}, {}
             raise Error(
                 f"teraio: '{self._param_name(p)}' got a second gradient before "
                 f"optimizer.step(): with Session.watch(..., step_in_backward=True) each backward "
@@ -275,13 +239,6 @@ class _Splitter:
             group = self.group_of.get(id(p))
             if group is None:
                 return  # no longer the optimizer's
-        if id(group) not in self.values:
-            self.values[id(group)] = (group, {k: v for k, v in group.items() if k != "params"})
-        if id(p) in self.defer and opt.state.get(p):
-            # Note [Deferred updates] (a parameter without states yet, in the first step, is
-            # stepped now: its states are made in the backward, as every later step expects)
-            self.held[id(p)] = (p, p.grad, p.grad._version)
-            return
         sub = dict(group)
         sub["params"] = [p]
         original = opt.param_groups
@@ -292,17 +249,17 @@ class _Splitter:
             opt.param_groups = original
             _copy_back(group, sub)
         self.stepped[id(p)] = (p, p.grad, p.grad._version)
+        if id(group) not in self.values:
+            self.values[id(group)] = (group, {k: v for k, v in group.items() if k != "params"})
 
     def take_stepped(self) -> set:
         """The parameters stepped in backward since the last step(), after checking that the update
         they took is the one this step() would make; raises teraio.Error otherwise."""
         stepped, self.stepped = self.stepped, {}
-        held, self.held = self.held, {}
         values, self.values = self.values, {}
         self.backward_updates = len(stepped)
-        self.deferred_updates = len(held)
         from . import Error
-        for p, grad, version in list(stepped.values()) + list(held.values()):
+        for p, grad, version in stepped.values():
             if p.grad is not grad or grad._version != version:
                 raise Error(
                     f"teraio: the gradient of '{self._param_name(p)}' changed between backward and "
@@ -321,94 +278,7 @@ class _Splitter:
                         f"the parameters were already updated during backward with the value "
                         f"before. Change group values after optimizer.step(), or watch the "
                         f"optimizer with step_in_backward=False")
-        session = self.session_ref()
-        for pid, (p, grad, _) in held.items():
-            group = self.group_of[pid]
-            self.pending[pid] = (p, grad, group,
-                                 {k: v for k, v in group.items() if k != "params"})
-            p.grad = None  # the update owns it now (Note [Deferred updates])
-            if session is not None:
-                session._hold(p)
-        return set(stepped) | set(held)
-
-    def set_deferred(self, model, fraction: float) -> None:
-        """Chooses the parameters whose updates wait for their module's next forward (Note
-        [Deferred updates]): the model's first parameters of the optimizer, `fraction` of their
-        bytes; none with fraction 0 or without a model. Applies what is pending first."""
-        self.apply_pending()
-        for handle in self.module_hooks + self.state_hooks:
-            handle.remove()
-        self.module_hooks, self.state_hooks, self.defer = [], [], set()
-        opt = self.opt_ref()
-        if model is None or fraction <= 0 or opt is None:
-            return
-        mine = {id(p) for g in opt.param_groups for p in g["params"] if p.requires_grad}
-        order, seen = [], set()
-        for p in model.parameters():
-            if id(p) in mine and id(p) not in seen:
-                seen.add(id(p))
-                order.append(p)
-        total = sum(_nbytes(p) for p in order)
-        taken = 0
-        for p in order:
-            if taken + _nbytes(p) / 2 > fraction * total:
-                break
-            self.defer.add(id(p))
-            taken += _nbytes(p)
-        if not self.defer:
-            return
-        splitter_ref = weakref.ref(self)
-
-        def before_forward(module, args):
-            splitter = splitter_ref()
-            if splitter is not None and splitter.pending:
-                splitter.apply_pending(module._parameters.values())
-
-        def apply_all(*args):
-            splitter = splitter_ref()
-            if splitter is not None:
-                splitter.apply_pending()
-
-        for module in model.modules():
-            if any(p is not None and id(p) in self.defer for p in module._parameters.values()):
-                self.module_hooks.append(module.register_forward_pre_hook(before_forward))
-        self.state_hooks.append(model.register_state_dict_pre_hook(apply_all))
-        if hasattr(opt, "register_state_dict_pre_hook"):
-            self.state_hooks.append(opt.register_state_dict_pre_hook(apply_all))
-
-    def apply_pending(self, params=None) -> None:
-        """Runs the pending updates of `params` (default: all), each as it would have run at
-        optimizer.step() (Note [Deferred updates])."""
-        if not self.pending:
-            return
-        opt = self.opt_ref()
-        todo = (list(self.pending) if params is None
-                else [id(p) for p in params if p is not None and id(p) in self.pending])
-        session = self.session_ref()
-        for pid in todo:
-            entry = self.pending.pop(pid, None)
-            if entry is None or opt is None:
-                continue
-            p, grad, group, values = entry
-            if session is not None:
-                session._release(p)
-            sub = dict(values)
-            sub["params"] = [p]
-            saved, original = p.grad, opt.param_groups
-            p.grad = grad
-            opt.param_groups = [sub]
-            try:
-                _raw_step(opt)
-            finally:
-                opt.param_groups = original
-                p.grad = saved
-                for key, value in sub.items():
-                    if key != "params" and (key not in values or values[key] is not value):
-                        group[key] = value
-
-    def pending_gradients(self):
-        """(parameter, gradient) of each pending update (for naming them in the trace)."""
-        return [(p, grad) for p, grad, _, _ in self.pending.values()]
+        return set(stepped)
 
 
 def _raw_step(opt) -> None:
@@ -420,12 +290,9 @@ def _raw_step(opt) -> None:
     step(opt)
 
 
-def _install(optimizer, session, split: bool = True, in_backward: bool = False,
-             model=None, defer: float = 0.0) -> None:
-    """Makes optimizer.step() run in parts while `session` is open (Note [Steps in parts]), with
-    in_backward each parameter's update run from backward (Note [Steps in backward]), and with
-    `defer` > 0 the updates of that fraction of `model`'s first parameters run at their module's
-    next forward (Note [Deferred updates])."""
+def _install(optimizer, session, split: bool = True, in_backward: bool = False) -> None:
+    """Makes optimizer.step() run in parts while `session` is open (Note [Steps in parts]), and
+    with in_backward each parameter's update run from backward (Note [Steps in backward])."""
     opt = _unwrap(optimizer)
     if type(opt) not in _SPLITTABLE:
         if in_backward:
@@ -449,7 +316,6 @@ def _install(optimizer, session, split: bool = True, in_backward: bool = False,
             views = None
             if session is not None and splitter.in_backward:
                 splitter.sync_hooks(self)  # parameters added since (add_param_group)
-                splitter.apply_pending()  # parameters no forward used since the last step()
                 done = splitter.take_stepped()
                 if done:
                     views = []
@@ -490,8 +356,6 @@ def _install(optimizer, session, split: bool = True, in_backward: bool = False,
     splitter.split = split
     splitter.in_backward = in_backward
     splitter.sync_hooks(opt)
-    if in_backward:
-        splitter.set_deferred(model, defer)
 
 
 def _uninstall(optimizer, session) -> None:
@@ -502,12 +366,9 @@ def _uninstall(optimizer, session) -> None:
     splitter = opt.__dict__.get("_teraio_splitter")
     if splitter is None or splitter.session_ref() is not session:
         return
+    splitter.session_ref = lambda: None
     splitter.in_backward = False
-    try:
-        splitter.sync_hooks(opt)  # applies the deferred updates still pending
-    finally:
-        splitter.session_ref = lambda: None
-        splitter.set_deferred(None, 0.0)
+    splitter.sync_hooks(opt)
     if opt.__dict__.get("step") is splitter.bound:
         if splitter.own_attr:
             opt.step = splitter.inner

@@ -241,8 +241,6 @@ PYBIND11_MODULE(_C, m) {
       .def("name_tensor", &teraio::Session::name_tensor)
       .def("names_generation", &teraio::Session::names_generation)
       .def("adopt", &teraio::Session::adopt)
-      .def("hold", &teraio::Session::hold)
-      .def("release", &teraio::Session::release)
       .def("storage_resizing", &teraio::Session::storage_resizing,
            py::call_guard<py::gil_scoped_release>())
       .def("set_predict_step_in_backward", &teraio::Session::set_predict_step_in_backward)

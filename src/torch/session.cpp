@@ -40,7 +40,6 @@
 #include <span>
 #include <tuple>
 #include <unordered_map>
-#include <utility>
 #include <unordered_set>
 
 #include "controller.h"
@@ -899,30 +898,6 @@ struct Session::Impl final : offload::StepBinding {
     }
   }
 
-  // Parameters whose deferred update is pending (Session::hold; Note [Deferred updates] in
-  // python/teraio/optim.py): reading one is an error of the step. Under `mu`.
-  std::unordered_map<const c10::StorageImpl*, std::string> held;
-  void check_held(const c10::StorageImpl* si, const at::RecordFunction& fn) {
-    auto it = held.find(si);
-    if (it == held.end()) return;
-    std::string what = fmt::format(
-        "'{}' was read by {} before its deferred update ran: Session.watch(..., "
-        "defer_updates=...) applies a parameter's update when its own module's forward starts "
-        "(and at session.resident(), fetch_all(), state_dict() and close()), and this operator "
-        "read it before that (another module or code outside a forward using it first), so it "
-        "saw the value before the last optimizer.step(). Watch the optimizer with "
-        "defer_updates=0 for this model",
-        it->second, fn.name());
-    if (ctl->in_step())
-      ctl->note_error(what);
-    else if (held_error_between_steps.empty())
-      held_error_between_steps = std::move(what);
-    held.erase(it);  // reported once
-  }
-  // A read of a held parameter outside a step: reported from the next step's end (begin_step
-  // forgets the errors noted before it).
-  std::string held_error_between_steps;
-
   // Note [Recipes from the dispatcher]: what rerunning `fn` needs, taken at its start; null when it
   // cannot be rerun (not a dispatcher operator, or an input whose writes cannot be watched).
   static std::shared_ptr<const Capture> capture(const at::RecordFunction& fn,
@@ -984,7 +959,6 @@ struct Session::Impl final : offload::StepBinding {
           return;
         }
         c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
-        if (!held.empty()) check_held(si, fn);
         std::optional<LogicalId> id =
             lookup_or_bind(t, si, offload::make_key(k, my_slot, false), step_op);
         if (!id) {
@@ -1378,7 +1352,6 @@ struct Session::Impl final : offload::StepBinding {
     std::lock_guard lock(mu);
     TERAIO_CHECK(!closed, "Session.step(): the Session is closed");
     ctl->begin_step(*this);
-    if (!held_error_between_steps.empty()) ctl->note_error(std::exchange(held_error_between_steps, {}));
     tl_step_thread = true;
     op_device_us.clear();
     last_op_exit_us.store(steady_us(), std::memory_order_relaxed);
@@ -1779,18 +1752,6 @@ void Session::storage_resizing(uintptr_t storage, uint64_t new_bytes) {
     if (new_bytes == 0) s->set_nbytes(0);  // and freed by its owner: nothing to bring back
   }
   impl_->engine->unbind(id);
-}
-
-void Session::hold(const at::Tensor& t, const std::string& name) {
-  if (!t.defined() || !t.has_storage()) return;
-  std::lock_guard lock(impl_->mu);
-  impl_->held[t.storage().unsafeGetStorageImpl()] = name;
-}
-
-void Session::release(const at::Tensor& t) {
-  if (!t.defined() || !t.has_storage()) return;
-  std::lock_guard lock(impl_->mu);
-  impl_->held.erase(t.storage().unsafeGetStorageImpl());
 }
 
 void Session::name_tensor(const at::Tensor& t, const std::string& name, const std::string& kind) {

@@ -13,12 +13,11 @@ torch.set_num_threads(1)
 
 
 def train(make_model, make_batch, steps, session=None, optimizer="adamw", foreach=False, lr=1e-2,
-          batches=None, after_step=None, zero_grad_after=False, step_in_backward=False,
-          defer_updates=0.0):
+          batches=None, after_step=None, zero_grad_after=False, step_in_backward=False):
     """Trains `steps` steps from seed 0; returns (losses, model, optimizer). after_step(i, model)
     runs after step i, outside it. zero_grad_after: each step frees the gradients right after
     optimizer.step() (as the HF Trainer does) instead of before the forward. step_in_backward:
-    watch(..., step_in_backward=True); defer_updates: watch(..., defer_updates=...)."""
+    watch(..., step_in_backward=True)."""
     torch.manual_seed(0)
     model = make_model()
     if optimizer == "adamw":
@@ -26,7 +25,7 @@ def train(make_model, make_batch, steps, session=None, optimizer="adamw", foreac
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=foreach)
     if session is not None:
-        session.watch(model, opt, step_in_backward=step_in_backward, defer_updates=defer_updates)
+        session.watch(model, opt, step_in_backward=step_in_backward)
     losses = []
     g = torch.Generator().manual_seed(1)
     for i in range(steps):

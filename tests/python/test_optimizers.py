@@ -319,15 +319,14 @@ def test_a_parameter_larger_than_the_budget_says_raise_the_budget(tmp_path):
 
 # --- steps in backward (Note [Steps in backward]) ---------------------------------------------
 
-def run_in_backward(make_opt, s, steps=STEPS, between=None, accumulate=False, defer=0.0):
+def run_in_backward(make_opt, s, steps=STEPS, between=None, accumulate=False):
     """run() with watch(..., step_in_backward=True); between(model, opt, sched) runs between
-    backward and optimizer.step(); accumulate: gradients of two half batches per step; defer:
-    watch's defer_updates."""
+    backward and optimizer.step(); accumulate: gradients of two half batches per step."""
     torch.manual_seed(0)
     model = deep_mlp()
     opt = make_opt(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.7 ** i)
-    s.watch(model, opt, step_in_backward=True, defer_updates=defer)
+    s.watch(model, opt, step_in_backward=True)
     losses, lrs = [], []
     for x, y in batches(STEPS)[:steps]:
         with s.step():
@@ -443,118 +442,6 @@ def test_step_in_backward_needs_a_per_parameter_optimizer(tmp_path):
             s.watch(model, step_in_backward=True)
         with pytest.raises(teraio.Error, match="step_in_backward must be True, False or .auto."):
             s.watch(model, step_in_backward=1)
-
-
-# --- deferred updates (Note [Deferred updates]) ----------------------------------------------
-
-@pytest.mark.parametrize("name", ["adamw-foreach", "adam-fused", "sgd-momentum-foreach"])
-def test_deferred_updates_are_bitwise(tmp_path, name):
-    # The first half of deep_mlp()'s parameter bytes wait for their Linear's next forward; the
-    # scheduler changes lr after each optimizer.step(), and the deferred updates still use the lr
-    # of that step. Bitwise the parameters, states and state_dict() of the loop without teraio.
-    ref = run(OPTIMIZERS[name])
-    with session(tmp_path) as s:
-        got = run_in_backward(OPTIMIZERS[name], s, defer=0.5)
-        opt = got[2]
-        splitter = opt._teraio_splitter
-        assert s.deferred_updates > 0 and splitter.pending
-        assert splitter.backward_updates + s.deferred_updates == 14
-        st = s.stats()
-        assert st["mode"] == "planned" and st["drift_events"] <= 1, st
-        assert st["bytes_offloaded"] > 0, st
-        # The first Linear's update is pending: its weight is the one of the step before.
-        first = got[1][0].weight
-        assert id(first) in splitter.pending
-        with s.resident():  # applies what is pending
-            assert not splitter.pending
-            assert_same(ref, got)
-            assert opt.state_dict()["param_groups"] == ref[2].state_dict()["param_groups"]
-
-
-def test_deferred_updates_are_applied_by_state_dict_and_close(tmp_path):
-    ref = run(OPTIMIZERS["adamw-foreach"])
-    with session(tmp_path) as s:
-        got = run_in_backward(OPTIMIZERS["adamw-foreach"], s, defer=0.5)
-        splitter = got[2]._teraio_splitter
-        assert splitter.pending
-        got[1].state_dict()  # a checkpoint's first call: the parameters it returns are updated
-        assert not splitter.pending
-    with session(tmp_path) as s:
-        got = run_in_backward(OPTIMIZERS["adamw-foreach"], s, defer=0.5)
-        assert got[2]._teraio_splitter.pending
-    # Closed without resident(): close() applied them, and the optimizer is plain again.
-    assert not hasattr(got[2], "_teraio_splitter")
-    assert_same(ref, got)
-
-
-class ReadsAChildsWeight(torch.nn.Module):
-    """Reads the first layer's weight itself, before (and instead of) calling that layer."""
-
-    def __init__(self):
-        super().__init__()
-        self.first = torch.nn.Linear(32, 64)
-        self.rest = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(64, 10))
-
-    def forward(self, x):
-        return self.rest(torch.nn.functional.linear(x, self.first.weight, self.first.bias))
-
-
-def test_a_deferred_parameter_read_outside_its_module_raises(tmp_path):
-    # The first Linear's forward never runs, so its pending update would never be applied before
-    # the parameter is read: the step that reads it raises, saying what to do, and the Session goes
-    # on once the optimizer is watched without deferred updates.
-    torch.manual_seed(0)
-    model = ReadsAChildsWeight()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = batches(4)
-    with session(tmp_path) as s:
-        s.watch(model, opt, step_in_backward=True, defer_updates=0.5)
-        with pytest.raises(teraio.Error, match="defer_updates=0") as info:
-            for x, y in data:
-                with s.step():
-                    torch.nn.functional.cross_entropy(model(x), y).backward()
-                    opt.step()
-                    opt.zero_grad()
-        assert "first.weight" in str(info.value), info.value
-        s.watch(model, opt, step_in_backward=True)  # applies what is pending
-        for x, y in data:
-            with s.step():
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-                opt.zero_grad()
-        with s.resident():
-            assert all(torch.isfinite(p).all() for p in model.parameters())
-
-
-def test_a_deferred_parameter_read_between_steps_raises(tmp_path):
-    # An exponential moving average read between steps would copy the weight of the step before:
-    # the Session sees the read (Session::hold) and the next step raises, naming it.
-    with session(tmp_path) as s:
-        _, model, opt, _ = run_in_backward(OPTIMIZERS["adamw-foreach"], s, steps=3, defer=0.5)
-        assert id(model[0].weight) in opt._teraio_splitter.pending
-        ema = model[0].weight.detach() * 0.5  # outside a step, before the next forward
-        x, y = batches(1)[0]
-        with pytest.raises(teraio.Error, match=r"'0\.weight' was read by aten::\w+ before its "
-                                               r"deferred update ran") as info:
-            with s.step():
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-                opt.zero_grad()
-        assert "defer_updates=0" in str(info.value)
-        assert ema.shape == model[0].weight.shape
-
-
-def test_deferred_updates_need_steps_in_backward_and_the_model(tmp_path):
-    model = deep_mlp()
-    opt = torch.optim.AdamW(model.parameters())
-    with session(tmp_path) as s:
-        with pytest.raises(teraio.Error, match="needs the model and step_in_backward=True"):
-            s.watch(model, opt, defer_updates=0.5)
-        with pytest.raises(teraio.Error, match="needs the model and step_in_backward=True"):
-            s.watch(None, opt, step_in_backward=True, defer_updates=0.5)
-        for bad in (1.0, -0.1, True, "half"):
-            with pytest.raises(teraio.Error, match=r"defer_updates must be a fraction in \[0, 1\)"):
-                s.watch(model, opt, step_in_backward=True, defer_updates=bad)
 
 
 @pytest.mark.parametrize("foreach", [False, True])
