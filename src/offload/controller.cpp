@@ -371,6 +371,15 @@ void Controller::note_link_in_use() {
 
 // Note [Plans for the host that runs them]: the trial of a plan made again, once it has run
 // kMinHostSamples planned steps.
+//
+// Note [Steps timed end to end]: a trial compares the plans' steps as a long run sees them: from
+// the end of the step before (after teraio's own work there, such as a search) to the end of this
+// one. The time inside `with session.step()` alone is the host's: on a GPU the device may still be
+// running the step's kernels and copies when it ends, and the loop then waits for them outside it
+// (the next step's first operators, a loss.item(), a synchronize). On an H100 a plan made again
+// ran 0.175 s steps against the first plan's 0.194 s, but 137 against 126 ms inside the steps, so
+// it was not kept (docs/benchmarks.md, "Issue 15's autocast peer three times, the probe fixed, and
+// deferred updates tried, on an H100"). A loop's own time between steps counts for both plans alike.
 void Controller::judge_host_replan() {
   if (!active_ || !active_->on_trial || step_us_.size() < kMinHostSamples) return;
   CachedPlan* active = active_slot();
@@ -525,13 +534,16 @@ StepErrors Controller::end_step(StepBinding& binding) {
       }
       // Note [Host times of planned steps]
       if (active_->recorded_host_us > 0) {
-        const double step_us = now_us() - step_wall_us0_;
+        const double end_us = now_us();
+        const double step_us = end_us - step_wall_us0_;
         host_samples_.push_back(std::max(0.0, step_us - std::max(0.0, hook_us)) / active_->recorded_host_us);
+        // Note [Steps timed end to end]
+        const double period_us = last_step_end_us_ > 0 ? end_us - last_step_end_us_ : step_us;
         // Kept only while a plan made again for the host may still be tried or is on trial (a long
         // run's steps must not pile up).
         if (active_->on_trial || active_->host_replans_tried < kMaxHostReplans ||
             link_replans_ < kMaxLinkReplans) {
-          step_us_.push_back(step_us);
+          step_us_.push_back(period_us);
           if (step_us_.size() > kMaxStepSamples) step_us_.erase(step_us_.begin() + 1);
         }
       }
@@ -582,6 +594,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
           "tensors stayed on the device)";
   }
   r.results_intact = step_read_faults_ == 0;
+  last_step_end_us_ = now_us();  // after this step's searches: Note [Steps timed end to end]
   pending_error_.clear();
   pending_fault_.clear();
   step_need_error_.clear();

@@ -296,8 +296,10 @@ class Controller {
   double host_scale_used_ = 1;
   bool note_host_scale();
   // Note [Plans for the host that runs them]: the wall times of the planned steps since the
-  // active plan was installed, the plan made again and its trial.
+  // active plan was installed, each from the end of the step before (Note [Steps timed end to
+  // end]), the plan made again and its trial.
   std::vector<double> step_us_;
+  double last_step_end_us_ = 0;
   CachedPlan* active_slot();
   void replan_for_host();
   void judge_host_replan();

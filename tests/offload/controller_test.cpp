@@ -165,6 +165,7 @@ class ControllerTest : public ::testing::Test {
     }
     if (step_us_) now_us_ += step_us_(stats().plan_variant);
     const StepErrors errors = ctl_->end_step(b_);
+    if (between_us_) now_us_ += between_us_(stats().plan_variant);
     for (auto it = b_.ids.begin(); it != b_.ids.end();) {  // forget storages that died
       if (!it->first->alive) {
         b_.id_tensor[it->second] = nullptr;
@@ -238,6 +239,9 @@ class ControllerTest : public ::testing::Test {
   // When set, the controller's clock is fake and each step takes step_us_(plan_variant) of it
   // (Note [Plans for the host that runs them]: steps whose wall time the test decides).
   std::function<double(const std::string&)> step_us_;
+  // And, when set, the time that passes after each step's end before the next begins (a device
+  // still running the step's kernels while the loop waits: Note [Steps timed end to end]).
+  std::function<double(const std::string&)> between_us_;
   double now_us_ = 0;
 };
 
@@ -412,6 +416,25 @@ TEST_F(ControllerTest, APlanIsMadeAgainWhenTheMeasuredHostMovesAfterATry) {
   EXPECT_LE(s.host_replan_searches, 3u);
   EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos) << s.plan_variant;
   EXPECT_LT(s.plan_predicted_us, 0.5 * first.plan_predicted_us);
+  expect_host_replan_steps_sound(s);
+}
+
+// Note [Steps timed end to end]: the first plan's steps end after 12 ms on the host but the loop
+// waits 10 ms more for the device before the next begins; the plan made again takes 15 ms on the
+// host and nothing after. It runs faster (15 against 22 ms a step) and is kept, where the time
+// inside the steps alone (15 against 12 ms) would have sent it back.
+TEST_F(ControllerTest, APlanMadeAgainIsJudgedByItsStepsFromEndToEnd) {
+  auto again = [](const std::string& variant) { return variant.find("planned again") != std::string::npos; };
+  between_us_ = [&](const std::string& variant) { return again(variant) ? 0.0 : 10000.0; };
+  const SessionStats first =
+      start_host_replan(200000, [&](const std::string& variant) { return again(variant) ? 15000.0 : 12000.0; });
+  ASSERT_FALSE(HasFailure());
+  for (int i = 3; i < 9; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(ctl_->host_replans(), 1u);
+  EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
+  EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 22.00 ms"), std::string::npos) << s.plan_variant;
+  EXPECT_LT(s.plan_predicted_us, first.plan_predicted_us);
   expect_host_replan_steps_sound(s);
 }
 
