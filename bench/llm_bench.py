@@ -163,7 +163,8 @@ def parse_args(argv=None):
                    help="cuda when available, else cpu, if not given (cpu is for smoke tests)")
     p.add_argument("--adamw", default="loop", choices=("loop", "foreach", "fused"),
                    help="torch.optim.AdamW implementation for ideal and teraio (loop = foreach=False, "
-                        "fused=False: the one teraio can offload around; foreach/fused give ideal's best time)")
+                        "fused=False: about ten operators a parameter, the benchmarks' default since before teraio "
+                        "ran foreach and fused steps in parts; foreach/fused give ideal's best time)")
     p.add_argument("--grad-ckpt", action="store_true",
                    help="activation (gradient) checkpointing of every decoder layer, for every system")
     # teraio
