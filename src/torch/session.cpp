@@ -593,6 +593,9 @@ struct Session::Impl final : offload::StepBinding {
   // are free for the probe, and the plan (made after profiling) uses the numbers.
   std::vector<SessionTierStats> tier_stats;
   bool tiers_measured = false;
+  // The probe sets the figures the controller plans with (ctl->tier(i)) and says where they came
+  // from in tier_stats; stats() reads the figures from the controller, which may correct them
+  // later (Note [Plans for the link in use]).
   void measure_tiers(at::Allocator* allocator) {
     if (tiers_measured) return;
     tiers_measured = true;
@@ -641,17 +644,17 @@ struct Session::Impl final : offload::StepBinding {
             *tiers[i], view, 0, std::min(storage::kQuickProbeTierBytes, spec.capacity_bytes), po);
         const storage::TierInfo info = tiers[i]->info();
         if (ts.read_source != "given") {
-          spec.read_gbps = ts.read_gbps = storage::planned_gbps(p.read_gbps, info);
+          spec.read_gbps = storage::planned_gbps(p.read_gbps, info);
           ts.read_source = "measured";
         }
         if (ts.write_source != "given") {
-          spec.write_gbps = ts.write_gbps = storage::planned_gbps(p.write_gbps, info);
+          spec.write_gbps = storage::planned_gbps(p.write_gbps, info);
           ts.write_source = "measured";
         }
         if (ts.duplex_source != "given") {  // measured both ways, else the default fraction
           const double both_gbps = storage::planned_gbps(p.both_gbps, info);
           const bool both = p.both_passes > 0 && both_gbps > 0;
-          spec.duplex_gbps = ts.duplex_gbps =
+          spec.duplex_gbps =
               both ? both_gbps : default_duplex_gbps(spec.read_gbps, spec.write_gbps);
           ts.duplex_source = both ? "measured" : "default";
         }
