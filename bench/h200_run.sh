@@ -318,7 +318,7 @@ recompute)
   # RC_DTYPES ("fp32 amp"), RC_FRACS ("2 4"), RC_MODES ("recompute no-recompute"; each mode is a
   # llm_bench flag, e.g. "no-discard-dead" for the A/B of docs/pytorch.md "Dead tensors", "step-in-backward"
   # for "Optimizer steps in backward", or flags joined by '+': "step-in-backward+writebacks", its files named with '_' for '+'
-  # (a flag's value after '=': "step-in-backward+defer-updates=0.25", named step-in-backward_defer-updates_0p25);
+  # (a flag's value after '=': "step-in-backward+adamw=fused", named step-in-backward_adamw_fused; '.' becomes 'p');
   # since 2026-12-06 the Session plans deep recompute chains and writebacks by default: the runs without
   # them are "step-in-backward+no-deep-recompute+no-writebacks"); the footprint
   # comes from an Ideal run of this call or FOOTPRINT_<model>_<dtype> (e.g. FOOTPRINT_llama_1b_fp32)
