@@ -197,6 +197,11 @@ struct TransferTimes {
   // GB/s (1e9 bytes/s) over the timed transfers; 0 when none was timed.
   double read_gbps() const { return read_us > 0 ? static_cast<double>(read_bytes) / read_us / 1e3 : 0; }
   double write_gbps() const { return write_us > 0 ? static_cast<double>(write_bytes) / write_us / 1e3 : 0; }
+  // What was timed after `base` (an earlier reading of the same tier).
+  TransferTimes since(const TransferTimes& base) const {
+    return {read_bytes - base.read_bytes, write_bytes - base.write_bytes, read_us - base.read_us,
+            write_us - base.write_us};
+  }
 };
 inline constexpr uint64_t kTimedTransferMinBytes = 1 << 20;
 

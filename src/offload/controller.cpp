@@ -324,10 +324,9 @@ void Controller::note_link_in_use() {
     TierSpec& spec = options_.tiers[i];
     // A copy that ran while the other direction moved too ran at most at the both-ways figure:
     // only a rate below that is slower than planned.
-    auto correct = [&](bool measured, uint64_t bytes, double us, double* gbps, bool* fixed,
+    auto correct = [&](bool measured, uint64_t bytes, double rate, double* gbps, bool* fixed,
                        const char* dir) {
-      if (!measured || bytes < options_.link_min_bytes || us <= 0 || *gbps <= 0) return;
-      const double rate = static_cast<double>(bytes) / us / 1e3;
+      if (!measured || bytes < options_.link_min_bytes || rate <= 0 || *gbps <= 0) return;
       const double slowest = spec.duplex_gbps > 0 ? std::min(*gbps, spec.duplex_gbps) : *gbps;
       if (rate <= kLinkOff * *gbps && rate * kLinkOff >= slowest) return;
       what += fmt::format("{}{} {} {:.1f} GB/s (planned {:.1f})", what.empty() ? "" : ", ",
@@ -336,10 +335,10 @@ void Controller::note_link_in_use() {
       *fixed = true;
     };
     const std::string before = what;
-    correct(l.read_measured, now.read_bytes - l.base.read_bytes, now.read_us - l.base.read_us,
-            &spec.read_gbps, &l.read_fixed, "reads");
-    correct(l.write_measured, now.write_bytes - l.base.write_bytes, now.write_us - l.base.write_us,
-            &spec.write_gbps, &l.write_fixed, "writes");
+    const storage::TransferTimes timed = now.since(l.base);
+    correct(l.read_measured, timed.read_bytes, timed.read_gbps(), &spec.read_gbps, &l.read_fixed, "reads");
+    correct(l.write_measured, timed.write_bytes, timed.write_gbps(), &spec.write_gbps, &l.write_fixed,
+            "writes");
     if (what != before && l.duplex_measured && spec.duplex_gbps > 0)
       spec.duplex_gbps = default_duplex_gbps(spec.read_gbps, spec.write_gbps);
   }
