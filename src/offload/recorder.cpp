@@ -419,8 +419,13 @@ Recording Recorder::build_trace(const runtime::Engine& engine, const TensorSourc
     if (ok && m.nested) {
       for (LogicalId in : m.nested_inputs) {
         auto it = to_trace.find(in);
+        // ... and that exist before it: listed by an earlier operator, or persistent. One first
+        // listed by this operator without being made by it (a tensor the loop made outside the
+        // recorded operators, as the first step's small inputs are) cannot be told from an output
+        // in the trace, whose reader then rejects it (Trace::validate_nested_recompute).
         ok = it != to_trace.end() && !made_here(in) &&
-             std::find(ops_[p].ids.begin(), ops_[p].ids.end(), in) != ops_[p].ids.end();
+             std::find(ops_[p].ids.begin(), ops_[p].ids.end(), in) != ops_[p].ids.end() &&
+             (trace.tensors[it->second].persistent || first_listed[it->second] < m.producer_op);
         if (!ok) break;
         // Views of one storage (q, k and v split from one projection) are one tensor, listed once.
         if (std::find(nested_inputs.begin(), nested_inputs.end(), it->second) == nested_inputs.end())

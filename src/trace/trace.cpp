@@ -205,9 +205,9 @@ void Trace::validate_nested_recompute(size_t t, const std::vector<KernelIndex>& 
     const bool input = std::find(listed.begin(), listed.end(), i) != listed.end() &&
                        (tensors[i].persistent || first[i] < p);
     TERAIO_CHECK(input,
-                 "tensors[{}].recompute_inputs[{}]: tensor {} is not an input of the producer (kernel {}): a "
-                 "recompute reads only tensors its producer lists that exist before it runs",
-                 t, j, i, p);
+                 "tensors[{}].recompute_inputs[{}]: tensor {} ({}) is not an input of the producer (kernel "
+                 "{}, {}): a recompute reads only tensors its producer lists that exist before it runs",
+                 t, j, i, tensors[i].name.empty() ? "unnamed" : tensors[i].name, p, kernel_name(p));
     TERAIO_CHECK(std::find(info.recompute_inputs->begin(), info.recompute_inputs->begin() + static_cast<std::ptrdiff_t>(j), i) ==
                      info.recompute_inputs->begin() + static_cast<std::ptrdiff_t>(j),
                  "tensors[{}].recompute_inputs[{}]: tensor {} is listed twice", t, j, i);

@@ -407,6 +407,29 @@ TEST_F(RecorderBench, TensorsMadeByNestedOperators) {
   EXPECT_NO_THROW(t.validate());
 }
 
+// A nested operator reading a tensor the iteration made outside the recorded operators (first
+// listed by the operator it is nested in, made by none): the trace could not tell that input from an
+// output of the operator, so the tensor it makes is not recomputable, and the trace is valid. (A tiny
+// HF Llama on the CPU with min_tensor_bytes=0 failed its first step's end on such a trace.)
+TEST_F(RecorderBench, ANestedProducersInputFirstListedByItsOperatorIsNotRead) {
+  r.begin_iteration(1);
+  const LogicalId w = bind(8192, true);
+  const LogicalId x = bind(4096, false), y = bind(4096, false), xc = bind(2048, false);
+  op("aten::exp", {w}, {y}, {});                                // 0
+  op("aten::mul", {y, x}, {}, {{xc, "aten::to", {x}}});          // 1: x first listed here
+  op("aten::mm", {xc, y}, {}, {});                              // 2: the backward's read
+  for (LogicalId id : {x, y, xc}) src.live.erase(id);
+  op("aten::sum", {}, {}, {});                                   // 3
+
+  Recording rec;
+  ASSERT_NO_THROW(rec = r.build_trace(engine, src));
+  const TensorInfo& cast = rec.trace.tensors[index_of(rec, xc)];
+  EXPECT_EQ(cast.producer, std::optional<KernelIndex>(1));
+  EXPECT_FALSE(cast.recomputable) << "its input x is first listed by the mul that made the cast";
+  EXPECT_FALSE(cast.recompute_inputs.has_value());
+  EXPECT_NO_THROW(rec.trace.validate());
+}
+
 // A nested operator's time is its share of the operator's by bytes, but no more than its bytes
 // take at the memory rate the profile shows (the 90th percentile of bytes per microsecond over
 // operators touching 1 MiB or more): a cast inside a compute-bound matmul is memory-bound.

@@ -102,11 +102,11 @@ TEST(NestedRecompute, BadFieldsAreRejectedNamingThem) {
       << error_of(t);
   t = linear_trace(true);
   t.tensors[kWC].recompute_inputs = std::vector<TensorId>{3};  // Y: made by the producer itself
-  EXPECT_NE(error_of(t).find("tensors[2].recompute_inputs[0]: tensor 3 is not an input of the producer (kernel 1)"),
+  EXPECT_NE(error_of(t).find("tensors[2].recompute_inputs[0]: tensor 3 (Y) is not an input of the producer (kernel 1, aten::linear)"),
             std::string::npos)
       << error_of(t);
   t.tensors[kWC].recompute_inputs = std::vector<TensorId>{4};  // C: not listed by the producer
-  EXPECT_NE(error_of(t).find("tensor 4 is not an input of the producer"), std::string::npos) << error_of(t);
+  EXPECT_NE(error_of(t).find("tensor 4 (C) is not an input of the producer"), std::string::npos) << error_of(t);
   t.tensors[kWC].recompute_inputs = std::vector<TensorId>{kW, kW};
   EXPECT_NE(error_of(t).find("recompute_inputs[1]: tensor 0 is listed twice"), std::string::npos) << error_of(t);
   t.tensors[kWC].recompute_inputs = std::vector<TensorId>{9};
