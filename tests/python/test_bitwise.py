@@ -249,6 +249,41 @@ def test_bitwise_llama_cpu(tmp_path, planning):
         assert_bitwise(ref, got)
 
 
+def test_bitwise_llama_every_tensor_tracked(tmp_path):
+    """min_tensor_bytes=0 tracks every tensor the step makes, the small ones the loop makes outside
+    the recorded operators too: the trace the Session records must still be one its planner takes
+    (a nested producer reading such a tensor failed the first step's end), and training stays
+    bitwise. HF's default attention and its own loss (labels=)."""
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+    def run(session):
+        torch.manual_seed(0)
+        m = transformers.LlamaForCausalLM(cfg)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
+        g = torch.Generator().manual_seed(1)
+        if session:
+            session.watch(m, opt)
+        losses = []
+        for _ in range(4):
+            ids = torch.randint(0, 128, (2, 16), generator=g)
+            with session.step() if session else contextlib.nullcontext():
+                loss = m(input_ids=ids, labels=ids).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.detach())
+        return losses, m, opt
+
+    ref = run(None)
+    with teraio.Session(budget="160KiB", tiers=[teraio.HostTier("64MiB")], min_tensor_bytes=0) as s:
+        got = run(s)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["bytes_offloaded"] > 0, st
+        with s.resident():
+            assert_bitwise(ref, got)
+
+
 def test_libtorch_cpp_adamw_with_cpp_session(tmp_path):
     # libtorch's C++ AdamW and the C++ teraio::Session API (StepGuard), no Python in the step.
     ref = teraio._C._cpp_adamw_train(5, 0, "")
