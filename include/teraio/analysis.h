@@ -98,4 +98,8 @@ bool written_between(const Trace& trace, TensorId t, int64_t first_kernel, int64
 // Bytes of the distinct tensors each kernel touches.
 std::vector<uint64_t> active_bytes(const Trace& trace);
 
+// Throws teraio::Error when some kernel alone touches more than budget_bytes (no plan can fit),
+// naming the kernel that touches the most, the budget that would fit it, and what to change.
+void check_kernels_fit(const Trace& trace, uint64_t budget_bytes);
+
 }  // namespace teraio

@@ -653,13 +653,7 @@ void check_options(const Trace& trace, const ExactOptions& opts) {
                "exact: time limit must be in (0, 1e6] s, got {}", opts.time_limit_s);
   TERAIO_CHECK(opts.relative_gap >= 0 && opts.relative_gap < 1, "exact: relative gap must be in [0, 1), got {}",
                opts.relative_gap);
-  const std::vector<uint64_t> active = active_bytes(trace);
-  for (KernelIndex k = 0; k < active.size(); ++k) {
-    TERAIO_CHECK(active[k] <= opts.budget_bytes,
-                 "kernel {} ({}) alone touches {} ({} bytes), more than the budget of {} ({} bytes): no plan can fit", k,
-                 trace.kernel_name(k), format_bytes(static_cast<double>(active[k])), active[k],
-                 format_bytes(static_cast<double>(opts.budget_bytes)), opts.budget_bytes);
-  }
+  check_kernels_fit(trace, opts.budget_bytes);
 }
 
 }  // namespace

@@ -567,7 +567,11 @@ StepErrors Controller::end_step(StepBinding& binding) {
       }
     }
   } catch (const std::exception& e) {
-    note_error(e.what());
+    // After the step's operators: its results stand (docs/pytorch.md, "Modes": reactive).
+    note_error(fmt::format("{}. The step ran and its results stand; the Session runs the next steps "
+                           "reactively (each tensor brought back when an operator needs it, without a plan: "
+                           "slower)",
+                           e.what()));
     uninstall(Mode::kReactive);
   }
   try {

@@ -176,16 +176,7 @@ void Planner::check_options() const {
                opts_.budget_bytes);
 }
 
-void Planner::check_active_bytes() const {
-  const std::vector<uint64_t> active = active_bytes(trace_);
-  for (uint32_t k = 0; k < n_; ++k) {
-    TERAIO_CHECK(active[k] <= opts_.budget_bytes,
-                 "kernel {} ({}) alone touches {} ({} bytes), more than the budget of {} ({} bytes): no plan "
-                 "can fit",
-                 k, trace_.kernel_name(k), format_bytes(static_cast<double>(active[k])), active[k],
-                 format_bytes(static_cast<double>(opts_.budget_bytes)), opts_.budget_bytes);
-  }
-}
+void Planner::check_active_bytes() const { check_kernels_fit(trace_, opts_.budget_bytes); }
 
 double Planner::crit_time(const Gap& g, uint32_t first, uint32_t count) const {
   const Pieces p = pieces(n_, uint64_t{g.start} + first, count);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "teraio/error.h"
+#include "teraio/units.h"
 
 namespace teraio {
 
@@ -134,6 +135,25 @@ std::vector<uint64_t> active_bytes(const Trace& trace) {
     a[k] = sum;
   }
   return a;
+}
+
+void check_kernels_fit(const Trace& trace, uint64_t budget_bytes) {
+  const std::vector<uint64_t> active = active_bytes(trace);
+  size_t over = 0, worst = 0;
+  for (size_t k = 0; k < active.size(); ++k) {
+    if (active[k] > budget_bytes) over++;
+    if (active[k] > active[worst]) worst = k;
+  }
+  if (over == 0) return;
+  const auto k = static_cast<KernelIndex>(worst);
+  throw Error(fmt::format(
+      "kernel {} ({}) alone touches {} ({} bytes), more than the budget of {} ({} bytes): no plan "
+      "can fit. The budget must be at least {} (the most one kernel touches; {} of the trace's {} "
+      "kernels touch more than the budget), or the step's tensors smaller (a smaller batch or "
+      "sequence length)",
+      k, trace.kernel_name(k), format_bytes(static_cast<double>(active[worst])), active[worst],
+      format_bytes(static_cast<double>(budget_bytes)), budget_bytes,
+      format_bytes(static_cast<double>(active[worst])), over, active.size()));
 }
 
 bool written_between(const Trace& trace, TensorId t, int64_t first_kernel, int64_t last_kernel) {

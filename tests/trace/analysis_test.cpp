@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "teraio/analysis.h"
+#include "teraio/error.h"
 
 namespace teraio {
 namespace {
@@ -79,6 +80,23 @@ TEST(Analysis, MemoryCurveAndActiveBytes) {
   const auto prefix = time_prefix_us(t);
   EXPECT_DOUBLE_EQ(prefix.back(), 60);
   EXPECT_DOUBLE_EQ(prefix[3], 30);
+}
+
+// A kernel that alone touches more than the budget: no plan can fit, and the error names the
+// kernel that touches the most and the budget that would fit it, whichever kernel comes first.
+TEST(Analysis, KernelsOverTheBudgetNameTheLargestAndTheBudgetNeeded) {
+  const Trace t = make_trace();  // active bytes 10, 100, 1, 10, 100, 5
+  EXPECT_NO_THROW(check_kernels_fit(t, 100));
+  try {
+    check_kernels_fit(t, 9);
+    FAIL() << "kernels 0, 1, 3 and 4 touch more than 9 bytes";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("kernel 1 (" + std::string(t.kernel_name(1)) + ") alone touches 100 B (100 bytes), more "
+                        "than the budget of 9 B (9 bytes): no plan can fit. The budget must be at least 100 B"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("4 of the trace's 6 kernels"), std::string::npos) << what;
+  }
 }
 
 // The make_trace shape, with A alive through kernel 5 (its last use is 3) and X made persistent:
