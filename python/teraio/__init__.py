@@ -15,6 +15,7 @@ budget is exceeded), then a plan is made and executed at operator indices.
 from __future__ import annotations
 
 import contextlib
+import gc
 import errno as _errno
 import math
 import os
@@ -213,6 +214,13 @@ _HINTS = (". A foreach or fused optimizer step touches every parameter",
           ". optimizer.zero_grad(set_to_none=False)")
 
 
+def _add_note(error: BaseException, note: str) -> None:
+    """error.add_note(note) (Python 3.11+: printed after the message); before 3.11, nothing."""
+    add = getattr(error, "add_note", None)
+    if add is not None:
+        add(note)
+
+
 class Session:
     """Transparent offloading of every tensor a training step touches.
 
@@ -324,6 +332,9 @@ class Session:
             self._adopt(impl)
             yield self
         except BaseException as body_error:
+            # Steps in backward: the updates this step made before it failed stay made, and the
+            # next step starts afresh (Note [Steps in backward] in optim.py).
+            updated = self._abort_steps_in_backward()
             fault = None
             try:
                 impl.end_step()
@@ -331,10 +342,22 @@ class Session:
                 fault = e
             except Error:
                 pass  # the user's exception wins
+            note = (f"teraio: with steps in backward, this step had already updated {updated} "
+                    f"parameter(s) when it failed; those updates stay made (the others were not "
+                    f"made), and the next step runs normally" if updated else None)
             # The body failed on a tensor whose transfer failed: the fault is the cause. An
             # interrupt (KeyboardInterrupt, SystemExit) still wins.
             if fault is not None and isinstance(body_error, Exception):
-                raise fault from body_error
+                if note:
+                    _add_note(fault, note)
+                try:
+                    raise fault from body_error
+                finally:
+                    # No cycle (this frame -> the fault -> its traceback -> this frame) may keep the
+                    # failed step's tensors alive until a garbage collection.
+                    fault = None
+            if note:
+                _add_note(body_error, note)
             raise
         self._name_watched()
         try:
@@ -468,6 +491,13 @@ class Session:
         """Whether the watched optimizer's updates run in backward (step_in_backward=True, or
         "auto" once the Session turned it on)."""
         return self._steps_in_backward
+
+    def _abort_steps_in_backward(self) -> int:
+        """A step failed: each watched optimizer forgets the parameters it updated in this step's
+        backward (so that the next backward is not taken for a second one before step()). Returns
+        how many there were."""
+        from . import optim
+        return sum(optim._abort_step(o) for o in self._split)
 
     def _split_steps(self, optimizer, split: bool = True, in_backward: bool = False) -> None:
         from . import optim
@@ -634,6 +664,10 @@ class Session:
                 optim._uninstall(optimizer, self)
             self._split = []
             impl, self._impl = self._impl, None
+            # Tensors only a reference cycle keeps (a failed step's graph, held by its exception's
+            # traceback) go first: close() would bring them back, and report as lost those that
+            # can no longer be made again (a recompute whose inputs have changed since).
+            gc.collect()
             try:
                 impl.close()
             finally:

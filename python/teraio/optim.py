@@ -358,6 +358,17 @@ def _install(optimizer, session, split: bool = True, in_backward: bool = False) 
     splitter.sync_hooks(opt)
 
 
+def _abort_step(optimizer) -> int:
+    """A step failed (Session.step()'s body raised): the parameters this optimizer updated in its
+    backward are forgotten, their updates staying made; returns how many there were."""
+    splitter = _unwrap(optimizer).__dict__.get("_teraio_splitter")
+    if splitter is None:
+        return 0
+    n = len(splitter.stepped)
+    splitter.stepped, splitter.values = {}, {}
+    return n
+
+
 def _uninstall(optimizer, session) -> None:
     """Puts step() back when nothing wrapped it since; otherwise the wrapper stays, passing
     through (its Session is gone), until the next Session watches the optimizer. Removes the hooks

@@ -247,6 +247,43 @@ def test_close_after_a_lasting_fault_loses_loudly_and_removes_the_files(tmp_path
     teraio.Session(budget="1MiB", tiers=[teraio.HostTier("1MiB")]).close()  # a new one can start
 
 
+def test_a_failed_steps_tensors_are_not_reported_lost_at_close(tmp_path):
+    """A read that fails for good in a step whose plan recomputes activations (GPT-2 at 3/5 of its
+    footprint, a slow link): the step raises; its graph, kept by the exception's traceback, holds
+    activations freed to be recomputed from parameters that later steps update. Those must not be
+    reported lost (they are dead), nor make close() raise: the model and optimizer are intact."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.config.use_cache = False
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    footprint = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+    g = torch.Generator().manual_seed(1)
+    s = teraio.Session(budget=f"{footprint * 3 // 5}B", min_tensor_bytes=1024, fault_injection=True,
+                       tiers=[teraio.FileTier([str(tmp_path)], "256MiB", read_gbps=0.05, write_gbps=0.05)])
+    s.watch(model, opt)
+    failed = 0
+    for i in range(9):
+        if i == 4:
+            s.inject_fault("EIO", direction="read", count=10_000)
+        if i == 5:
+            s.clear_faults()
+        ids = torch.randint(0, 128, (4, 32), generator=g)
+        try:
+            with s.step():
+                opt.zero_grad()
+                model(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+        except teraio.IoError:
+            failed += 1
+    assert failed == 1
+    assert s.stats()["recomputes"] > 0 and s.stats()["lost_tensors"] == 0, s.stats()
+    s.close()
+    assert tier_dirs(tmp_path) == []
+
+
 def test_full_tier_is_an_error_not_a_silent_overrun(tmp_path):
     s = teraio.Session(budget=BUDGET, tiers=[teraio.FileTier([str(tmp_path)], "64KiB")],
                        min_tensor_bytes=1024)

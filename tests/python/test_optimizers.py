@@ -433,6 +433,46 @@ def test_step_in_backward_refuses_a_loop_it_would_change(tmp_path, case, message
             assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_a_step_that_fails_in_backward_keeps_its_updates_and_the_next_step_runs(tmp_path):
+    # The body fails halfway through the backward (an exception from a hook on the first layer's
+    # output, after the later layers' parameters were updated): the exception says how many
+    # updates were made and that they stay, and the next step runs normally, without a "second
+    # gradient" error for the parameters the failed step updated.
+    class Stop(Exception):
+        pass
+
+    with session(tmp_path) as s:
+        torch.manual_seed(0)
+        model = deep_mlp()
+        opt = OPTIMIZERS["adamw-foreach"](model.parameters())
+        s.watch(model, opt, step_in_backward=True)
+        data = batches(4)
+        for i, (x, y) in enumerate(data):
+            fail = i == 2
+            try:
+                with s.step():
+                    opt.zero_grad()
+                    h = model[0](x)
+                    if fail:
+                        h.register_hook(lambda g: (_ for _ in ()).throw(Stop("from the backward")))
+                    loss = torch.nn.functional.cross_entropy(model[1:](h), y)
+                    before = [p.detach().clone() for p in model.parameters()]
+                    loss.backward()
+                    opt.step()
+                assert not fail
+            except Stop as e:
+                assert fail
+                notes = " ".join(getattr(e, "__notes__", []))
+                after = [p.detach().clone() for p in model.parameters()]
+                changed = sum(not torch.equal(a, b) for a, b in zip(before, after))
+                assert 0 < changed < 14, changed
+                if hasattr(e, "add_note"):
+                    assert f"had already updated {changed} parameter(s)" in notes, notes
+        assert opt._teraio_splitter.backward_updates == 14, "the last step updated all in backward"
+        with s.resident():
+            assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 def test_step_in_backward_needs_a_per_parameter_optimizer(tmp_path):
     model = torch.nn.Linear(4, 4)
     with session(tmp_path) as s:
