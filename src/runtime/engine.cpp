@@ -513,15 +513,35 @@ bool Engine::recompute_locked(Entry& e, bool urgent, std::span<const LogicalId> 
   keep.insert(keep.end(), ins.begin(), ins.end());
   std::vector<Entry*> pinned;
   std::string why;
+  const Entry* unread = nullptr;  // an input that could not be read back for now
   for (LogicalId id : ins) {
     Entry* in = find(id);
     if (!in || in->loc == Location::kUnbound) continue;  // not tracked: held by the recipe itself
     if (!make_usable_locked(*in, keep)) {
       why = fmt::format("its input {} could not be made usable", name_locked(*in));
+      if (in->loc != Location::kLost) unread = in;
       break;
     }
     in->pins++;
     pinned.push_back(in);
+  }
+  if (unread) {
+    // Note [Recomputes that wait for a read]: the input's read failed for now (its bytes are still
+    // in the tier and its next use reads it again; the step raises that fault). The tensor is not
+    // lost: it stays dropped with its recipe, refusing every access with this message until a
+    // recompute succeeds (Note [Refused tensors]). Losing it for a passing fault would turn a
+    // read error into a reported loss, at the next use or at close, where nothing was lost.
+    const std::string msg = fmt::format(
+        "teraio: {} could not be recomputed for now: its input {} could not be read back (the next "
+        "use tries again)",
+        name_locked(e), name_locked(*unread));
+    if (e.memory->refuse(msg)) {  // else (a binding that cannot undo it) the tensor is lost below
+      for (Entry* in : pinned) in->pins--;
+      e.recomputing = false;
+      faults_.push_back(Fault{e.id, false, true, EIO, msg});
+      event("recompute-deferred", e);
+      return false;
+    }
   }
   if (why.empty()) why = e.recipe->stale();
   if (why.empty()) {

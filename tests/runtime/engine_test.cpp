@@ -942,6 +942,46 @@ TEST_F(EngineFaultTest, ReadsOfKeptCopiesFailLoudlyAndRecover) {
   EXPECT_EQ(e->stats().bytes_offloaded, 10000u) << "written once, in all";
 }
 
+// Note [Recomputes that wait for a read]: a dropped tensor whose input cannot be read back for now
+// is not lost: it refuses access with a message naming the input, the fault is a read (not a loss),
+// and once the read succeeds the recompute makes the same bytes.
+TEST_F(EngineFaultTest, ARecomputeWhoseInputCannotBeReadForNowIsNotLost) {
+  auto e = make_faulty(0);
+  auto x = make_tensor(8192, 1), w = make_tensor(4096, 2);
+  e->bind(0, std::make_unique<FakeMemory>(x));
+  e->bind(1, std::make_unique<FakeMemory>(w));
+  auto xs = std::make_shared<test::RecipeState>();
+  e->set_recipe(0, std::make_unique<test::FakeRecipe>(std::vector<LogicalId>{1}, std::vector{w}, xs));
+  Plan plan;
+  plan.tiers = {{"file", 4 << 20, 1, 1}};
+  plan.moves = {{0, MoveOp::recompute, 0, 0, 3}};
+  e->set_plan(plan, 4);
+  e->before_operator(0);
+  e->after_operator(0);
+  ASSERT_EQ(e->location(0), Location::kDropped);
+  ASSERT_TRUE(e->offload(1, 0));
+  e->finish_offload(1);
+  fail(storage::Direction::kRead, EIO, 100);  // more than the retries: w stays out for now
+  const LogicalId ids[] = {0};
+  e->begin_use(ids);  // x used early: its recompute needs w
+  e->end_use(ids);
+  EXPECT_EQ(e->location(0), Location::kDropped) << "not lost: w's bytes are still in the tier";
+  EXPECT_TRUE(x->lost.empty()) << x->lost;
+  EXPECT_NE(x->refused.find("could not be recomputed for now: its input"), std::string::npos) << x->refused;
+  const std::vector<Fault> f = e->take_faults();
+  ASSERT_FALSE(f.empty());
+  for (const Fault& fault : f) EXPECT_FALSE(fault.lost) << fault.message;
+  EXPECT_EQ(e->stats().lost_tensors, 0u);
+  faulty_->clear_faults();
+  e->begin_use(ids);  // the fault has cleared: w comes back, x is made again
+  e->end_use(ids);
+  EXPECT_TRUE(test::intact(*x));
+  EXPECT_TRUE(x->refused.empty());
+  EXPECT_EQ(xs->runs, 1);
+  EXPECT_EQ(e->stats().lost_tensors, 0u);
+  EXPECT_TRUE(e->take_faults().empty());
+}
+
 TEST_F(EngineFaultTest, AFailedWriteKeepsTheTensorResidentAndIsReportedWithItsName) {
   auto e = make_faulty(0);
   e->set_namer([](LogicalId id) { return id == 0 ? std::string("layers.0.weight") : std::string(); });
