@@ -189,6 +189,47 @@ def _resize_with_session(self, size):
     return _storage_resize(self, size)
 
 
+# Note [Compiled graphs]: torch.compile's inductor backend runs generated kernels (C++ on the CPU,
+# Triton on CUDA) that read and write tensors through raw pointers, outside PyTorch's dispatcher:
+# the Session sees neither those uses nor the buffers the graph allocates, so its plan may free or
+# move a tensor such a kernel then reads (on the CPU a tiny MLP under torch.compile crashed the
+# process with a segmentation fault once a tensor was offloaded). While a Session is open, calling
+# an inductor graph raises teraio.Error instead, before it runs. backend="aot_eager" runs its graphs
+# through the dispatcher and trains bitwise as eager (tests/python/test_api.py).
+_COMPILED_MESSAGE = (
+    "teraio: a graph compiled by torch.compile's inductor backend ran while a teraio.Session is "
+    "open. Its generated kernels read and write tensors through raw pointers, outside PyTorch's "
+    "dispatcher, where teraio can neither see those uses nor bring an offloaded tensor back (they "
+    "would read freed memory). Under a Session compile with torch.compile(..., "
+    "backend=\"aot_eager\") (its graphs run through the dispatcher, bitwise as eager) or leave the "
+    "model uncompiled (docs/pytorch.md, \"torch.compile\")")
+_compiled_calls = {}  # inductor's graph class -> its own __call__, while a guard replaces it
+
+
+def _guard_compiled_graphs():
+    try:
+        from torch._inductor import output_code
+    except Exception:  # no inductor in this build: nothing can be compiled with it
+        return
+    for cls in (getattr(output_code, "CompiledFxGraph", None), getattr(output_code, "CompiledAOTI", None)):
+        if cls is None or cls in _compiled_calls:
+            continue
+        own = cls.__dict__.get("__call__")
+        if own is None:
+            continue
+
+        def guarded(self, *args, **kwargs):
+            raise Error(_COMPILED_MESSAGE)
+        _compiled_calls[cls] = own
+        cls.__call__ = guarded
+
+
+def _unguard_compiled_graphs():
+    for cls, own in _compiled_calls.items():
+        cls.__call__ = own
+    _compiled_calls.clear()
+
+
 def _session_opened():
     global _open_sessions
     _open_sessions += 1
@@ -196,6 +237,7 @@ def _session_opened():
         torch.save = _save_with_hint
     if torch.UntypedStorage.resize_ is _storage_resize:
         torch.UntypedStorage.resize_ = _resize_with_session
+    _guard_compiled_graphs()
 
 
 def _session_closed():
@@ -205,6 +247,8 @@ def _session_closed():
         torch.save = _torch_save
     if _open_sessions == 0 and torch.UntypedStorage.__dict__.get("resize_") is _resize_with_session:
         del torch.UntypedStorage.resize_  # PyTorch's own again (inherited from torch._C.StorageBase)
+    if _open_sessions == 0:
+        _unguard_compiled_graphs()
 
 
 # How the Session's advice for an operator over a whole group of tensors begins (group_hint in

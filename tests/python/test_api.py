@@ -176,3 +176,54 @@ def test_profile_says_how_operators_were_timed(tmp_path):
     # Host times go into the trace only where the kernel times are the device's (CUDA): on CPU
     # the host clock's time is the kernel time, and a host lane would count it twice.
     assert not any("host_us" in k for k in t["kernels"])
+
+
+# --- torch.compile (Note [Compiled graphs] in python/teraio/__init__.py) -----------------------
+
+def _compiled_mlp(backend):
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128),
+                                torch.nn.GELU(), torch.nn.Linear(128, 10))
+        m.forward = torch.compile(m.forward, backend=backend)
+        return m
+    return make
+
+
+def _mlp_batch(g):
+    return (torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g))
+
+
+def test_aot_eager_compiled_model_trains_bitwise_under_a_session():
+    from conftest import assert_bitwise, train
+    torch._dynamo.reset()
+    ref = train(_compiled_mlp("aot_eager"), _mlp_batch, 5)
+    with teraio.Session(budget="200KiB", tiers=[teraio.HostTier("8MiB")], min_tensor_bytes=1024) as s:
+        got = train(_compiled_mlp("aot_eager"), _mlp_batch, 5, session=s)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["bytes_offloaded"] > 0, st
+        with s.resident():
+            assert_bitwise(ref, got)
+
+
+def test_an_inductor_graph_under_a_session_is_a_clear_error_not_a_crash():
+    # Inductor's kernels read tensors by raw pointer: under a Session (here with dead tensors kept,
+    # where an offloaded one crashed the process) the graph must not run at all.
+    torch._dynamo.reset()
+    model = _compiled_mlp("inductor")()
+    x = torch.randn(32, 64)
+    try:
+        model(x)  # compiles (a C++ compiler is needed) and runs outside any Session
+    except Exception as e:  # pragma: no cover - a machine that cannot compile
+        pytest.skip(f"inductor cannot compile here: {e}")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    with teraio.Session(budget="200KiB", tiers=[teraio.HostTier("8MiB")], min_tensor_bytes=1024,
+                        discard_dead=False) as s:
+        s.watch(model, opt)
+        for _ in range(3):
+            with pytest.raises(teraio.Error, match=r'backend="aot_eager"'):
+                with s.step():
+                    torch.nn.functional.cross_entropy(model(x), torch.zeros(32, dtype=torch.long)).backward()
+                    opt.step()
+                    opt.zero_grad()
+    assert torch.isfinite(model(x)).all(), "the Session closed: the compiled graph runs again"
