@@ -192,6 +192,13 @@ class _Splitter:
         name = name_of(p) if name_of is not None else None
         return name or f"parameter of shape {tuple(p.shape)}"
 
+    def forget_stepped(self) -> int:
+        """Forgets the parameters stepped in backward since the last step() (their updates stay
+        made) and the group values seen then; returns how many parameters there were."""
+        n = len(self.stepped)
+        self.stepped, self.values = {}, {}
+        return n
+
     def _index_groups(self, opt) -> None:
         self.group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
 
@@ -201,7 +208,7 @@ class _Splitter:
             for handle in self.hooks.values():
                 handle.remove()
             self.hooks = {}
-            self.stepped, self.values = {}, {}
+            self.forget_stepped()
             self.backward_updates = 0
             return
         self._index_groups(opt)
@@ -225,7 +232,7 @@ class _Splitter:
         from . import Error
         if id(p) in self.stepped:
             # The loop is not one this mode fits: start over at its next optimizer.step().
-            self.stepped, self.values = {}, {}
+            self.forget_stepped()
             raise Error(
                 f"teraio: '{self._param_name(p)}' got a second gradient before "
                 f"optimizer.step(): with Session.watch(..., step_in_backward=True) each backward "
@@ -362,11 +369,7 @@ def _abort_step(optimizer) -> int:
     """A step failed (Session.step()'s body raised): the parameters this optimizer updated in its
     backward are forgotten, their updates staying made; returns how many there were."""
     splitter = _unwrap(optimizer).__dict__.get("_teraio_splitter")
-    if splitter is None:
-        return 0
-    n = len(splitter.stepped)
-    splitter.stepped, splitter.values = {}, {}
-    return n
+    return 0 if splitter is None else splitter.forget_stepped()
 
 
 def _uninstall(optimizer, session) -> None:
