@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 43's device calls (issues 15, 16), one part per call (each under 10 minutes):
-#   first   on an H200 the Llama-3-8B shape as a user runs it (bench/h200_call36.sh 8b-teraio, 13
+#   first   on an H200 the Llama-3-8B shape as a user runs it (bench/h200_call36.sh 8b-teraio, fused
+#           AdamW unless ADAMW_8B=loop (docs/pytorch.md: fused with steps in backward), 16
 #           warm-up steps so that the Session plans again once the host's numbers settle); on any
 #           other GPU the llama-1b autocast A/B's default runs at 1/2 and 1/4 (bench/call37.sh, 13
 #           warm-up steps): plan_variant should end in "planned again ..., kept: ..." where a plan

@@ -351,7 +351,7 @@ real)
   bench teraio-host-8b-amp 540 --system teraio "${a8[@]}" --budget 110GiB --tiers host --host-gib 96 \
     --host-gbps 0 --trace-out "$R/trace-teraio-host-8b-amp.json" --plan-out "$R/plan-teraio-host-8b-amp.json"
   bench teraio-host-inbwd-8b-amp 540 --system teraio "${a8[@]}" --budget 110GiB --tiers host --host-gib 96 \
-    --host-gbps 0 --step-in-backward --trace-out "$R/trace-teraio-host-inbwd-8b-amp.json" \
+    --host-gbps 0 --step-in-backward --adamw "${ADAMW_8B:-fused}" --trace-out "$R/trace-teraio-host-inbwd-8b-amp.json" \
     --plan-out "$R/plan-teraio-host-inbwd-8b-amp.json"
   bench teraio-host130-inbwd-8b-amp 540 --system teraio "${a8[@]}" --budget 130GiB --tiers host --host-gib 96 \
     --host-gbps 0 --step-in-backward --trace-out "$R/trace-teraio-host130-inbwd-8b-amp.json" \
