@@ -29,7 +29,8 @@ namespace teraio::offload {
 // cache hit: nothing is planned); else, when the whole iteration was recorded (the drift was seen
 // at an operator), that iteration is the new shape's profile and is planned at once; else the
 // next step is profiled and then planned. A plan that cannot be made (a budget that leaves nothing
-// for tensors, a planner error) makes the mode reactive for good: steps run on the budget alone.
+// for tensors, an operator larger than the budget, a planner error) leaves that shape unplanned:
+// Note [A shape that cannot be planned].
 // With planning off the mode stays profiling (reported as reactive): traces are still written.
 // A planned step whose plan has no moves is fast: operators only advance the index and check the
 // signature, lock-free, with lean hooks (inputs only), until a drift.
@@ -507,6 +508,23 @@ void Controller::begin_step(StepBinding& binding) {
   }
 }
 
+// Note [A shape that cannot be planned]: a plan is made per iteration signature (the operators'
+// names and input shapes), and one shape can fail where the others plan: a batch of longer
+// sequences whose attention kernel alone is larger than the budget, or whose workspaces leave
+// nothing for tensors. Such a failure used to make the whole Session reactive for good, so one
+// long batch in a run of variable-length ones (a DataLoader without padding to a fixed length)
+// slowed every later step. Now the failure is the shape's alone: its signature is remembered
+// (unplannable_) and never planned again, the error is raised once at the end of that step (the
+// step's results stand), and
+//   - after a drift, the plan installed before stays: the next step of its shape runs it (or starts
+//     another cached plan: Note [A step that starts as another cached plan]), a step of the failed
+//     shape drifts and runs reactively;
+//   - otherwise (the first shape of the Session) the mode is reactive; at the end of a reactive step
+//     a cached plan of its shape is installed, and a shape neither planned nor failed has its next
+//     step profiled and then planned. A profiled step of a failed shape stays in profiling mode, so
+//     that the next step of another shape plans.
+// Steps of a failed shape that are larger than the budget still raise their own error each time
+// (an operator larger than the budget: Note [Budget policy]).
 StepErrors Controller::end_step(StepBinding& binding) {
   TERAIO_CHECK(in_step(), "Session.step(): no step is running");
   collect_faults(true);
@@ -516,6 +534,8 @@ StepErrors Controller::end_step(StepBinding& binding) {
   last_operators_ = ops_run;
   fast_.store(false, std::memory_order_relaxed);
   const uint64_t sig = iter_sig_.load();
+  bool planning = false;  // a plan is being made for this step's shape
+  const CachedPlan* const drifted_from = active_;
   try {
     if (mode_ == Mode::kPlanned && !iteration_reactive_ &&
         ops_run != active_->schedule->operators.size()) {
@@ -552,27 +572,58 @@ StepErrors Controller::end_step(StepBinding& binding) {
       note_link_in_use();
       replan_for_host();
     }
+    const auto cached = options_.planning ? cache_.find(sig) : cache_.end();
+    const bool unplannable = unplannable_.contains(sig);
     if (mode_ == Mode::kProfiling) {
       profiled_++;
-      make_and_install_plan(sig, /*force=*/false, binding);
+      if (cached != cache_.end()) {
+        install(&cached->second);  // a shape planned before (after a drift recorded in part)
+      } else if (!unplannable) {
+        planning = true;
+        make_and_install_plan(sig, /*force=*/false, binding);
+      }
     } else if (mode_ == Mode::kPlanned && iteration_reactive_) {
-      auto it = cache_.find(sig);
-      if (it != cache_.end()) {
-        install(&it->second);
+      if (cached != cache_.end()) {
+        install(&cached->second);
+      } else if (unplannable) {
+        // the plan installed stays, for the next step of its shape
       } else if (recorder_.operators().size() == ops_run) {
+        planning = true;
         make_and_install_plan(sig, /*force=*/true, binding);  // the new shape's profile
       } else {
         uninstall(Mode::kProfiling);  // profile the next iteration, then plan it
         profiled_ = std::max(0, options_.profiling_iterations - 1);
       }
+    } else if (mode_ == Mode::kReactive) {
+      if (cached != cache_.end()) {
+        install(&cached->second);
+      } else if (!unplannable) {
+        uninstall(Mode::kProfiling);  // a shape not tried yet: profile its next step, then plan it
+        profiled_ = std::max(0, options_.profiling_iterations - 1);
+      }
     }
   } catch (const std::exception& e) {
     // After the step's operators: its results stand (docs/pytorch.md, "Modes": reactive).
-    note_error(fmt::format("{}. The step ran and its results stand; the Session runs the next steps "
-                           "reactively (each tensor brought back when an operator needs it, without a plan: "
-                           "slower)",
-                           e.what()));
-    uninstall(Mode::kReactive);
+    if (planning && !cache_.contains(sig)) unplannable_.insert(sig);
+    // A drift's new shape that cannot be planned: the plan installed before stays, for its own
+    // shape (unless the failure came while another was being installed).
+    if (planning && mode_ == Mode::kPlanned && active_ == drifted_from && active_) {
+      plan_variant_ = active_->variant;
+      predict_active();
+    } else {
+      uninstall(Mode::kReactive);
+    }
+    std::string what = fmt::format(
+        "{}. The step ran and its results stand; {} (each tensor brought back when an operator needs "
+        "it, without a plan: slower){}",
+        e.what(),
+        planning ? "the next steps of this shape run reactively" : "the next steps run reactively",
+        !planning         ? ""
+        : cache_.empty() ? "; a step of another shape is profiled and planned"
+                          : fmt::format("; steps of other shapes run their plans ({} cached)", cache_.size()));
+    // An operator larger than the budget is the step's error; the plan's failure is said after it.
+    if (!step_need_error_.empty()) step_need_hint_ += ". No plan was made for this step's shape: " + what;
+    note_error(what);
   }
   try {
     engine_.poll();

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "budget.h"
@@ -266,6 +267,9 @@ class Controller {
   std::atomic<uint64_t> iter_sig_{0};  // running hash of this iteration's operator signatures
   std::unordered_map<uint64_t, CachedPlan> cache_;  // by iteration signature
   const CachedPlan* active_ = nullptr;
+  // Iteration signatures whose plan could not be made: their steps run reactively, without planning
+  // again (Note [A shape that cannot be planned]).
+  std::unordered_set<uint64_t> unplannable_;
 
   uint64_t drift_events_ = 0;
   uint64_t plan_switches_ = 0;  // Note [A step that starts as another cached plan]

@@ -208,6 +208,13 @@ class ControllerTest : public ::testing::Test {
     ops.insert(ops.begin() + 1, FakeOp{"extra", {"a1"}, {{"x", 16 << 10}}});
     return ops;
   }
+  // The model with an operator of 576 KiB after its first (another shape, which no plan at
+  // kTight fits: a batch of long sequences among short ones).
+  static std::vector<FakeOp> oversized_model() {
+    std::vector<FakeOp> ops = model();
+    ops.insert(ops.begin() + 1, FakeOp{"big", {"a1"}, {{"b", 512 << 10}}});
+    return ops;
+  }
   // Every persistent tensor holds its bytes once everything is brought back.
   bool persistent_intact() {
     engine_->fetch_all();
@@ -718,7 +725,7 @@ TEST_F(ControllerTest, OperatorLargerThanTheBudgetIsReportedWithWhatItNeeds) {
   EXPECT_TRUE(persistent_intact()) << "a violation runs the operator anyway";
 }
 
-TEST_F(ControllerTest, UntrackedMemoryThatLeavesNothingMakesTheModeReactive) {
+TEST_F(ControllerTest, UntrackedMemoryThatLeavesNothingMakesThatShapeReactive) {
   start(kTight);
   run(model());
   ctl_->begin_step(b_);
@@ -732,8 +739,76 @@ TEST_F(ControllerTest, UntrackedMemoryThatLeavesNothingMakesTheModeReactive) {
   EXPECT_EQ(ctl_->plans_cached(), 0u);
   // The untracked bytes stay what was measured: every operator now exceeds the budget.
   EXPECT_NE(run(model()).find("device memory used outside tracked tensors"), std::string::npos);
-  EXPECT_EQ(ctl_->mode(), Mode::kReactive) << "for good";
   EXPECT_EQ(ctl_->budget().untracked_bytes, kTight) << "measured in profiled steps only";
+  // Note [A shape that cannot be planned]: the failure was the empty step's shape; the model's
+  // shape is profiled (its untracked bytes measured afresh) and planned.
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling);
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(ctl_->budget().untracked_bytes, 0u);
+  ctl_->begin_step(b_);  // the failed shape again: reactive, not planned again
+  EXPECT_EQ(ctl_->end_step(b_).error, "");
+  EXPECT_EQ(ctl_->plans_cached(), 1u);
+  EXPECT_TRUE(engine_->has_plan()) << "the model's plan stays installed";
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+}
+
+// Note [A shape that cannot be planned]: a drift to a shape whose plan cannot be made raises its
+// error once; the plan of the other shape stays and its steps run planned, within the budget.
+TEST_F(ControllerTest, AShapeThatCannotBePlannedLeavesTheOtherShapesPlanned) {
+  start(kTight);
+  run(model());
+  run(model());
+  ASSERT_EQ(ctl_->mode(), Mode::kPlanned);
+  const std::string err = run(oversized_model());
+  EXPECT_NE(err.find("kernel 1 (big) alone touches 576.0 KiB"), std::string::npos) << err;
+  EXPECT_NE(err.find("The step ran and its results stand; the next steps of this shape run "
+                     "reactively"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("; steps of other shapes run their plans (1 cached)"), std::string::npos) << err;
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(ctl_->plans_cached(), 1u);
+  const uint64_t drifts = stats().drift_events;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(run(model()), "") << i;
+    EXPECT_EQ(stats().mode, "planned") << i;
+    EXPECT_EQ(stats().drift_events, drifts) << "the model's plan stayed installed";
+    EXPECT_LE(stats().step_peak_resident_bytes, kTight) << i;
+  }
+  // Not planned again (that would raise the planner's error again); reactive, its outputs past the
+  // budget until the operator's end (docs/pytorch.md, "Budget").
+  EXPECT_EQ(run(oversized_model()), "");
+  EXPECT_EQ(ctl_->plans_cached(), 1u);
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(stats().mode, "planned");
+  EXPECT_TRUE(persistent_intact());
+}
+
+// The same when the Session's first shape is the one that cannot be planned: reactive, then the
+// next shape is profiled and planned, also when a step of the failed shape comes between.
+TEST_F(ControllerTest, AFirstShapeThatCannotBePlannedLetsTheNextShapesPlan) {
+  start(kTight);
+  run(oversized_model());
+  EXPECT_NE(run(oversized_model()).find("(big)"), std::string::npos);
+  EXPECT_NE(ctl_->last_error().find("a step of another shape is profiled and planned"), std::string::npos)
+      << ctl_->last_error();
+  EXPECT_EQ(ctl_->mode(), Mode::kReactive);
+  run(oversized_model());
+  EXPECT_EQ(ctl_->mode(), Mode::kReactive) << "not profiled again";
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling) << "a new shape: its next step is profiled";
+  run(oversized_model());
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling) << "the failed shape in between: still profiling";
+  EXPECT_EQ(run(model()), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(ctl_->plans_cached(), 1u);
+  run(oversized_model());
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(run(model()), "");
+  EXPECT_LE(stats().step_peak_resident_bytes, kTight);
+  EXPECT_TRUE(persistent_intact());
 }
 
 TEST_F(ControllerTest, UntrackedMemoryIsMeasuredAfreshInProfiledStepsAndLowersThePlanBudget) {

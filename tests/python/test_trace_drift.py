@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import teraio
-from conftest import assert_bitwise, train
+from conftest import assert_bitwise, step, train
 from test_bitwise import mlp, mlp_batch
 
 
@@ -116,6 +116,43 @@ def test_a_step_of_a_cached_shape_runs_its_plan_from_its_first_operator(tmp_path
         assert drifts == drifts_at_4, seen
         assert peak <= st["budget_bytes"], seen
     assert seen[-1][2] - seen[3][2] == 8, seen  # steps 4-11 each began as the other shape
+
+
+def test_a_shape_larger_than_the_budget_leaves_the_other_shapes_planned(tmp_path):
+    """One batch far longer than the rest (variable-length data): its operators alone exceed the
+    budget, so no plan can be made for its shape. That step raises teraio.Error saying so once and
+    its results stand; the steps of the usual shape keep running their plan (they used to run
+    reactively for the rest of the Session), a later long batch raises only its own budget error,
+    and training is bitwise that of a run without teraio."""
+    g = torch.Generator().manual_seed(1)
+    sizes = [32] * 5 + [1024] + [32] * 4 + [1024] + [32] * 2
+    batches = [(torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)) for n in sizes]
+    ref = train(mlp, None, len(sizes), batches=batches)
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    errors, modes, losses = {}, [], []
+    with teraio.Session(budget="200KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
+                        min_tensor_bytes=1024) as s:
+        s.watch(model, opt)
+        for i, batch in enumerate(batches):
+            try:
+                with s.step():
+                    losses.append(step(model, opt, batch).detach().clone())
+            except teraio.Error as e:
+                errors[i] = str(e)
+            modes.append(s.stats()["mode"])
+        st = s.stats()
+        s.fetch_all()
+        assert sorted(errors) == [5, 10], errors
+        assert "the step needs a budget of at least" in errors[5], errors[5]
+        assert "No plan was made for this step's shape" in errors[5], errors[5]
+        assert "the next steps of this shape run reactively" in errors[5], errors[5]
+        assert "No plan was made" not in errors[10], errors[10]  # not planned again
+        assert "the step needs a budget of at least" in errors[10], errors[10]
+        assert modes[2:] == ["planned"] * (len(sizes) - 2), modes
+        assert st["plans_cached"] == 1, st
+        assert_bitwise(ref, (losses, model, opt))
 
 
 def test_checkpoint_while_offloaded_is_identical(tmp_path):
