@@ -203,6 +203,7 @@ struct SessionStats {
   uint64_t writebacks_taken_over = 0;  // offloads that took over their writeback's running copy
   uint64_t drift_events = 0;
   uint64_t plan_switches = 0;  // steps whose first operator started another cached plan
+  uint64_t steps_on_larger_plans = 0;  // steps of a shape without a plan run on a larger shape's
   uint64_t urgent_fetches = 0;
   uint64_t evictions = 0;
   uint64_t operators = 0;        // operators of the last step
@@ -307,6 +308,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("writebacks_taken_over", &S::writebacks_taken_over, K::kCounter);
   f("drift_events", &S::drift_events, K::kCounter);
   f("plan_switches", &S::plan_switches, K::kCounter);
+  f("steps_on_larger_plans", &S::steps_on_larger_plans, K::kCounter);
   f("urgent_fetches", &S::urgent_fetches, K::kCounter);
   f("evictions", &S::evictions, K::kCounter);
   f("operators", &S::operators, K::kGauge);

@@ -23,7 +23,9 @@ namespace teraio::offload {
 // the mode becomes planned. A planned step runs the schedule at operator starts and ends, checking
 // each operator's signature against the profile's:
 //   - a mismatch at operator k is a drift: the rest of the iteration runs reactively and is
-//     recorded, the operators before k being the plan's own (spliced in from its profile);
+//     recorded, the operators before k being the plan's own (spliced in from its profile), unless
+//     the plan's operator covers it (same operator and ranks, no dimension larger: Note [Smaller
+//     shapes on a larger shape's plan]);
 //   - an iteration that ends early or late is a drift too (at its end).
 // At the end of a drifted step: a plan cached for the new iteration signature is installed (a
 // cache hit: nothing is planned); else, when the whole iteration was recorded (the drift was seen
@@ -474,6 +476,8 @@ void Controller::begin_step(StepBinding& binding) {
   op_counter_ = 0;
   iter_sig_ = 0;
   recorder_.begin_iteration(iteration_);
+  step_shapes_.clear();
+  step_within_ = false;
   iteration_reactive_ = false;
   step_hook_us0_ = binding.runner_host_us();
   step_stall_us0_ = engine_.stats().stall_us;
@@ -542,7 +546,9 @@ StepErrors Controller::end_step(StepBinding& binding) {
       iteration_reactive_ = true;  // the iteration ended early or late: drift
       drift_events_++;
     }
-    if (mode_ == Mode::kPlanned && !iteration_reactive_ && active_) {
+    if (mode_ == Mode::kPlanned && !iteration_reactive_ && step_within_) {
+      steps_on_larger_plans_++;  // Note [Smaller shapes on a larger shape's plan]: not measured
+    } else if (mode_ == Mode::kPlanned && !iteration_reactive_ && active_) {
       const double hook_us = binding.runner_host_us() - step_hook_us0_;
       const double stall_us = engine_.stats().stall_us - step_stall_us0_;
       // the recomputes run inside the callbacks: priced apart (Note [The recomputes' host time])
@@ -587,7 +593,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
         install(&cached->second);
       } else if (unplannable) {
         // the plan installed stays, for the next step of its shape
-      } else if (recorder_.operators().size() == ops_run) {
+      } else if (recorder_.operators().size() == ops_run && !step_within_) {
         planning = true;
         make_and_install_plan(sig, /*force=*/true, binding);  // the new shape's profile
       } else {
@@ -666,6 +672,7 @@ void Controller::note_drift(uint32_t k, StepBinding& binding) {
   std::vector<uint64_t> sigs(n);
   for (size_t i = 0; i < n; ++i) sigs[i] = planned[i].signature;
   recorder_.splice(std::span(active_->ops).first(n), sigs);
+  step_shapes_.assign_first(active_->shapes, n);
 }
 
 bool Controller::try_fast(uint64_t signature, uint32_t* k) {
@@ -680,8 +687,44 @@ bool Controller::try_fast(uint64_t signature, uint32_t* k) {
   return false;
 }
 
-void Controller::drift_at(uint32_t k, uint64_t signature, StepBinding& binding) {
-  if (fast() && !switch_plan_at_start(k, signature, binding)) note_drift(k, binding);
+bool Controller::drift_at(uint32_t k, uint64_t signature, const OperatorShape& shape,
+                          StepBinding& binding) {
+  if (!fast()) return false;
+  if (within_active(k, shape)) {  // the lock-free path goes on
+    op_counter_.store(k + 1, std::memory_order_relaxed);
+    iter_sig_.store(mix(iter_sig_.load(std::memory_order_relaxed), signature),
+                    std::memory_order_relaxed);
+    return true;
+  }
+  if (!switch_plan_at_start(k, signature, shape, binding)) note_drift(k, binding);
+  return false;
+}
+
+// Note [Smaller shapes on a larger shape's plan]: a loop whose batches vary in length (dynamic
+// padding, the Hugging Face collators' default: each batch padded to its longest sequence) makes
+// a new iteration signature at almost every step, and each new one drifted, ran reactively (slower,
+// and past the budget by up to an operator's outputs), was recorded and had a plan made for it:
+// bench's manyshapes loop (HF-like Llama, 40 lengths in 60 steps) ran 3.4x slower than without a
+// Session on the CPU. A plan made for a shape is also valid for any step with the same operators
+// on inputs no larger, dimension by dimension: the same tensors live and die at the same
+// operators, each no larger than the plan counted it, so the plan's moves keep the step within the
+// budget (they move the bytes the tensors have, fewer), and room made for an operator's outputs is
+// the profile's, at least what they take. Each operator's shape (OperatorShape: a form hashing its
+// name and its input tensors' ranks and dtypes, and their dims) is kept with the plan; an operator
+// whose signature differs from the plan's but whose form is the same and whose dims are no larger
+// than the plan's (OperatorShapes::covers) runs as planned. At a step's first operator, the
+// smallest cached plan that covers it is chosen when no plan has its exact signature (Note [A step
+// that starts as another cached plan]); a later operator that the plan does not cover is a drift
+// as before, and since the operators spliced in from the plan then have the plan's shapes, not the
+// step's, the step's recording is not planned: the next step is profiled instead. A step of a new
+// shape that is covered is not planned at all (its plan would move fewer bytes, but planning and a
+// reactive step cost more than it saves when shapes rarely repeat); its time does not count in
+// the measurements of the plan's own steps (host scale, runner time, trials), which it would skew.
+// Counted in steps_on_larger_plans.
+bool Controller::within_active(uint32_t k, const OperatorShape& shape) {
+  if (!active_ || !active_->shapes.covers(k, shape)) return false;
+  step_within_ = true;
+  return true;
 }
 
 // Note [A step that starts as another cached plan]: the plan installed for a step is the one
@@ -695,7 +738,8 @@ void Controller::drift_at(uint32_t k, uint64_t signature, StepBinding& binding) 
 // there and the persistent tensors are put where it starts; the step runs it as planned. Counted
 // in plan_switches, not as a drift. Several plans may share a first operator: the one cached under
 // the smallest signature is taken, and a later mismatch is a drift as before.
-bool Controller::switch_plan_at_start(uint32_t k, uint64_t signature, StepBinding& binding) {
+bool Controller::switch_plan_at_start(uint32_t k, uint64_t signature, const OperatorShape& shape,
+                                      StepBinding& binding) {
   if (k != 0 || mode_ != Mode::kPlanned || iteration_reactive_) return false;
   const CachedPlan* found = nullptr;
   uint64_t found_sig = 0;
@@ -708,7 +752,24 @@ bool Controller::switch_plan_at_start(uint32_t k, uint64_t signature, StepBindin
       found_sig = sig;
     }
   }
-  if (!found) return false;
+  if (!found) {
+    // Note [Smaller shapes on a larger shape's plan]: the smallest plan that covers the operator,
+    // the installed one included (it stays when it is that plan).
+    int64_t best = 0;
+    for (const auto& [sig, slot] : cache_) {
+      const bool usable = &slot == active_ || (slot.schedule && slot.schedule->moves > 0);
+      if (!usable || !slot.shapes.covers(0, shape)) continue;
+      const int64_t extent = slot.shapes.extent(0);
+      if (!found || extent < best || (extent == best && sig < found_sig)) {
+        found = &slot;
+        found_sig = sig;
+        best = extent;
+      }
+    }
+    if (!found) return false;
+    step_within_ = true;
+    if (found == active_) return true;
+  }
   install(found);
   binding.use_lean_hooks(false);
   plan_switches_++;
@@ -720,7 +781,8 @@ bool Controller::switch_plan_at_start(uint32_t k, uint64_t signature, StepBindin
   return true;
 }
 
-void Controller::begin_operator(uint32_t k, uint64_t signature, const char* name,
+void Controller::begin_operator(uint32_t k, uint64_t signature, const OperatorShape& shape,
+                                const char* name,
                                 std::span<const LogicalId> ids, uint64_t own_bytes, bool collective,
                                 bool* violation, StepBinding& binding) {
   iter_sig_.store(mix(iter_sig_.load(std::memory_order_relaxed), signature),
@@ -729,12 +791,17 @@ void Controller::begin_operator(uint32_t k, uint64_t signature, const char* name
     const std::vector<runtime::Schedule::Operator>& planned = active_->schedule->operators;
     if (k < planned.size() && planned[k].signature == signature)
       engine_.before_operator(k, ids);
-    else if (switch_plan_at_start(k, signature, binding))
-      engine_.before_operator(k, ids);  // the plan installed now
+    else if (k > 0 && within_active(k, shape))
+      engine_.before_operator(k, ids);  // Note [Smaller shapes on a larger shape's plan]
+    else if (switch_plan_at_start(k, signature, shape, binding))
+      engine_.before_operator(k, ids);  // the plan installed now, or the active one covers it
     else
       note_drift(k, binding);
   }
-  if (recording()) recorder_.add_signature(signature);
+  if (recording()) {
+    recorder_.add_signature(signature);
+    step_shapes_.add(shape);
+  }
   engine_.begin_use(ids);
   collect_faults();
   if (collective)
@@ -894,6 +961,8 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   cp.variant = plan_variant_;
   cp.ops = recorder_.take_operators();
   cp.predicted_us = plan_predicted_us_;
+  if (step_shapes_.size() == cp.ops.size()) cp.shapes = std::move(step_shapes_);  // else none cover
+  step_shapes_.clear();
   cp.plan = std::make_shared<const Plan>(std::move(plan));
   cp.trace = std::make_shared<const Trace>(std::move(rec.trace));
   for (KernelIndex k = 0; k < cp.trace->num_kernels(); ++k) cp.recorded_host_us += cp.trace->kernel_host_us(k);
@@ -950,6 +1019,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->writebacks_taken_over = e.writebacks_taken_over;
   r->drift_events = drift_events_;
   r->plan_switches = plan_switches_;
+  r->steps_on_larger_plans = steps_on_larger_plans_;
   r->urgent_fetches = e.urgent_fetches;
   r->evictions = e.evictions;
   r->operators = last_operators_;

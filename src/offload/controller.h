@@ -10,6 +10,7 @@
 // in_step(), fast(), try_fast() and next_operator(), which are lock-free for the operator hooks.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -76,6 +77,55 @@ class StepBinding : public TensorSource {
   // runner's own cost per operator in planned steps (Note [The runner's host time] in
   // controller.cpp). 0: not measured.
   virtual double runner_host_us() const { return 0; }
+};
+
+// An operator's shape as the binding sees it at its start (Note [Smaller shapes on a larger
+// shape's plan] in controller.cpp): `form` hashes its name and each input tensor's rank and dtype,
+// `dims` lists the input tensors' sizes in order.
+struct OperatorShape {
+  uint64_t form = 0;
+  std::span<const int64_t> dims;
+};
+
+// The shapes of an iteration's operators, in order.
+class OperatorShapes {
+ public:
+  size_t size() const { return forms_.size(); }
+  void clear() {
+    forms_.clear();
+    at_.assign(1, 0);
+    dims_.clear();
+  }
+  void add(const OperatorShape& s) {
+    forms_.push_back(s.form);
+    dims_.insert(dims_.end(), s.dims.begin(), s.dims.end());
+    at_.push_back(static_cast<uint32_t>(dims_.size()));
+  }
+  // The first n of `other`'s (a plan's own, before a drift).
+  void assign_first(const OperatorShapes& other, size_t n) {
+    n = std::min(n, other.size());
+    forms_.assign(other.forms_.begin(), other.forms_.begin() + n);
+    at_.assign(other.at_.begin(), other.at_.begin() + n + 1);
+    dims_.assign(other.dims_.begin(), other.dims_.begin() + at_.back());
+  }
+  // Operator k of these has the same form as `s` and no dimension smaller than s's.
+  bool covers(size_t k, const OperatorShape& s) const {
+    if (k >= forms_.size() || forms_[k] != s.form || at_[k + 1] - at_[k] != s.dims.size()) return false;
+    for (size_t i = 0; i < s.dims.size(); ++i)
+      if (s.dims[i] > dims_[at_[k] + i]) return false;
+    return true;
+  }
+  // The sum of operator k's dims (how large it is: the smallest plan that covers is chosen).
+  int64_t extent(size_t k) const {
+    int64_t sum = 0;
+    for (uint32_t i = at_[k]; i < at_[k + 1]; ++i) sum += dims_[i];
+    return sum;
+  }
+
+ private:
+  std::vector<uint64_t> forms_;
+  std::vector<uint32_t> at_{0};
+  std::vector<int64_t> dims_;
 };
 
 // The problems of a step, raised by raise_step_errors once the Session's lock is released.
@@ -145,14 +195,18 @@ class Controller {
   // Lock-free, for fast() steps: the operator at the next index has the planned signature (it is
   // counted, true) or not (false; *k is its index: call drift_at under the lock).
   bool try_fast(uint64_t signature, uint32_t* k);
-  void drift_at(uint32_t k, uint64_t signature, StepBinding& binding);
+  // The fast path's operator k did not have the planned signature. `shape`: its form and input
+  // dims (OperatorShape). Returns true when it runs within the plan all the same (Note [Smaller
+  // shapes on a larger shape's plan]: counted, the fast path goes on), false when it drifted or
+  // switched plans (the full path handles it).
+  bool drift_at(uint32_t k, uint64_t signature, const OperatorShape& shape, StepBinding& binding);
   // The index of a new operator of the step.
   uint32_t next_operator() { return op_counter_.fetch_add(1, std::memory_order_relaxed); }
   // Operator k (name, signature) is about to run on `ids` (own_bytes: their bytes): checks the
   // plan's signature (drift), runs the schedule's start of k, makes the tensors usable, checks the
   // budget (a violation marks *violation, once per operator) and makes room for what k creates.
   // `collective`: its tensors are pinned for good.
-  void begin_operator(uint32_t k, uint64_t signature, const char* name,
+  void begin_operator(uint32_t k, uint64_t signature, const OperatorShape& shape, const char* name,
                       std::span<const LogicalId> ids, uint64_t own_bytes, bool collective,
                       bool* violation, StepBinding& binding);
   // The outputs of operator k the installed schedule recomputes later, while a planned step runs
@@ -218,9 +272,14 @@ class Controller {
     std::optional<Replaced> on_trial;
     uint64_t iteration_signature = 0;
     std::string variant;  // which of the planner's variants (SessionStats::plan_variant)
+    OperatorShapes shapes;  // the profiled operators' (Note [Smaller shapes on a larger shape's plan])
   };
   void note_drift(uint32_t k, StepBinding& binding);
-  bool switch_plan_at_start(uint32_t k, uint64_t signature, StepBinding& binding);
+  bool switch_plan_at_start(uint32_t k, uint64_t signature, const OperatorShape& shape,
+                            StepBinding& binding);
+  // Whether the active plan's operator k covers this one (Note [Smaller shapes on a larger shape's
+  // plan]); if so, the step is marked as run within a larger shape's plan.
+  bool within_active(uint32_t k, const OperatorShape& shape);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
   Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant,
@@ -273,6 +332,12 @@ class Controller {
 
   uint64_t drift_events_ = 0;
   uint64_t plan_switches_ = 0;  // Note [A step that starts as another cached plan]
+  // Note [Smaller shapes on a larger shape's plan]: the recording's operator shapes (parallel to
+  // the recorder's signatures), whether this step ran an operator within a larger one's plan, and
+  // how many steps did.
+  OperatorShapes step_shapes_;
+  bool step_within_ = false;
+  uint64_t steps_on_larger_plans_ = 0;
   uint64_t budget_violations_ = 0;
   uint64_t plan_budget_bytes_ = 0;     // the budget the last plan was made for
   std::string plan_variant_;           // which of the planner's variants the active plan is

@@ -814,10 +814,30 @@ struct Session::Impl final : offload::StepBinding {
       });
     uint32_t k = 0;
     if (ctl->try_fast(sig, &k)) return true;
+    ShapeOf shape(fn);
     std::lock_guard lock(mu);
-    ctl->drift_at(k, sig, *this);
-    return false;  // the full path handles this operator (and the rest of the iteration)
+    // false: the full path handles this operator (and the rest of the iteration)
+    return ctl->drift_at(k, sig, shape.shape(), *this);
   }
+
+  // An operator's shape (offload::OperatorShape: Note [Smaller shapes on a larger shape's plan] in
+  // src/offload/controller.cpp): its name and each defined input tensor's rank and dtype hashed,
+  // and their sizes, in the order the signature takes them.
+  struct ShapeOf {
+    explicit ShapeOf(const at::RecordFunction& fn) : form(std::hash<std::string_view>()(fn.name())) {
+      for (const c10::IValue& v : fn.inputs())
+        visit_tensors(v, [&](const at::Tensor& t) { add(t); });
+    }
+    ShapeOf(std::string_view name) : form(std::hash<std::string_view>()(name)) {}
+    void add(const at::Tensor& t) {
+      if (!t.defined()) return;
+      form = offload::mix(form, static_cast<uint64_t>(t.dim()) << 8 | static_cast<uint64_t>(t.scalar_type()));
+      for (int64_t d : t.sizes()) dims.push_back(d);
+    }
+    offload::OperatorShape shape() const { return {form, dims}; }
+    uint64_t form;
+    c10::SmallVector<int64_t, 16> dims;
+  };
 
   // Tensors given to a collective stay resident for the rest of the Session: the engine never
   // offloads them again (Engine::pin_permanently; the storage keeps its DataPtr, so the address
@@ -938,6 +958,7 @@ struct Session::Impl final : offload::StepBinding {
     ctx->k = k;
     uint32_t slot = 0;
     uint64_t op_bytes = 0;
+    ShapeOf shape(fn.name());
     // Writes are watched for the engine's kept copies and for the recording (Note [Writes the
     // Session sees]); the schema's written arguments are looked up at the first tracked input.
     const bool clean = options.clean_offloads;
@@ -950,6 +971,7 @@ struct Session::Impl final : offload::StepBinding {
         if (!t.defined()) return;
         if (step_op) {
           for (int64_t d : t.sizes()) sig = offload::mix(sig, static_cast<uint64_t>(d));
+          shape.add(t);
         }
         const bool rec = step_op && ctl->recording();
         if (!t.has_storage()) {
@@ -999,7 +1021,8 @@ struct Session::Impl final : offload::StepBinding {
       if (collective) pin_collective(ctx->ids);
       return ctx;
     }
-    ctl->begin_operator(k, sig, fn.name(), ctx->ids, op_bytes, collective, &ctx->violation, *this);
+    ctl->begin_operator(k, sig, shape.shape(), fn.name(), ctx->ids, op_bytes, collective,
+                        &ctx->violation, *this);
     if (const std::vector<LogicalId>* later = ctl->captures(k)) {
       ctx->capture = capture(fn, ctx->ids);  // null: its own outputs cannot be remade
       ctx->captures = *later;                // some may be made by a nested operator

@@ -107,12 +107,15 @@ class ControllerTest : public ::testing::Test {
       };
       uint64_t sig = std::hash<std::string>()(op.name);
       for (const std::string& in : op.inputs) sig = mix(sig, tensor(in)->size);
+      // its shape: one dimension per input, the form its name and input count
+      std::vector<int64_t> dims;
+      for (const std::string& in : op.inputs) dims.push_back(static_cast<int64_t>(tensor(in)->size));
+      const OperatorShape shape{mix(std::hash<std::string>()(op.name), op.inputs.size()), dims};
       uint32_t k = 0;
-      if (ctl_->fast() && ctl_->try_fast(sig, &k)) {
+      if (ctl_->fast() && (ctl_->try_fast(sig, &k) || ctl_->drift_at(k, sig, shape, b_))) {
         fast_ops_++;  // outputs exist, untracked (the lean hooks do not see them)
         for (const auto& [name, bytes] : op.outputs) transient[name] = make_tensor(bytes, seed_++);
       } else {
-        if (ctl_->fast()) ctl_->drift_at(k, sig, b_);
         k = ctl_->next_operator();
         std::vector<LogicalId> in_ids;
         uint64_t own = 0;
@@ -126,7 +129,7 @@ class ControllerTest : public ::testing::Test {
           if (ctl_->recording()) ctl_->recorder().note_input(id, op.backward);
         }
         bool violation = false;
-        ctl_->begin_operator(k, sig, op.name.c_str(), in_ids, own, false, &violation, b_);
+        ctl_->begin_operator(k, sig, shape, op.name.c_str(), in_ids, own, false, &violation, b_);
         for (const std::string& in : op.inputs) {
           // A lost tensor refuses every access in the real binding (Memory::lose): never garbage.
           EXPECT_TRUE(intact(*tensor(in)) || !tensor(in)->lost.empty())
@@ -214,6 +217,21 @@ class ControllerTest : public ::testing::Test {
     std::vector<FakeOp> ops = model();
     ops.insert(ops.begin() + 1, FakeOp{"big", {"a1"}, {{"b", 512 << 10}}});
     return ops;
+  }
+  // The model on a batch whose activations take n bytes each (its input x, n/4 bytes, persistent:
+  // a batch the loop holds): the same operators and forms at every n, dims growing with n.
+  std::vector<FakeOp> sized_model(uint64_t n) {
+    const std::string x = "x" + std::to_string(n);
+    if (!persistent_.count(x)) persistent_[x] = make_tensor(n / 4, seed_++);
+    return {
+        {"fwd1", {"w1", x}, {{"a1", n}}},
+        {"fwd2", {"a1", "w2"}, {{"a2", n}}},
+        {"loss", {"a2"}, {{"l", 8 << 10}}},
+        {"bwd2", {"l", "a1", "w2"}, {{"g2", 64 << 10}, {"d1", n}}, true},
+        {"bwd1", {"d1", "w1"}, {{"g1", 64 << 10}}, true},
+        {"opt1", {"w1", "g1", "s1"}, {}},
+        {"opt2", {"w2", "g2", "s2"}, {}},
+    };
   }
   // Every persistent tensor holds its bytes once everything is brought back.
   bool persistent_intact() {
@@ -669,6 +687,59 @@ TEST_F(ControllerTest, AStepWhoseFirstOperatorIsAnotherPlansStartsThatPlan) {
   EXPECT_TRUE(persistent_intact());
 }
 
+// Note [Smaller shapes on a larger shape's plan]: batches of varying size (dynamic padding) run
+// the plan of a larger shape, chosen at their first operator, within the budget, without drifting
+// or planning; a larger one drifts and gets its own plan.
+TEST_F(ControllerTest, StepsOfSmallerShapesRunALargerShapesPlan) {
+  start(kTight);
+  run(sized_model(64 << 10));
+  run(sized_model(64 << 10));
+  ASSERT_EQ(ctl_->mode(), Mode::kPlanned);
+  ASSERT_EQ(ctl_->plans_cached(), 1u);
+  const uint64_t moves = stats().plan_moves;
+  const uint64_t sizes[] = {32 << 10, 48 << 10, 16 << 10, 56 << 10};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(run(sized_model(sizes[i])), "") << i;
+    const SessionStats st = stats();
+    EXPECT_EQ(st.mode, "planned") << i;
+    EXPECT_EQ(st.drift_events, 0u) << i;
+    EXPECT_EQ(st.plans_cached, 1u) << i;
+    EXPECT_EQ(st.steps_on_larger_plans, i + 1) << i;
+    EXPECT_LE(st.step_peak_resident_bytes, kTight) << i;
+  }
+  EXPECT_GT(stats().plan_moves, moves) << "the plan's moves ran";
+  EXPECT_EQ(run(sized_model(80 << 10)), "");
+  EXPECT_EQ(stats().drift_events, 1u) << "larger than every plan: a drift";
+  EXPECT_EQ(ctl_->plans_cached(), 2u) << "and its own plan";
+  EXPECT_EQ(run(sized_model(72 << 10)), "");
+  EXPECT_EQ(stats().steps_on_larger_plans, 5u);
+  EXPECT_EQ(stats().plan_switches, 0u) << "the plan installed is the only one that covers it";
+  EXPECT_EQ(run(sized_model(40 << 10)), "");
+  EXPECT_EQ(stats().plan_switches, 1u) << "the smallest plan that covers it: the first";
+  EXPECT_EQ(stats().steps_on_larger_plans, 6u);
+  EXPECT_EQ(stats().drift_events, 1u);
+  EXPECT_LE(stats().step_peak_resident_bytes, kTight);
+  EXPECT_EQ(run(sized_model(64 << 10)), "");
+  EXPECT_EQ(stats().steps_on_larger_plans, 6u) << "its own shape";
+  EXPECT_TRUE(persistent_intact());
+}
+
+// The same on the lock-free path of an empty plan: a smaller batch runs it to the end.
+TEST_F(ControllerTest, SmallerShapesStayOnTheFastPath) {
+  start(kRoomy);
+  run(sized_model(64 << 10));
+  run(sized_model(64 << 10));
+  ASSERT_EQ(stats().plan_moves, 0u);
+  b_.lean_calls.clear();
+  fast_ops_ = 0;
+  EXPECT_EQ(run(sized_model(32 << 10)), "");
+  EXPECT_EQ(fast_ops_, 7u) << "every operator on the lock-free path";
+  EXPECT_EQ(b_.lean_calls, std::vector<bool>{true});
+  EXPECT_EQ(stats().drift_events, 0u);
+  EXPECT_EQ(stats().steps_on_larger_plans, 1u);
+  EXPECT_TRUE(persistent_intact());
+}
+
 TEST_F(ControllerTest, IterationEndingEarlyIsADriftAndIsProfiledAgain) {
   start(kTight);
   run(model());
@@ -846,7 +917,7 @@ TEST_F(ControllerTest, TheFirstStepChecksOperatorsAgainstWhatIsUntrackedNow) {
   ctl_->note_device_peak(resident + (300 << 10));
   ctl_->note_device_peak(resident + (20 << 10));
   bool violation = false;
-  ctl_->begin_operator(0, 1, "_foreach_norm", {}, 200 << 10, false, &violation, b_);
+  ctl_->begin_operator(0, 1, {}, "_foreach_norm", {}, 200 << 10, false, &violation, b_);
   EXPECT_FALSE(violation) << "200 KiB own + 20 KiB untracked now fit 400 KiB";
   ctl_->end_operator(0, "_foreach_norm", {}, {}, false, &violation);
   EXPECT_EQ(ctl_->end_step(b_).error, "");
@@ -854,7 +925,7 @@ TEST_F(ControllerTest, TheFirstStepChecksOperatorsAgainstWhatIsUntrackedNow) {
   ctl_->begin_step(b_);
   ctl_->note_device_peak(resident + (300 << 10));
   ctl_->note_device_peak(resident + (20 << 10));
-  ctl_->begin_operator(0, 1, "_foreach_norm", {}, 200 << 10, false, &violation, b_);
+  ctl_->begin_operator(0, 1, {}, "_foreach_norm", {}, 200 << 10, false, &violation, b_);
   EXPECT_TRUE(violation) << "200 KiB own + 300 KiB untracked at most exceed 400 KiB";
   ctl_->end_operator(0, "_foreach_norm", {}, {}, false, &violation);
   EXPECT_NE(ctl_->end_step(b_).error.find("300.0 KiB of device memory"), std::string::npos);

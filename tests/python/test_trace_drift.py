@@ -1,6 +1,7 @@
 """The profiler writes a valid trace v2 (every operator of forward, backward and optimizer, kinds
 labelled, stable ids); plans are made and executed; drift (a new input shape) is detected, the
 iteration finishes safely, the shape is re-profiled, and plans are cached per shape."""
+import contextlib
 import json
 import os
 import shutil
@@ -71,15 +72,15 @@ def test_drift_is_detected_and_plans_are_cached_per_shape(tmp_path):
     g = torch.Generator().manual_seed(1)
     batches = []
     for i in range(9):
-        n = 32 if (i < 4 or i % 2 == 0) else 16  # 4 steps of 32, then alternate 16 / 32
+        n = 16 if (i < 4 or i % 2 == 0) else 32  # 4 steps of 16, then alternate 32 / 16
         batches.append((torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)))
     ref = train(mlp, None, 9, batches=batches)
     with teraio.Session(budget="200KiB", tiers=[teraio.FileTier([str(tmp_path)], "64MiB")],
                         min_tensor_bytes=1024, profiling_iterations=2) as s:
         got = train(mlp, None, 9, session=s, batches=batches)
         st = s.stats()
-        # the first 16 drifts (and is its shape's profile); later shape changes switch plans at
-        # their first operator (test below)
+        # the first 32 drifts (and is its shape's profile: a 16's plan does not cover it); later
+        # shape changes switch plans at their first operator (test below)
         assert st["drift_events"] >= 1 and st["drift_events"] + st["plan_switches"] >= 3, st
         assert st["plans_cached"] == 2, st
         assert st["mode"] == "planned", st
@@ -94,7 +95,7 @@ def test_a_step_of_a_cached_shape_runs_its_plan_from_its_first_operator(tmp_path
     g = torch.Generator().manual_seed(1)
     batches = []
     for i in range(12):
-        n = 32 if (i < 3 or i % 2 == 0) else 16
+        n = 16 if (i < 3 or i % 2 == 0) else 32  # the shorter first: each shape gets a plan
         batches.append((torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)))
     ref = train(mlp, None, 12, batches=batches)
     seen = []
@@ -110,7 +111,7 @@ def test_a_step_of_a_cached_shape_runs_its_plan_from_its_first_operator(tmp_path
         assert st["mode"] == "planned" and st["plans_cached"] == 2, st
         s.fetch_all()
         assert_bitwise(ref, got)
-    # steps 0-1 profiled, 2 planned, 3 the first 16: a drift and its profile; from 4 on, switches
+    # steps 0-1 profiled, 2 planned, 3 the first 32: a drift and its profile; from 4 on, switches
     drifts_at_4 = seen[4][1]
     for i, drifts, switches, peak in seen[4:]:
         assert drifts == drifts_at_4, seen
@@ -155,6 +156,45 @@ def test_a_shape_larger_than_the_budget_leaves_the_other_shapes_planned(tmp_path
         assert_bitwise(ref, (losses, model, opt))
 
 
+def test_batches_of_varying_length_run_the_plan_of_a_longer_one(tmp_path):
+    """Dynamic padding (each batch as long as its longest sequence): a step of a length without a
+    plan runs the plan made for a longer one (steps_on_larger_plans) instead of drifting, running
+    reactively and planning again; within the budget, bitwise."""
+    from conftest import TinyLlama
+    lengths = [40, 40, 40, 17, 33, 8, 25, 40, 12, 39, 21, 30]
+
+    def run(session):
+        torch.manual_seed(0)
+        m = TinyLlama()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
+        if session:
+            session.watch(m, opt)
+        g = torch.Generator().manual_seed(1)
+        losses, peaks = [], []
+        for n in lengths:
+            x = torch.randint(0, 128, (2, n + 1), generator=g)
+            with session.step() if session else contextlib.nullcontext():
+                loss = torch.nn.functional.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.detach().clone())
+            if session:
+                peaks.append(session.stats()["step_peak_resident_bytes"])
+        return (losses, m, opt), peaks
+
+    ref, _ = run(None)
+    with teraio.Session(budget="400KiB", tiers=[teraio.HostTier("64MiB")], min_tensor_bytes=1024) as s:
+        got, peaks = run(s)
+        st = s.stats()
+        s.fetch_all()
+    assert_bitwise(ref, got)
+    assert st["mode"] == "planned" and st["plans_cached"] == 1, st
+    assert st["drift_events"] == 0 and st["steps_on_larger_plans"] == 8, st  # all but the 40s
+    assert st["plan_moves"] > 0 and st["budget_violations"] == 0, st
+    assert max(peaks[3:]) <= 400 * 1024, peaks
+
+
 def test_checkpoint_while_offloaded_is_identical(tmp_path):
     ref = train(mlp, mlp_batch, 3)
     (tmp_path / "ref").mkdir()
@@ -184,13 +224,23 @@ def test_empty_plan_still_detects_drift(tmp_path):
     # checks every operator's signature against the profile.
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g))
-               for n in [32, 32, 32, 32, 16, 16]]
+               for n in [16, 16, 16, 16, 32, 32]]  # a larger shape: a smaller one runs the plan
     ref = train(mlp, None, 6, batches=batches)
     with teraio.Session(budget="64MiB", tiers=[teraio.HostTier("1MiB")], min_tensor_bytes=1024) as s:
         got = train(mlp, None, 6, session=s, batches=batches)
         st = s.stats()
         assert st["mode"] == "planned" and st["plan_moves"] == 0 and st["bytes_offloaded"] == 0, st
         assert st["drift_events"] == 1 and st["plans_cached"] == 2, st
+        assert_bitwise(ref, got)
+    # and a smaller shape stays on the lock-free path (Note [Smaller shapes on a larger shape's plan])
+    batches = [(torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g))
+               for n in [32, 32, 32, 16, 24, 16]]
+    ref = train(mlp, None, 6, batches=batches)
+    with teraio.Session(budget="64MiB", tiers=[teraio.HostTier("1MiB")], min_tensor_bytes=1024) as s:
+        got = train(mlp, None, 6, session=s, batches=batches)
+        st = s.stats()
+        assert st["mode"] == "planned" and st["plan_moves"] == 0, st
+        assert st["drift_events"] == 0 and st["steps_on_larger_plans"] == 3 and st["plans_cached"] == 1, st
         assert_bitwise(ref, got)
 
 
