@@ -224,6 +224,63 @@ def test_default_optimizer_and_gradient_clipping_under_a_budget_below_the_gradie
     assert "step" not in got_trainer.optimizer.optimizer.__dict__
 
 
+class VaryingTokens(torch.utils.data.Dataset):
+    """Sequences of 5 to 17 tokens, as a tokenized text dataset has them."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(5, 18, (n,), generator=g)
+        self.ids = [torch.randint(0, 128, (int(k),), generator=g) for k in lengths]
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def pad_to_longest(items):
+    """Dynamic padding, as the Trainer's collators do it: each batch as long as its longest item."""
+    n = max(len(x["input_ids"]) for x in items)
+    ids = torch.zeros(len(items), n, dtype=torch.long)
+    labels = torch.full((len(items), n), -100, dtype=torch.long)
+    mask = torch.zeros(len(items), n, dtype=torch.long)
+    for i, x in enumerate(items):
+        k = len(x["input_ids"])
+        ids[i, :k], labels[i, :k], mask[i, :k] = x["input_ids"], x["labels"], 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def test_dynamic_padding_runs_planned_steps(tmp_path, monkeypatch):
+    # Batches padded to their longest item: a batch shorter than one planned before runs that
+    # plan (docs/pytorch.md, "Batches of varying length"); bitwise as without teraio.
+    data = VaryingTokens(32, 3)
+    monkeypatch.setattr(transformers.Trainer, "get_train_dataloader", lambda self: torch.utils.data.DataLoader(
+        data, batch_size=2, shuffle=False, collate_fn=pad_to_longest))
+    args = dict(max_steps=12, save_strategy="no")
+    ref_trainer, ref_model = train(tmp_path / "ref", **args)
+    cb = callback(tmp_path / "tier")
+    got_trainer, got_model = train(tmp_path / "got", callbacks=[cb], **args)
+    assert logged(got_trainer, "loss") == logged(ref_trainer, "loss")
+    assert_same_parameters(ref_model, got_model)
+    st = cb.stats()
+    # Two profiled steps plan the second's length; later, a length planned before runs its plan,
+    # a shorter one a longer length's plan, a longer one drifts and is planned.
+    lengths = [max(len(data.ids[2 * i]), len(data.ids[2 * i + 1])) for i in range(12)]
+    planned, within, drifts = {lengths[1]}, 0, 0
+    for n in lengths[2:]:
+        if n in planned:
+            continue
+        if n < max(planned):
+            within += 1
+        else:
+            drifts += 1
+            planned.add(n)
+    assert within >= 2 and drifts >= 2, lengths
+    assert st["mode"] == "planned" and st["plans_cached"] == len(planned), (lengths, st)
+    assert (st["steps_on_larger_plans"], st["drift_events"]) == (within, drifts), (lengths, st)
+
+
 class MyAdamW(torch.optim.AdamW):
     """A subclass: its step might couple parameters, so teraio does not run it in parts."""
 
