@@ -131,6 +131,7 @@ constexpr size_t kHostSamples = 5;
 constexpr size_t kMinHostSamples = 3;  // Note [Plans for the host that runs them]
 constexpr double kProbeHostScale = 0.7;  // the same Note
 constexpr int kMaxHostReplans = 3;       // the same Note
+constexpr size_t kMaxCachedPlans = 64;   // Note [How many plans are kept]
 constexpr double kHostReplanMoved = 0.1;  // the same Note
 constexpr int kMaxLinkReplans = 2;         // Note [Plans for the link in use]
 constexpr double kLinkOff = 1.25;          // the same Note
@@ -443,6 +444,7 @@ void Controller::install(const CachedPlan* p) {
     recompute_us_used_ = 0;
   }
   active_ = p;
+  p->last_used = iteration_;
   step_us_.clear();  // the steps of this schedule, from its first (which aligns to it)
   plan_variant_ = p->variant;  // a cache hit's too
   predict_active();
@@ -478,6 +480,7 @@ void Controller::begin_step(StepBinding& binding) {
   recorder_.begin_iteration(iteration_);
   step_shapes_.clear();
   step_within_ = false;
+  if (active_) active_->last_used = iteration_;
   iteration_reactive_ = false;
   step_hook_us0_ = binding.runner_host_us();
   step_stall_us0_ = engine_.stats().stall_us;
@@ -966,6 +969,19 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   cp.plan = std::make_shared<const Plan>(std::move(plan));
   cp.trace = std::make_shared<const Trace>(std::move(rec.trace));
   for (KernelIndex k = 0; k < cp.trace->num_kernels(); ++k) cp.recorded_host_us += cp.trace->kernel_host_us(k);
+  // Note [How many plans are kept]: a loop whose batches vary in two dimensions (token-budget
+  // batching: many short sequences or few long ones) can make a plan for every shape, none
+  // covering another (Note [Smaller shapes on a larger shape's plan]), and each cached plan holds
+  // its profile, trace and schedule (megabytes for a large model). At most kMaxCachedPlans are
+  // kept: a new one replaces the plan least recently run (never the installed one); a shape whose
+  // plan was dropped drifts and is planned again when it comes back.
+  if (cache_.size() >= kMaxCachedPlans && !cache_.contains(iteration_signature)) {
+    auto oldest = cache_.end();
+    for (auto it = cache_.begin(); it != cache_.end(); ++it)
+      if (&it->second != active_ && (oldest == cache_.end() || it->second.last_used < oldest->second.last_used))
+        oldest = it;
+    if (oldest != cache_.end()) cache_.erase(oldest);
+  }
   CachedPlan& slot = cache_[iteration_signature];
   slot = std::move(cp);
   install(&slot);

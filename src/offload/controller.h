@@ -273,6 +273,7 @@ class Controller {
     uint64_t iteration_signature = 0;
     std::string variant;  // which of the planner's variants (SessionStats::plan_variant)
     OperatorShapes shapes;  // the profiled operators' (Note [Smaller shapes on a larger shape's plan])
+    mutable uint64_t last_used = 0;  // the last step that ran it (Note [How many plans are kept])
   };
   void note_drift(uint32_t k, StepBinding& binding);
   bool switch_plan_at_start(uint32_t k, uint64_t signature, const OperatorShape& shape,

@@ -724,6 +724,32 @@ TEST_F(ControllerTest, StepsOfSmallerShapesRunALargerShapesPlan) {
   EXPECT_TRUE(persistent_intact());
 }
 
+// Note [How many plans are kept]: shapes none of which covers another keep at most 64 plans, the
+// least recently run dropped; a dropped shape that comes back drifts and is planned again.
+TEST_F(ControllerTest, AtMost64PlansAreKept) {
+  start(kTight);
+  auto shape = [&](int i) {
+    std::vector<FakeOp> ops = sized_model(32 << 10);
+    ops[0].name = "fwd1_" + std::to_string(i);  // i's own operators from the first on
+    return ops;
+  };
+  for (int i = 0; i < 70; ++i) {
+    run(shape(i));
+    if (i == 0) run(shape(0));
+  }
+  EXPECT_EQ(ctl_->plans_cached(), 64u);
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  const uint64_t drifts = stats().drift_events;
+  EXPECT_EQ(run(shape(69)), "");
+  EXPECT_EQ(stats().drift_events, drifts) << "the installed plan";
+  EXPECT_EQ(run(shape(10)), "");
+  EXPECT_EQ(stats().drift_events, drifts) << "kept: a switch at its first operator";
+  EXPECT_EQ(run(shape(2)), "");
+  EXPECT_EQ(stats().drift_events, drifts + 1) << "dropped: planned again";
+  EXPECT_EQ(ctl_->plans_cached(), 64u);
+  EXPECT_TRUE(persistent_intact());
+}
+
 // The same on the lock-free path of an empty plan: a smaller batch runs it to the end.
 TEST_F(ControllerTest, SmallerShapesStayOnTheFastPath) {
   start(kRoomy);
