@@ -750,6 +750,30 @@ TEST_F(ControllerTest, AtMost64PlansAreKept) {
   EXPECT_TRUE(persistent_intact());
 }
 
+// A step covered up to an operator that has a larger input than planned drifts there; its
+// recording has the plan's shapes before the drift, so it is not planned: the next step is
+// profiled and planned instead.
+TEST_F(ControllerTest, AStepCoveredOnlyInPartDriftsAndIsProfiledAgain) {
+  start(kTight);
+  run(sized_model(64 << 10));
+  run(sized_model(64 << 10));
+  ASSERT_EQ(ctl_->mode(), Mode::kPlanned);
+  std::vector<FakeOp> odd = sized_model(32 << 10);
+  odd[3].outputs[1].second = 96 << 10;  // bwd2's d1, read by bwd1: larger than the plan's
+  EXPECT_EQ(run(odd), "");
+  EXPECT_EQ(stats().drift_events, 1u);
+  EXPECT_EQ(stats().steps_on_larger_plans, 0u) << "it drifted";
+  EXPECT_EQ(ctl_->mode(), Mode::kProfiling) << "not planned from a recording with the plan's shapes";
+  EXPECT_EQ(ctl_->plans_cached(), 1u);
+  EXPECT_EQ(run(odd), "");
+  EXPECT_EQ(ctl_->mode(), Mode::kPlanned);
+  EXPECT_EQ(ctl_->plans_cached(), 2u);
+  EXPECT_EQ(run(odd), "");
+  EXPECT_EQ(stats().drift_events, 1u) << "its own plan now";
+  EXPECT_LE(stats().step_peak_resident_bytes, kTight);
+  EXPECT_TRUE(persistent_intact());
+}
+
 // The same on the lock-free path of an empty plan: a smaller batch runs it to the end.
 TEST_F(ControllerTest, SmallerShapesStayOnTheFastPath) {
   start(kRoomy);
