@@ -682,21 +682,22 @@ bool Controller::try_fast(uint64_t signature, uint32_t* k) {
   *k = op_counter_.load(std::memory_order_relaxed);
   const std::vector<runtime::Schedule::Operator>& planned = active_->schedule->operators;
   if (*k < planned.size() && planned[*k].signature == signature) {
-    op_counter_.store(*k + 1, std::memory_order_relaxed);
-    iter_sig_.store(mix(iter_sig_.load(std::memory_order_relaxed), signature),
-                    std::memory_order_relaxed);
+    count_fast(*k, signature);
     return true;
   }
   return false;
+}
+
+void Controller::count_fast(uint32_t k, uint64_t signature) {
+  op_counter_.store(k + 1, std::memory_order_relaxed);
+  iter_sig_.store(mix(iter_sig_.load(std::memory_order_relaxed), signature), std::memory_order_relaxed);
 }
 
 bool Controller::drift_at(uint32_t k, uint64_t signature, const OperatorShape& shape,
                           StepBinding& binding) {
   if (!fast()) return false;
   if (within_active(k, shape)) {  // the lock-free path goes on
-    op_counter_.store(k + 1, std::memory_order_relaxed);
-    iter_sig_.store(mix(iter_sig_.load(std::memory_order_relaxed), signature),
-                    std::memory_order_relaxed);
+    count_fast(k, signature);
     return true;
   }
   if (!switch_plan_at_start(k, signature, shape, binding)) note_drift(k, binding);
@@ -707,12 +708,13 @@ bool Controller::drift_at(uint32_t k, uint64_t signature, const OperatorShape& s
 // padding, the Hugging Face collators' default: each batch padded to its longest sequence) makes
 // a new iteration signature at almost every step, and each new one drifted, ran reactively (slower,
 // and past the budget by up to an operator's outputs), was recorded and had a plan made for it:
-// bench's manyshapes loop (HF-like Llama, 40 lengths in 60 steps) ran 3.4x slower than without a
-// Session on the CPU. A plan made for a shape is also valid for any step with the same operators
-// on inputs no larger, dimension by dimension: the same tensors live and die at the same
-// operators, each no larger than the plan counted it, so the plan's moves keep the step within the
-// budget (they move the bytes the tensors have, fewer), and room made for an operator's outputs is
-// the profile's, at least what they take. Each operator's shape (OperatorShape: a form hashing its
+// bench/varying_lengths.py (a tiny HF Llama, 40 lengths in 60 steps, on the CPU) drifted 39 times
+// and made 40 plans, in 2.2-3.4x the time it takes since (docs/benchmarks.md, "Batches of varying
+// length"). A plan made for a shape is also valid for any step with the same operators on inputs
+// no larger, dimension by dimension: the same tensors live and die at the same operators, each no
+// larger than the plan counted it, so the plan's moves keep the step within the budget (they move
+// the bytes the tensors have, fewer), and room made for an operator's outputs is the profile's, at
+// least what they take. Each operator's shape (OperatorShape: a form hashing its
 // name and its input tensors' ranks and dtypes, and their dims) is kept with the plan; an operator
 // whose signature differs from the plan's but whose form is the same and whose dims are no larger
 // than the plan's (OperatorShapes::covers) runs as planned. At a step's first operator, the

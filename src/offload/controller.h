@@ -281,6 +281,8 @@ class Controller {
   // Whether the active plan's operator k covers this one (Note [Smaller shapes on a larger shape's
   // plan]); if so, the step is marked as run within a larger shape's plan.
   bool within_active(uint32_t k, const OperatorShape& shape);
+  // Counts operator k of a fast() step as run within the plan (lock-free).
+  void count_fast(uint32_t k, uint64_t signature);
   void note_shortfall(uint32_t k, const char* op, bool* noted);
   void make_and_install_plan(uint64_t iteration_signature, bool force, StepBinding& binding);
   Plan plan_for(const Trace& trace, const PlannerOptions& po, std::string* variant,

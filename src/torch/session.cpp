@@ -828,7 +828,7 @@ struct Session::Impl final : offload::StepBinding {
       for (const c10::IValue& v : fn.inputs())
         visit_tensors(v, [&](const at::Tensor& t) { add(t); });
     }
-    ShapeOf(std::string_view name) : form(std::hash<std::string_view>()(name)) {}
+    explicit ShapeOf(std::string_view name) : form(std::hash<std::string_view>()(name)) {}
     void add(const at::Tensor& t) {
       if (!t.defined()) return;
       form = offload::mix(form, static_cast<uint64_t>(t.dim()) << 8 | static_cast<uint64_t>(t.scalar_type()));
