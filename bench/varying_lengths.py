@@ -7,37 +7,20 @@ plans_cached (docs/pytorch.md, "Batches of varying length").
 
     python3 bench/varying_lengths.py [REPEATS]     (default 3)
 """
-import contextlib
 import os
 import sys
 import time
 
-import torch
-
 import teraio
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
-from conftest import TinyLlama, assert_bitwise  # noqa: E402
+from conftest import TinyLlama, assert_bitwise, length_batches, train  # noqa: E402
+
+BATCHES = length_batches([8 + (i * 7) % 40 for i in range(60)])
 
 
 def run(session):
-    torch.manual_seed(0)
-    m = TinyLlama()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
-    if session:
-        session.watch(m, opt)
-    g = torch.Generator().manual_seed(1)
-    losses = []
-    for i in range(60):
-        n = 8 + (i * 7) % 40
-        x = torch.randint(0, 128, (2, n + 1), generator=g)
-        with session.step() if session else contextlib.nullcontext():
-            loss = torch.nn.functional.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        losses.append(loss.detach().clone())
-    return losses, m, opt
+    return train(TinyLlama, None, len(BATCHES), session=session, lr=1e-3, batches=BATCHES)
 
 
 def main():

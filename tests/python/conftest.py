@@ -116,6 +116,17 @@ class TinyLlama(torch.nn.Module):
         return self.m(input_ids=ids).logits
 
 
+def length_batches(lengths, batch=2):
+    """TinyLlama batches of `batch` sequences, the i-th `lengths[i]` tokens long (dynamic padding:
+    each batch as long as its longest sequence), with their next tokens; the same every call."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, 128, (batch, n + 1), generator=g)
+        out.append((ids[:, :-1], ids[:, 1:]))
+    return out
+
+
 def token_batch(batch, seq):
     """A make_batch for TinyLlama: `batch` sequences of `seq` tokens and their next tokens."""
     def make(g):

@@ -1,7 +1,6 @@
 """The profiler writes a valid trace v2 (every operator of forward, backward and optimizer, kinds
 labelled, stable ids); plans are made and executed; drift (a new input shape) is detected, the
 iteration finishes safely, the shape is re-profiled, and plans are cached per shape."""
-import contextlib
 import json
 import os
 import shutil
@@ -160,32 +159,13 @@ def test_batches_of_varying_length_run_the_plan_of_a_longer_one(tmp_path):
     """Dynamic padding (each batch as long as its longest sequence): a step of a length without a
     plan runs the plan made for a longer one (steps_on_larger_plans) instead of drifting, running
     reactively and planning again; within the budget, bitwise."""
-    from conftest import TinyLlama
-    lengths = [40, 40, 40, 17, 33, 8, 25, 40, 12, 39, 21, 30]
-
-    def run(session):
-        torch.manual_seed(0)
-        m = TinyLlama()
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
-        if session:
-            session.watch(m, opt)
-        g = torch.Generator().manual_seed(1)
-        losses, peaks = [], []
-        for n in lengths:
-            x = torch.randint(0, 128, (2, n + 1), generator=g)
-            with session.step() if session else contextlib.nullcontext():
-                loss = torch.nn.functional.cross_entropy(m(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-            losses.append(loss.detach().clone())
-            if session:
-                peaks.append(session.stats()["step_peak_resident_bytes"])
-        return (losses, m, opt), peaks
-
-    ref, _ = run(None)
+    from conftest import TinyLlama, length_batches
+    batches = length_batches([40, 40, 40, 17, 33, 8, 25, 40, 12, 39, 21, 30])
+    ref = train(TinyLlama, None, len(batches), lr=1e-3, batches=batches)
+    peaks = []
     with teraio.Session(budget="400KiB", tiers=[teraio.HostTier("64MiB")], min_tensor_bytes=1024) as s:
-        got, peaks = run(s)
+        got = train(TinyLlama, None, len(batches), session=s, lr=1e-3, batches=batches,
+                    after_step=lambda i, m: peaks.append(s.stats()["step_peak_resident_bytes"]))
         st = s.stats()
         s.fetch_all()
     assert_bitwise(ref, got)
