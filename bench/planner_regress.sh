@@ -10,7 +10,9 @@
 #           autocast copies marked recomputable as the recorder marks them now
 #           (bench/mark_autocast_copies.py), as bench/predict_autocast_copies.sh does;
 #   TRACES=all: every recorded GPU profile that has its plan (the H200 calls of 2026-12-04 to -05,
-#           the H100 calls of 2026-12-06), as recorded.
+#           the H100 calls of 2026-12-06), as recorded;
+#   TRACES=recent: the profiles of the H200's session 40 and the H100's sessions 42-46 (autocast,
+#           steps in backward, llama-1b and llama-3b), as recorded.
 #   FILTER=REGEX  the traces whose path matches it.
 #   ITERATIONS=N  simulated iterations (default 8).
 #   PLAN_ARGS     `teraio plan` options added to the last build's plans only (e.g. "--deep-recompute").
@@ -23,14 +25,17 @@
 set -euo pipefail
 [ $# -gt 0 ] || set -- build/bin/teraio
 TRACES=${TRACES:-h200}
-case "$TRACES" in h200|all) ;; *) echo "TRACES must be h200 or all, got '$TRACES'" >&2; exit 2 ;; esac
+case "$TRACES" in h200|all|recent) ;; *) echo "TRACES must be h200, all or recent, got '$TRACES'" >&2; exit 2 ;; esac
 case "${REPLAY:-own}" in own|last) ;; *) echo "REPLAY must be own or last, got '$REPLAY'" >&2; exit 2 ;; esac
 CACHE=${CACHE:-/tmp/planner-regress-cache-$TRACES}; mkdir -p "$CACHE"
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
-shopt -s nullglob
+shopt -s nullglob globstar
 if [ "$TRACES" = h200 ]; then
   files=(bench/results/h200-2026-12-04d/call*/{recompute,real}/trace-*.json.xz
          bench/results/h200-2026-12-05/call*/{recompute,real}/trace-*.json.xz)
+elif [ "$TRACES" = recent ]; then
+  files=(bench/results/h200-2026-12-06-s40/*/r*/res_*/trace-*.json.xz
+         bench/results/h100-2026-12-07-s4*/**/trace-*.json.xz)
 else
   files=(bench/results/h200-2026-12-0[45]*/call*/{recompute,real}/trace-*.json.xz
          bench/results/h100-2026-12-06*/r*/res_*/trace-*.json.xz

@@ -297,7 +297,7 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // (start, d) for the consumer and over [d, old point) for each chained input.
 // Note [Deep recompute chains]
 // PlannerTuning::revive_dead_inputs (PlannerOptions::deep_recompute): making a tensor at its point d
-// makes there what its producer reads, recursively (gather, up to kMaxDepth producers down). An
+// makes there what its producer reads, recursively (gather, up to four producers down, eight across the peak). An
 // input freed at d by its own span is made at d too and the span split in two, (start, d) and
 // (d, point): its producer runs twice and it is never resident between, where a one-level chain
 // would keep it from d to its point (Note [Chains that cost more than they free]). An input the
@@ -309,6 +309,25 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // must end at a read and start at a use or read: a split or revive that would leave no kernel
 // between two of them is not taken; one read right after its last need keeps it resident instead.
 // Decided for the whole candidate in gather before any read of d is added, then applied.
+// Note [Recompute across the peak]
+// PlannerTuning::recompute_across_peak: under a budget far below the footprint every kernel is over
+// it without a plan (in bf16 autocast the fp32 parameters and AdamW states alone exceed half the
+// footprint), so every gap of the forward pass is a candidate, and deep chains remade whole
+// decoder layers at the forward's short gaps: on the H100's llama-3b autocast profile at 1/2
+// (bench/results/h100-2026-12-07-s46), chains four producers deep failed on each layer's RMSNorm
+// (seven operators from the residual stream to the normalised input of the MLP), so 5.2-6.0 GiB
+// of activations (the MLP's products, SiLU outputs, the residual stream, attention outputs) stayed
+// resident across the loss and as many bytes of AdamW state crossed the link each way instead;
+// eight deep, 2,601 recomputes a step remade each layer's MLP again and again (558 ms simulated
+// against 473 ms). The activations that matter there are those resident at the peak: recomputed
+// across it, they leave room for the optimizer states the backward pass would otherwise read
+// over the link, which bounds that step. So this variant takes only the gaps that span the kernel
+// where memory peaks without a plan, lets chains go kMaxPeakDepth producers down, and takes a
+// candidate only when all that its chain reruns (its own producer, the inputs made at its point
+// again and the ones revived there) costs at most the rule's price of its bytes: a chain that
+// remakes a whole MLP to free one 48 MiB residual is not taken. plan_best keeps it where the
+// simulator finds it fastest: on that profile 375 ms against 411 ms (docs/planner.md,
+// "Recompute across the peak").
 // Note [Inputs kept for a recompute]
 // PlannerTuning::keep_dead_inputs: a recompute's input that the trace has dead by the point d (a
 // temporary its producer read once) need not be made there: the recompute's recipe holds it at run
@@ -358,6 +377,9 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   for (const TierSpec& t : opts_.tiers) bytes_per_us = std::max(bytes_per_us, std::min(t.read_gbps, t.write_gbps) * 1e3);
   std::vector<uint32_t> over(n_ + 1, 0);  // prefix count of kernels over the budget without a plan
   for (uint32_t k = 0; k < n_; ++k) over[k + 1] = over[k] + (static_cast<int64_t>(curve[k]) > budget_ ? 1 : 0);
+  // Note [Recompute across the peak]: the kernel where memory peaks without a plan.
+  const auto peak = static_cast<KernelIndex>(std::max_element(curve.begin(), curve.end()) - curve.begin());
+  const bool across_peak = tuning_.recompute_across_peak && tuning_.revive_dead_inputs;
   struct Cand {
     KernelIndex producer, start, end;
     TensorId tensor;
@@ -375,6 +397,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     if (!info.recomputable || info.bytes < opts_.min_tensor_bytes || !lifetimes.used(t) || !cheap(t)) continue;
     auto uses = lifetimes.uses(t);
     for (size_t j = 1; j < uses.size(); ++j) {
+      if (across_peak && !(uses[j - 1] < peak && peak < uses[j])) continue;
       if (uses[j] > uses[j - 1] + 1 && over[uses[j]] > over[uses[j - 1] + 1]) {
         cands.push_back({*info.producer, uses[j - 1], uses[j], t});
       }
@@ -447,12 +470,13 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     return tuning_.keep_dead_inputs && !trace_.tensors[i].persistent && lifetimes.used(i) &&
            lifetimes.alive_until(i) < d && freed_at(i, d) < 0;
   };
-  // Note [Deep recompute chains]: what making t at d needs made there too, up to kMaxDepth
+  // Note [Deep recompute chains]: what making t at d needs made there too, up to max_depth
   // producers down: an input freed by a recompute span is made at d as well and again at its own
   // point (the span split), a dead one is revived when its own inputs can be had at d without
   // keeping any, else kept (Note [Inputs kept for a recompute]) when allow_keep; false when some
   // input cannot be.
-  constexpr int kMaxDepth = 4;
+  constexpr int kMaxPeakDepth = 8;
+  const int max_depth = across_peak ? kMaxPeakDepth : 4;
   std::function<bool(TensorId, KernelIndex, int, bool)> gather = [&](TensorId t, KernelIndex d, int depth,
                                                                      bool allow_keep) {
     for (TensorId i : recompute_reads(trace_, lifetimes, t)) {
@@ -461,7 +485,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
         const int64_t si = freed_at(i, d);
         if (si < 0) continue;  // resident
         // Split: made at d too, so freed for a kernel or more on both sides of d.
-        if (d <= spans[si].start + 1 || spans[si].point <= d + 1 || depth >= kMaxDepth) return false;
+        if (d <= spans[si].start + 1 || spans[si].point <= d + 1 || depth >= max_depth) return false;
         visited.push_back(i);
         if (!gather(i, d, depth + 1, allow_keep)) return false;
         splits.push_back(static_cast<uint32_t>(si));
@@ -473,7 +497,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
         kept.push_back(i);
         return true;
       };
-      if (!revivable(i, d) || depth >= kMaxDepth) {
+      if (!revivable(i, d) || depth >= max_depth) {
         if (!keep()) return false;
         continue;
       }
@@ -539,6 +563,13 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
       }
     }
     if (!ok) continue;
+    // Note [Recompute across the peak]: priced at every producer the chain reruns.
+    if (across_peak && (!splits.empty() || !revives.empty())) {
+      double cost = recompute_cost_us(trace_, c.tensor);
+      for (uint32_t si : splits) cost += recompute_cost_us(trace_, spans[si].tensor);
+      for (TensorId i : revives) cost += recompute_cost_us(trace_, i);
+      if (cost > tuning_.recompute_factor * static_cast<double>(trace_.tensors[c.tensor].bytes) / bytes_per_us) continue;
+    }
     // A chain keeps its input resident from d to the input's old point (Note [Chains that cost
     // more than they free]), a kept input from its last need to d (Note [Inputs kept for a
     // recompute]): taken only when this gap frees more than they give back.
@@ -1291,12 +1322,13 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
   };
   // A variant's tuning: the base with these knobs.
   const auto tuned = [&](double slack, bool farthest = false, bool without_persistent_reads = false,
-                         bool deep_chains = false) {
+                         bool deep_chains = false, bool across_peak = false) {
     PlannerTuning t = base;
     t.lazy_slack = slack;
     t.evict_farthest_use = farthest;
     t.recompute_without_persistent_reads = without_persistent_reads;
     t.revive_dead_inputs = deep_chains;
+    t.recompute_across_peak = across_peak;
     return t;
   };
   // The options with every tier's bandwidths times f.
@@ -1311,6 +1343,7 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
   };
   const char* const kFarthest = ", evict farthest use";
   const char* const kWithoutReads = ", recompute without persistent reads";
+  const char* const kAcrossPeak = "deep recompute across the peak";
   for (double slack : {0.0, 0.03, 0.25, 0.5, 0.75, 1.0}) add(fmt::format("slack {}", slack), opts, tuned(slack));
   for (double slack : {0.1, 0.25}) {
     PlannerTuning t = tuned(slack);
@@ -1360,6 +1393,13 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
             tuned(slack, farthest, false, true));
       }
     }
+    // Note [Recompute across the peak]
+    for (bool farthest : {false, true}) {
+      for (double slack : {0.1, 0.5}) {
+        add(fmt::format("{}{}, slack {}", kAcrossPeak, farthest ? kFarthest : "", slack), opts,
+            tuned(slack, farthest, false, true, true));
+      }
+    }
   }
   // Note [Planning for a stretched iteration]
   if (const double stretch = link_stretch(trace, opts, own); stretch > kMinStretch) {
@@ -1372,11 +1412,12 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
             for (bool true_price : {false, true}) {
               if (true_price && !rc) continue;
               const char* const priced = true_price ? ", recompute at the true link" : "";
-              for (bool deep_chains : {false, true}) {
-                if (deep_chains && (without || !deep)) continue;
-                PlannerTuning t = tuned(slack, farthest, without, deep_chains);
+              for (int chains : {0, 1, 2}) {  // none, deep, deep across the peak
+                if (chains > 0 && (without || !deep)) continue;
+                PlannerTuning t = tuned(slack, farthest, without, chains > 0, chains == 2);
                 if (true_price) t.recompute_factor *= f;
-                add(fmt::format("stretch {:.2f}{}{}{}{}, slack {}", f, priced, deep_chains ? ", deep recompute" : "",
+                add(fmt::format("stretch {:.2f}{}{}{}{}, slack {}", f, priced,
+                                chains == 0 ? "" : chains == 1 ? ", deep recompute" : ", " + std::string(kAcrossPeak),
                                 farthest ? kFarthest : "", without ? kWithoutReads : "", slack),
                     o, t);
               }

@@ -34,6 +34,11 @@ struct PlannerTuning {
   // are freed or dead at its point are made there too, recursively, and freed again. Default off;
   // plan_best variants.
   bool revive_dead_inputs = false;
+  // Recompute across the peak (Note [Recompute across the peak], planner.cpp): only the gaps that
+  // span the kernel where memory peaks without a plan are recomputed, with deep chains up to
+  // kMaxPeakDepth producers down, and a chain is priced at every producer it reruns. Default off;
+  // plan_best variants (with revive_dead_inputs).
+  bool recompute_across_peak = false;
   // A recompute's input that the trace has dead by the point (and that is not revived) is kept:
   // read at the point, so it lives on to it and the moves may carry it away and back meanwhile
   // (Note [Inputs kept for a recompute], planner.cpp). Default on; off, such a recompute is not

@@ -379,6 +379,120 @@ TEST(RecomputePlanner, AShortGapDoesNotChainALongRecompute) {
   EXPECT_NEAR(sim.iteration_us, sim.ideal_us + 30, 1e-6) << "N twice and O rerun: nothing crosses the link";
 }
 
+// Note [Recompute across the peak]: R (a parameter) is normalised by six cheap elementwise kernels,
+// each a temporary of 0.26 GB read only by the next (`expensive`: the third takes 2 s), into X (1
+// GB, activation) at kernel 6; kernels 7..12 use C (2 GB): the peak; the backward uses X at 13. A 1
+// GB/s link, a budget of 2.6 GB: X must be away over the middle. Remaking X at 13 needs the
+// temporaries made there again (the trace has them dead), a chain up to seven producers deep.
+Trace norm_chain_trace(bool expensive) {
+  Trace t;
+  const TensorId r = t.add_tensor({1 << 20, TensorKind::parameter, true, "R"});
+  TensorId in = r;
+  for (int k = 0; k < 7; ++k) {
+    TensorInfo x{k < 6 ? 26 * kGB / 100 : kGB, k < 6 ? TensorKind::temporary : TensorKind::activation, false,
+                 k < 6 ? "T" + std::to_string(k + 1) : "X"};
+    x.producer = static_cast<KernelIndex>(k);
+    x.recomputable = true;
+    const TensorId out = t.add_tensor(x);
+    t.add_kernel("aten::elementwise", expensive && k == 2 ? 2e6 : 10, std::vector<TensorId>{in, out});
+    in = out;
+  }
+  const TensorId c = t.add_tensor({2 * kGB, TensorKind::temporary, false, "C"});
+  for (int k = 7; k < 13; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{c});
+  t.add_kernel("bwd_x", 100'000, std::vector<TensorId>{in});
+  return t;
+}
+
+TEST(RecomputePlanner, AChainSevenDeepIsRecomputedAcrossThePeak) {
+  const TensorId x = 7;
+  const Trace t = norm_chain_trace(false);
+  PlannerOptions o = options();
+  o.budget_bytes = 26 * kGB / 10;
+  planner_detail::PlannerTuning tuning;
+  tuning.revive_dead_inputs = true;
+  // Deep chains stop four producers down: X is moved over the link instead.
+  const Plan deep = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  expect_valid(t, deep);
+  EXPECT_EQ(count(deep, MoveOp::recompute, x), 0u);
+  EXPECT_EQ(count(deep, MoveOp::offload, x), 1u);
+  // Across the peak: X is made again at 13 from R, every temporary of the chain with it.
+  tuning.recompute_across_peak = true;
+  const Plan peak = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  expect_valid(t, peak);
+  EXPECT_EQ(count(peak, MoveOp::recompute, x), 1u);
+  EXPECT_EQ(count(peak, MoveOp::offload, x), 0u);
+  // T2..T6 made again there too (T1, a kernel after R, may stay resident where it fits).
+  for (TensorId ti = 2; ti <= 6; ++ti) EXPECT_EQ(count(peak, MoveOp::recompute, ti), 1u) << "T" << ti;
+  const SimResult moved = simulate(t, deep), remade = simulate(t, peak);
+  EXPECT_LE(remade.peak_bytes, o.budget_bytes);
+  EXPECT_GE(remade.recomputes, 6u);
+  EXPECT_NEAR(remade.iteration_us, remade.ideal_us + remade.recompute_us, 1e-6) << "nothing waits for the link";
+  EXPECT_LT(remade.iteration_us, moved.iteration_us);
+  // The search lists the setting and keeps it where it is fastest.
+  bool listed = false;
+  for (const PlanVariant& v : make_plan_variants(t, o)) {
+    listed |= v.name.starts_with("deep recompute across the peak");
+    expect_valid(t, v.plan);
+  }
+  EXPECT_FALSE(listed) << "a search without deep chains has no such variant";
+  o.deep_recompute = true;
+  for (const PlanVariant& v : make_plan_variants(t, o)) listed |= v.name.starts_with("deep recompute across the peak");
+  EXPECT_TRUE(listed);
+  EXPECT_EQ(count(plan_best(t, o).plan, MoveOp::recompute, x), 1u);
+}
+
+TEST(RecomputePlanner, AcrossThePeakAChainIsPricedAtEveryProducerItReruns) {
+  // The third temporary takes 2 s to make, twice X's second on the link: the chain is not taken,
+  // though X's own producer is cheap.
+  const TensorId x = 7;
+  const Trace t = norm_chain_trace(true);
+  PlannerOptions o = options();
+  o.budget_bytes = 26 * kGB / 10;
+  planner_detail::PlannerTuning tuning;
+  tuning.revive_dead_inputs = true;
+  tuning.recompute_across_peak = true;
+  const Plan p = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  expect_valid(t, p);
+  EXPECT_EQ(count(p, MoveOp::recompute, x), 0u);
+  EXPECT_EQ(count(p, MoveOp::recompute, 3), 0u) << "T3 is never made again";
+}
+
+// Across the peak only the gaps that span it are recomputed: Y (1 GB, a cheap producer at 0) is
+// used at 0, 2 and 9; kernel 1 uses C (1.5 GB), kernels 3..8 use D (2 GB, the peak). Its gap (0, 2)
+// is over the budget of 2.6 GB without a plan, as is (2, 9); only the second spans the peak.
+TEST(RecomputePlanner, AcrossThePeakAForwardGapIsLeftToTheMoves) {
+  Trace t;
+  const TensorId w = t.add_tensor({1 << 20, TensorKind::parameter, true, "W"});
+  TensorInfo yi{kGB, TensorKind::activation, false, "Y"};
+  yi.producer = 0;
+  yi.recomputable = true;
+  const TensorId y = t.add_tensor(yi);
+  const TensorId c = t.add_tensor({3 * kGB / 2 + kGB / 10, TensorKind::temporary, false, "C"});
+  const TensorId d = t.add_tensor({2 * kGB, TensorKind::temporary, false, "D"});
+  t.add_kernel("aten::f", 10, std::vector<TensorId>{w, y});
+  t.add_kernel("use_c", 100'000, std::vector<TensorId>{c});
+  t.add_kernel("use_y", 100'000, std::vector<TensorId>{y});
+  for (int k = 3; k < 9; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{d});
+  t.add_kernel("bwd_y", 100'000, std::vector<TensorId>{y});
+  PlannerOptions o = options();
+  o.budget_bytes = 26 * kGB / 10;
+  planner_detail::PlannerTuning tuning;
+  tuning.revive_dead_inputs = true;
+  const Plan deep = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  expect_valid(t, deep);
+  EXPECT_EQ(count(deep, MoveOp::recompute, y), 2u);
+  tuning.recompute_across_peak = true;
+  const Plan peak = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  expect_valid(t, peak);
+  ASSERT_EQ(count(peak, MoveOp::recompute, y), 1u);
+  for (const Move& m : peak.moves) {
+    if (m.op == MoveOp::recompute) {
+      EXPECT_EQ(m.start, 2u);
+      EXPECT_EQ(m.deadline, 9u);
+    }
+  }
+}
+
 // The budgets a plan can have: from the largest kernel's own tensors to the unplanned peak.
 std::pair<uint64_t, uint64_t> budget_range(const Trace& t, const Lifetimes& life) {
   const std::vector<uint64_t> curve = memory_curve(t, life);
