@@ -30,13 +30,17 @@ struct PlannerOptions {
   bool discard_dead = false;
   // The plan is run by something that executes writeback moves (docs/formats.md, "Writebacks"):
   // make_plan_variants then offers variants with writebacks (docs/planner.md, "Writebacks"). False
-  // (the default): no writeback in any plan (the Session sets it only with TERAIO_WRITEBACKS=1).
+  // (the default): no writeback in any plan (the Session sets it unless TERAIO_WRITEBACKS=0).
   bool writebacks = false;
   // Recompute chains of any depth (docs/planner.md, "Deep recompute chains"): a recompute's inputs
   // freed or dead at its point are made there too and freed again. make_plan plans that way and
-  // make_plan_variants offers such variants. False (the default; the Session sets it only with
-  // TERAIO_DEEP_RECOMPUTE=1).
+  // make_plan_variants offers such variants. False (the default; the Session sets it unless
+  // TERAIO_DEEP_RECOMPUTE=0).
   bool deep_recompute = false;
+  // With deep_recompute, make_plan_variants also offers deep chains across the peak
+  // (docs/planner.md, "Recompute across the peak"). True (the default; a Session clears it with
+  // TERAIO_RECOMPUTE_ACROSS_PEAK=0, for an A/B).
+  bool recompute_across_peak = true;
 };
 
 struct PlannerStats {

@@ -928,6 +928,7 @@ void Controller::make_and_install_plan(uint64_t iteration_signature, bool force,
   po.discard_dead = options_.discard_dead;
   po.writebacks = options_.writebacks;
   po.deep_recompute = options_.deep_recompute;
+  po.recompute_across_peak = options_.recompute_across_peak;
   Plan plan;
   try {
     plan = plan_for(rec.trace, po, &plan_variant_);

@@ -59,6 +59,9 @@ struct ControllerOptions {
   // Plans may recompute chains of any depth (PlannerOptions::deep_recompute; off by default). The
   // PyTorch Session turns it on unless TERAIO_DEEP_RECOMPUTE=0 (docs/pytorch.md).
   bool deep_recompute = false;
+  // PlannerOptions::recompute_across_peak (on; the Session clears it with
+  // TERAIO_RECOMPUTE_ACROSS_PEAK=0).
+  bool recompute_across_peak = true;
   // Bytes a direction of a tier must have moved in timed copies before its figure is compared
   // with their rate (Note [Plans for the link in use]); tests give less.
   uint64_t link_min_bytes = 256ull << 20;

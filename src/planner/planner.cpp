@@ -1395,6 +1395,7 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
     }
     // Note [Recompute across the peak]
     for (bool farthest : {false, true}) {
+      if (!opts.recompute_across_peak) break;
       for (double slack : {0.1, 0.5}) {
         add(fmt::format("{}{}, slack {}", kAcrossPeak, farthest ? kFarthest : "", slack), opts,
             tuned(slack, farthest, false, true, true));
@@ -1414,6 +1415,7 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
               const char* const priced = true_price ? ", recompute at the true link" : "";
               for (int chains : {0, 1, 2}) {  // none, deep, deep across the peak
                 if (chains > 0 && (without || !deep)) continue;
+                if (chains == 2 && !opts.recompute_across_peak) continue;
                 PlannerTuning t = tuned(slack, farthest, without, chains > 0, chains == 2);
                 if (true_price) t.recompute_factor *= f;
                 add(fmt::format("stretch {:.2f}{}{}{}{}, slack {}", f, priced,

@@ -37,7 +37,8 @@ struct PlannerTuning {
   // Recompute across the peak (Note [Recompute across the peak], planner.cpp): only the gaps that
   // span the kernel where memory peaks without a plan are recomputed, with deep chains up to
   // kMaxPeakDepth producers down, and a chain is priced at every producer it reruns. Default off;
-  // plan_best variants (with revive_dead_inputs).
+  // plan_best variants (with revive_dead_inputs) unless PlannerOptions::recompute_across_peak is
+  // false.
   bool recompute_across_peak = false;
   // A recompute's input that the trace has dead by the point (and that is not revived) is kept:
   // read at the point, so it lives on to it and the moves may carry it away and back meanwhile

@@ -439,6 +439,12 @@ TEST(RecomputePlanner, AChainSevenDeepIsRecomputedAcrossThePeak) {
   for (const PlanVariant& v : make_plan_variants(t, o)) listed |= v.name.starts_with("deep recompute across the peak");
   EXPECT_TRUE(listed);
   EXPECT_EQ(count(plan_best(t, o).plan, MoveOp::recompute, x), 1u);
+  // PlannerOptions::recompute_across_peak (a Session's TERAIO_RECOMPUTE_ACROSS_PEAK=0) leaves it out.
+  o.recompute_across_peak = false;
+  for (const PlanVariant& v : make_plan_variants(t, o)) {
+    EXPECT_EQ(v.name.find("across the peak"), std::string::npos) << v.name;
+  }
+  EXPECT_EQ(count(plan_best(t, o).plan, MoveOp::recompute, x), 0u);
 }
 
 TEST(RecomputePlanner, AcrossThePeakAChainIsPricedAtEveryProducerItReruns) {

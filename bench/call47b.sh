@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 47's A/B of deep chains across the peak (docs/planner.md, "Recompute across the peak"), on
+# one GPU with 80 GB: HF llama-3b in bf16 autocast, 4 x 1024, steps in backward with the fused
+# AdamW, host tier with no bandwidth given, at 1/2 then 1/4 of its footprint (session 46's H100
+# Ideal: 58214318592 B), each with the search as it is ("peak") and with
+# TERAIO_RECOMPUTE_ACROSS_PEAK=0 ("nopeak"), in the order 1/2 peak, 1/2 nopeak, 1/4 peak, 1/4
+# nopeak. WARMUP warm-up steps (default 12), 3 measured. Results under $OUT/MODE-1ofF/res_recompute/.
+# Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/call47b.sh [FRACS]
+set -u
+cd "$(dirname "$0")/.."
+export OUT=${OUT:-$PWD/h200-out}
+mkdir -p "$OUT"
+source bench/h200_env.sh
+ensure_teraio > "$OUT/log_install.txt" 2>&1 || { tail -20 "$OUT/log_install.txt"; exit 1; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+for frac in ${1:-2 4}; do
+  for mode in peak nopeak; do
+    o=$OUT/$mode-1of$frac
+    off=1; [[ $mode == nopeak ]] && off=0
+    TERAIO_RECOMPUTE_ACROSS_PEAK=$off OUT=$o WARMUP=${WARMUP:-12} FOOTPRINT_llama_3b_amp=${FOOTPRINT_llama_3b_amp:-58214318592} \
+      RC_MODEL=llama-3b RC_DTYPES=amp RC_FRACS=$frac RC_MODES="step-in-backward+adamw=fused" \
+      bash bench/h200_run.sh recompute > /dev/null 2>&1
+    xz -T0 -f "$o"/res_*/trace-*.json "$o"/res_*/plan-*.json 2>/dev/null
+    for f in "$o"/res_*/teraio-*.json; do [[ -e $f ]] && { echo "$mode 1/$frac"; python3 bench/run_summary.py "$f"; }; done
+  done
+done
+true
