@@ -4,7 +4,7 @@
 # AdamW, host tier with no bandwidth given, at 1/2 then 1/4 of its footprint (session 46's H100
 # Ideal: 58214318592 B), each with the search as it is ("peak") and with
 # TERAIO_RECOMPUTE_ACROSS_PEAK=0 ("nopeak"), in the order 1/2 peak, 1/2 nopeak, 1/4 peak, 1/4
-# nopeak. WARMUP warm-up steps (default 12), 3 measured. Results under $OUT/MODE-1ofF/res_recompute/.
+# nopeak. WARMUP warm-up steps (default 12), 3 measured. Results in $OUT/MODE-1ofF.tar (res_recompute/).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/call47b.sh [FRACS]
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +21,10 @@ for frac in ${1:-2 4}; do
       RC_MODEL=llama-3b RC_DTYPES=amp RC_FRACS=$frac RC_MODES="step-in-backward+adamw=fused" \
       bash bench/h200_run.sh recompute > /dev/null 2>&1
     xz -T0 -f "$o"/res_*/trace-*.json "$o"/res_*/plan-*.json 2>/dev/null
+    rm -f "$o"/h200_*.tgz
     for f in "$o"/res_*/teraio-*.json; do [[ -e $f ]] && { echo "$mode 1/$frac"; python3 bench/run_summary.py "$f"; }; done
   done
 done
+# One file back per run (the device call returns a limited number of files).
+(cd "$OUT" && for d in */; do tar cf "${d%/}.tar" "$d" && rm -rf "$d"; done)
 true
