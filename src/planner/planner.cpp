@@ -297,11 +297,11 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // (start, d) for the consumer and over [d, old point) for each chained input.
 // Note [Deep recompute chains]
 // PlannerTuning::revive_dead_inputs (PlannerOptions::deep_recompute): making a tensor at its point d
-// makes there what its producer reads, recursively (gather, up to four producers down, eight across the peak). An
-// input freed at d by its own span is made at d too and the span split in two, (start, d) and
-// (d, point): its producer runs twice and it is never resident between, where a one-level chain
-// would keep it from d to its point (Note [Chains that cost more than they free]). An input the
-// trace has dead by d, recomputable and cheap, is revived: made at d, absent since the last kernel
+// makes there what its producer reads, recursively (gather, up to four producers down; eight across
+// the peak: Note [Recompute across the peak]). An input freed at d by its own span is made at d
+// too and the span split in two, (start, d) and (d, point): its producer runs twice and it is never
+// resident between, where a one-level chain would keep it from d to its point (Note [Chains that
+// cost more than they free]). An input the trace has dead by d, recomputable and cheap, is revived: made at d, absent since the last kernel
 // that used or read it (a span from there; a later read's span over d now starts at d). The
 // recompute that reads it keeps it alive at run time (the recipe holds its arguments; the engine
 // lets a recipe go after its tensor's last recompute of the step), and check_plan counts it
@@ -568,7 +568,8 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
       double cost = recompute_cost_us(trace_, c.tensor);
       for (uint32_t si : splits) cost += recompute_cost_us(trace_, spans[si].tensor);
       for (TensorId i : revives) cost += recompute_cost_us(trace_, i);
-      if (cost > tuning_.recompute_factor * static_cast<double>(trace_.tensors[c.tensor].bytes) / bytes_per_us) continue;
+      const double price = tuning_.recompute_factor * static_cast<double>(trace_.tensors[c.tensor].bytes) / bytes_per_us;
+      if (cost > price) continue;
     }
     // A chain keeps its input resident from d to the input's old point (Note [Chains that cost
     // more than they free]), a kept input from its last need to d (Note [Inputs kept for a
