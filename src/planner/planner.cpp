@@ -301,11 +301,11 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // the peak: Note [Recompute across the peak]). An input freed at d by its own span is made at d
 // too and the span split in two, (start, d) and (d, point): its producer runs twice and it is never
 // resident between, where a one-level chain would keep it from d to its point (Note [Chains that
-// cost more than they free]). An input the trace has dead by d, recomputable and cheap, is revived: made at d, absent since the last kernel
-// that used or read it (a span from there; a later read's span over d now starts at d). The
-// recompute that reads it keeps it alive at run time (the recipe holds its arguments; the engine
-// lets a recipe go after its tensor's last recompute of the step), and check_plan counts it
-// resident to its last read. Reads are uses of the trace the moves are planned on, so every span
+// cost more than they free]). An input the trace has dead by d, recomputable and cheap, is revived:
+// made at d, absent since the last kernel that used or read it (a span from there; a later read's
+// span over d now starts at d). The recompute that reads it keeps it alive at run time (the recipe
+// holds its arguments; the engine lets a recipe go after its tensor's last recompute of the step),
+// and check_plan counts it resident to its last read. Reads are uses of the trace the moves are planned on, so every span
 // must end at a read and start at a use or read: a split or revive that would leave no kernel
 // between two of them is not taken; one read right after its last need keeps it resident instead.
 // Decided for the whole candidate in gather before any read of d is added, then applied.
