@@ -296,19 +296,20 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // gap frees more than the chains keep: bytes x kernels over the budget without a plan, over
 // (start, d) for the consumer and over [d, old point) for each chained input.
 // Note [Deep recompute chains]
-// PlannerTuning::revive_dead_inputs (PlannerOptions::deep_recompute): making a tensor at its point d
-// makes there what its producer reads, recursively (gather, up to four producers down; eight across
-// the peak: Note [Recompute across the peak]). An input freed at d by its own span is made at d
-// too and the span split in two, (start, d) and (d, point): its producer runs twice and it is never
-// resident between, where a one-level chain would keep it from d to its point (Note [Chains that
-// cost more than they free]). An input the trace has dead by d, recomputable and cheap, is revived:
-// made at d, absent since the last kernel that used or read it (a span from there; a later read's
-// span over d now starts at d). The recompute that reads it keeps it alive at run time (the recipe
-// holds its arguments; the engine lets a recipe go after its tensor's last recompute of the step),
-// and check_plan counts it resident to its last read. Reads are uses of the trace the moves are planned on, so every span
-// must end at a read and start at a use or read: a split or revive that would leave no kernel
-// between two of them is not taken; one read right after its last need keeps it resident instead.
-// Decided for the whole candidate in gather before any read of d is added, then applied.
+// PlannerTuning::revive_dead_inputs (PlannerOptions::deep_recompute): making a tensor at its point
+// d makes there what its producer reads, recursively (gather, up to four producers down; eight
+// across the peak: Note [Recompute across the peak]). An input freed at d by its own span is made
+// at d too and the span split in two, (start, d) and (d, point): its producer runs twice and it is
+// never resident between, where a one-level chain would keep it from d to its point (Note [Chains
+// that cost more than they free]). An input the trace has dead by d, recomputable and cheap, is
+// revived: made at d, absent since the last kernel that used or read it (a span from there; a later
+// read's span over d now starts at d). The recompute that reads it keeps it alive at run time (the
+// recipe holds its arguments; the engine lets a recipe go after its tensor's last recompute of the
+// step), and check_plan counts it resident to its last read. Reads are uses of the trace the moves
+// are planned on, so every span must end at a read and start at a use or read: a split or revive
+// that would leave no kernel between two of them is not taken; one read right after its last need
+// keeps it resident instead. Decided for the whole candidate in gather before any read of d is
+// added, then applied.
 // Note [Recompute across the peak]
 // PlannerTuning::recompute_across_peak: under a budget far below the footprint every kernel is over
 // it without a plan (in bf16 autocast the fp32 parameters and AdamW states alone exceed half the
