@@ -16,7 +16,7 @@ if [[ -x build-gpu/bin/storage_gpu_test ]]; then
     > "$OUT/storage_gpu_test.txt" 2>&1
   echo "storage_gpu_test exit $?"; grep -E 'FAILED|PASSED|Failure' "$OUT/storage_gpu_test.txt" | head -12
 fi
-ensure_teraio > "$OUT/log_install.txt" 2>&1 || { tail -20 "$OUT/log_install.txt"; exit 1; }
+ensure_teraio_logged "$OUT/log_install.txt"
 tail -1 "$OUT/log_install.txt"
 TORCH_GPU_BITWISE_ONLY=1 TORCH_GPU_CASES=${CASES:-llama-amp,llama-amp-inbwd} \
   $PY bench/torch_gpu.py "$OUT/torch_gpu.json" > "$OUT/torch_gpu.log" 2>&1

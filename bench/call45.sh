@@ -14,7 +14,7 @@ export OUT=${OUT:-$PWD/h200-out}
 part=${1:?usage: bench/call45.sh a|b|ab}
 mkdir -p "$OUT/$part"
 source bench/h200_env.sh
-ensure_teraio > "$OUT/$part/log_install.txt" 2>&1 || { tail -20 "$OUT/$part/log_install.txt"; exit 1; }
+ensure_teraio_logged "$OUT/$part/log_install.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader
 case $part in
 a) fracs=2 ;;

@@ -14,7 +14,7 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
 fi
 mkdir -p "$OUT/tl"
 source bench/h200_env.sh
-ensure_teraio > "$OUT/tl/log_install.txt" 2>&1 || { tail -20 "$OUT/tl/log_install.txt"; exit 1; }
+ensure_teraio_logged "$OUT/tl/log_install.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader
 OUT=$OUT/tl WARMUP=${WARMUP:-12} TIMELINE=1 FOOTPRINT_llama_3b_amp=${FOOTPRINT_llama_3b_amp:-58214318592} \
   RC_MODEL=llama-3b RC_DTYPES=amp RC_FRACS=2 RC_MODES="step-in-backward+adamw=fused" \

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/h200-out}
 mkdir -p "$OUT"
 source bench/h200_env.sh
-ensure_teraio > "$OUT/log_install.txt" 2>&1 || { tail -20 "$OUT/log_install.txt"; exit 1; }
+ensure_teraio_logged "$OUT/log_install.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader
 for frac in ${1:-2 4}; do
   for mode in peak nopeak; do

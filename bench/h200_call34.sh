@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/h200-out}
 part=${1:?usage: bench/h200_call34.sh fp32|amp}
 source bench/h200_env.sh
-ensure_teraio > "$OUT/log_install.txt" 2>&1 || { tail -20 "$OUT/log_install.txt"; exit 1; }
+ensure_teraio_logged "$OUT/log_install.txt"
 tail -1 "$OUT/log_install.txt"
 case $part in
 fp32)

@@ -28,6 +28,11 @@ ensure_teraio() {
   echo "teraio built and installed in $((SECONDS - t0)) s"
 }
 
+# ensure_teraio with its output in LOG; when it fails, the log's last lines, and the script exits.
+ensure_teraio_logged() {
+  ensure_teraio > "$1" 2>&1 || { tail -20 "$1"; exit 1; }
+}
+
 # DeepSpeed and its missing dependencies (bench/peer_wheels.sh), when carried.
 ensure_peers() {
   [[ -d .whl ]] || { echo "no .whl/: peers not installed"; return 1; }

@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 SPY=$(command -v py-spy || echo build-gpudeps/py-spy)
 [[ -x $SPY ]] || { echo "no py-spy (PATH or build-gpudeps/py-spy)"; exit 1; }
 source bench/h200_env.sh
-ensure_teraio > "$OUT/log_install.txt" 2>&1 || { tail -20 "$OUT/log_install.txt"; exit 1; }
+ensure_teraio_logged "$OUT/log_install.txt"
 tail -1 "$OUT/log_install.txt"
 # At 100 samples a second py-spy fell 50 s behind on an H100 machine (native stacks of every thread)
 # and wrote nothing before the limit: sample slower, and stop it with SIGINT, which still writes

@@ -327,7 +327,7 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // candidate only when all that its chain reruns (its own producer, the inputs made at its point
 // again and the ones revived there) costs at most the rule's price of its bytes: a chain that
 // remakes a whole MLP to free one 48 MiB residual is not taken. plan_best keeps it where the
-// simulator finds it fastest: on that profile 375 ms against 411 ms (docs/planner.md,
+// simulator finds it fastest: on that profile 378 ms against 411 ms (docs/planner.md,
 // "Recompute across the peak").
 // Note [Inputs kept for a recompute]
 // PlannerTuning::keep_dead_inputs: a recompute's input that the trace has dead by the point d (a
@@ -1396,11 +1396,12 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
       }
     }
     // Note [Recompute across the peak]
-    for (bool farthest : {false, true}) {
-      if (!opts.recompute_across_peak) break;
-      for (double slack : {0.1, 0.5}) {
-        add(fmt::format("{}{}, slack {}", kAcrossPeak, farthest ? kFarthest : "", slack), opts,
-            tuned(slack, farthest, false, true, true));
+    if (opts.recompute_across_peak) {
+      for (bool farthest : {false, true}) {
+        for (double slack : {0.1, 0.5}) {
+          add(fmt::format("{}{}, slack {}", kAcrossPeak, farthest ? kFarthest : "", slack), opts,
+              tuned(slack, farthest, false, true, true));
+        }
       }
     }
   }

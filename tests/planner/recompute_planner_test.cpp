@@ -403,21 +403,32 @@ Trace norm_chain_trace(bool expensive) {
   return t;
 }
 
+// The options of the tests below (a 1 GB/s link, a budget of 2.6 GB), and make_plan with deep
+// chains, across the peak or not.
+PlannerOptions peak_options() {
+  PlannerOptions o = options();
+  o.budget_bytes = 26 * kGB / 10;
+  return o;
+}
+
+Plan deep_plan(const Trace& t, bool across_peak) {
+  planner_detail::PlannerTuning tuning;
+  tuning.revive_dead_inputs = true;
+  tuning.recompute_across_peak = across_peak;
+  return planner_detail::make_plan_tuned(t, peak_options(), tuning, nullptr, nullptr);
+}
+
 TEST(RecomputePlanner, AChainSevenDeepIsRecomputedAcrossThePeak) {
   const TensorId x = 7;
   const Trace t = norm_chain_trace(false);
-  PlannerOptions o = options();
-  o.budget_bytes = 26 * kGB / 10;
-  planner_detail::PlannerTuning tuning;
-  tuning.revive_dead_inputs = true;
+  PlannerOptions o = peak_options();
   // Deep chains stop four producers down: X is moved over the link instead.
-  const Plan deep = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  const Plan deep = deep_plan(t, false);
   expect_valid(t, deep);
   EXPECT_EQ(count(deep, MoveOp::recompute, x), 0u);
   EXPECT_EQ(count(deep, MoveOp::offload, x), 1u);
   // Across the peak: X is made again at 13 from R, every temporary of the chain with it.
-  tuning.recompute_across_peak = true;
-  const Plan peak = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  const Plan peak = deep_plan(t, true);
   expect_valid(t, peak);
   EXPECT_EQ(count(peak, MoveOp::recompute, x), 1u);
   EXPECT_EQ(count(peak, MoveOp::offload, x), 0u);
@@ -452,12 +463,7 @@ TEST(RecomputePlanner, AcrossThePeakAChainIsPricedAtEveryProducerItReruns) {
   // though X's own producer is cheap.
   const TensorId x = 7;
   const Trace t = norm_chain_trace(true);
-  PlannerOptions o = options();
-  o.budget_bytes = 26 * kGB / 10;
-  planner_detail::PlannerTuning tuning;
-  tuning.revive_dead_inputs = true;
-  tuning.recompute_across_peak = true;
-  const Plan p = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  const Plan p = deep_plan(t, true);
   expect_valid(t, p);
   EXPECT_EQ(count(p, MoveOp::recompute, x), 0u);
   EXPECT_EQ(count(p, MoveOp::recompute, 3), 0u) << "T3 is never made again";
@@ -480,15 +486,10 @@ TEST(RecomputePlanner, AcrossThePeakAForwardGapIsLeftToTheMoves) {
   t.add_kernel("use_y", 100'000, std::vector<TensorId>{y});
   for (int k = 3; k < 9; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{d});
   t.add_kernel("bwd_y", 100'000, std::vector<TensorId>{y});
-  PlannerOptions o = options();
-  o.budget_bytes = 26 * kGB / 10;
-  planner_detail::PlannerTuning tuning;
-  tuning.revive_dead_inputs = true;
-  const Plan deep = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  const Plan deep = deep_plan(t, false);
   expect_valid(t, deep);
   EXPECT_EQ(count(deep, MoveOp::recompute, y), 2u);
-  tuning.recompute_across_peak = true;
-  const Plan peak = planner_detail::make_plan_tuned(t, o, tuning, nullptr, nullptr);
+  const Plan peak = deep_plan(t, true);
   expect_valid(t, peak);
   ASSERT_EQ(count(peak, MoveOp::recompute, y), 1u);
   for (const Move& m : peak.moves) {
