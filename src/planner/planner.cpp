@@ -329,6 +329,24 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // remakes a whole MLP to free one 48 MiB residual is not taken. plan_best keeps it where the
 // simulator finds it fastest: on that profile 378 ms against 411 ms (docs/planner.md,
 // "Recompute across the peak").
+// Note [Points pulled to their readers']
+// PlannerTuning::pull_window, across the peak: a candidate's point is its next use, and the
+// backward pass uses a layer's activations in the reverse of the order they were made, so a
+// recompute's input is often needed for itself a few kernels after its reader's point. Made at the
+// reader's point for the reader, the input was freed again and made a second time at its own
+// point (the span split in two: Note [Deep recompute chains]), and the chain was priced at both: on
+// the H100's llama-3b autocast profile at 1/2 (bench/results/h100-2026-12-07-s47), the MLP's
+// product (64 MiB, the down projection's input, read by its weight gradient two kernels before
+// the SiLU output and the up projection it is made from are read by the product's own backward)
+// was priced at both matmuls again and not taken: 1.5 GiB of products stayed resident across
+// the loss. So before choosing, readers first, every candidate's point is pulled back to the
+// point of a candidate that reads it (directly or through inputs dead there, which are made there
+// again) when that is at most pull_window kernels before its next use: it is made once, there,
+// and resident until its use, as activation checkpointing makes a layer's activations once at the
+// start of its backward. The bytes held over the window are not priced; the window bounds them
+// (kPullWindow, about a decoder layer's backward: 80-150 kernels on those profiles). A variant:
+// plan_best keeps it where the simulator finds it fastest (docs/planner.md, "Recompute across the
+// peak").
 // Note [Inputs kept for a recompute]
 // PlannerTuning::keep_dead_inputs: a recompute's input that the trace has dead by the point d (a
 // temporary its producer read once) need not be made there: the recompute's recipe holds it at run
@@ -384,6 +402,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   struct Cand {
     KernelIndex producer, start, end;
     TensorId tensor;
+    KernelIndex point;  // end, or earlier when pulled (Note [Points pulled to their readers'])
   };
   // Cheaper to make again than to move: its producer's time within recompute_factor x its link time
   // (Note [Recompute's host time]: the host's time to rerun it where that is longer).
@@ -400,13 +419,49 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     for (size_t j = 1; j < uses.size(); ++j) {
       if (across_peak && !(uses[j - 1] < peak && peak < uses[j])) continue;
       if (uses[j] > uses[j - 1] + 1 && over[uses[j]] > over[uses[j - 1] + 1]) {
-        cands.push_back({*info.producer, uses[j - 1], uses[j], t});
+        cands.push_back({*info.producer, uses[j - 1], uses[j], t, uses[j]});
       }
     }
   }
   std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
     return a.producer != b.producer ? a.producer < b.producer : a.start < b.start;
   });
+  auto alive_at = [&](TensorId t, KernelIndex k) {
+    return trace_.tensors[t].persistent || (lifetimes.first_use(t) <= k && k <= lifetimes.alive_until(t));
+  };
+  constexpr int kMaxPeakDepth = 8;
+  const int max_depth = across_peak ? kMaxPeakDepth : 4;
+  // Note [Points pulled to their readers']: readers first, so that a point pulled back pulls its
+  // inputs' along.
+  if (across_peak && tuning_.pull_window > 0) {
+    std::vector<int64_t> cand_of(nt, -1);  // across the peak, a tensor has one candidate gap
+    for (size_t ci = 0; ci < cands.size(); ++ci) cand_of[cands[ci].tensor] = static_cast<int64_t>(ci);
+    std::vector<std::pair<TensorId, int>> stack;
+    std::vector<TensorId> seen;
+    for (size_t ci = cands.size(); ci-- > 0;) {
+      const KernelIndex d = cands[ci].point;
+      stack.clear();
+      seen.clear();
+      for (TensorId i : recompute_reads(trace_, lifetimes, cands[ci].tensor)) stack.emplace_back(i, 0);
+      while (!stack.empty()) {
+        const auto [i, depth] = stack.back();
+        stack.pop_back();
+        if (std::find(seen.begin(), seen.end(), i) != seen.end()) continue;
+        seen.push_back(i);
+        const TensorInfo& info = trace_.tensors[i];
+        if (info.persistent) continue;
+        if (!alive_at(i, d)) {  // dead by d: made there from its own inputs (a revive), if at all
+          if (info.recomputable && info.producer && depth + 1 < max_depth) {
+            for (TensorId ii : recompute_reads(trace_, lifetimes, i)) stack.emplace_back(ii, depth + 1);
+          }
+          continue;
+        }
+        if (cand_of[i] < 0) continue;
+        Cand& ic = cands[static_cast<size_t>(cand_of[i])];
+        if (ic.start < d && d < ic.point && ic.end - d <= tuning_.pull_window) ic.point = d;
+      }
+    }
+  }
   std::vector<std::vector<uint32_t>> spans_of(nt);  // chosen spans per tensor
   const std::vector<uint64_t> active = active_bytes(trace_);
   std::vector<int64_t> extra_bytes(n_, 0);  // bytes read at a kernel beyond its own tensors
@@ -433,9 +488,6 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
       if (spans[si].start < k && k < spans[si].point) return si;
     }
     return -1;
-  };
-  auto alive_at = [&](TensorId t, KernelIndex k) {
-    return trace_.tensors[t].persistent || (lifetimes.first_use(t) <= k && k <= lifetimes.alive_until(t));
   };
   // The inputs of t's recompute read at k that kernel k does not use.
   auto reads_at = [&](TensorId t, KernelIndex k) {
@@ -476,8 +528,6 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
   // point (the span split), a dead one is revived when its own inputs can be had at d without
   // keeping any, else kept (Note [Inputs kept for a recompute]) when allow_keep; false when some
   // input cannot be.
-  constexpr int kMaxPeakDepth = 8;
-  const int max_depth = across_peak ? kMaxPeakDepth : 4;
   std::function<bool(TensorId, KernelIndex, int, bool)> gather = [&](TensorId t, KernelIndex d, int depth,
                                                                      bool allow_keep) {
     for (TensorId i : recompute_reads(trace_, lifetimes, t)) {
@@ -533,7 +583,7 @@ std::vector<Span> Planner::choose_recomputes(const Lifetimes& lifetimes, const s
     return true;
   };
   for (const Cand& c : cands) {
-    const KernelIndex d = c.end;
+    const KernelIndex d = c.point;
     chains.clear();
     splits.clear();
     shifts.clear();
@@ -1285,6 +1335,9 @@ namespace {
 // variant is also tried with recompute_factor x f: the stretched slots, recompute priced against
 // the link as it is (docs/planner.md, "Link-bound plans").
 constexpr double kMinStretch = 1.25;
+// Note [Points pulled to their readers']: on session 47's llama-3b profile at 1/2 windows of 32,
+// 64, 128, 256 and 1,024 kernels searched to 374, 368, 370, 368 and 374 ms (388 without).
+constexpr uint32_t kPullWindow = 128;
 // What a variant's name gains when make_plan_variants adds writebacks to it (variant_settings).
 constexpr std::string_view kWritebacksSuffix = ", writebacks x";
 
@@ -1346,6 +1399,7 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
   const char* const kFarthest = ", evict farthest use";
   const char* const kWithoutReads = ", recompute without persistent reads";
   const char* const kAcrossPeak = "deep recompute across the peak";
+  const char* const kPulled = ", points pulled to their readers";
   for (double slack : {0.0, 0.03, 0.25, 0.5, 0.75, 1.0}) add(fmt::format("slack {}", slack), opts, tuned(slack));
   for (double slack : {0.1, 0.25}) {
     PlannerTuning t = tuned(slack);
@@ -1397,10 +1451,14 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
     }
     // Note [Recompute across the peak]
     if (opts.recompute_across_peak) {
-      for (bool farthest : {false, true}) {
-        for (double slack : {0.1, 0.5}) {
-          add(fmt::format("{}{}, slack {}", kAcrossPeak, farthest ? kFarthest : "", slack), opts,
-              tuned(slack, farthest, false, true, true));
+      for (bool pulled : {false, true}) {  // Note [Points pulled to their readers']
+        for (bool farthest : {false, true}) {
+          for (double slack : {0.1, 0.5}) {
+            PlannerTuning t = tuned(slack, farthest, false, true, true);
+            if (pulled) t.pull_window = kPullWindow;
+            add(fmt::format("{}{}{}, slack {}", kAcrossPeak, pulled ? kPulled : "", farthest ? kFarthest : "", slack),
+                opts, t);
+          }
         }
       }
     }
@@ -1416,14 +1474,16 @@ std::vector<VariantJob> variant_jobs(const Trace& trace, const PlannerOptions& o
             for (bool true_price : {false, true}) {
               if (true_price && !rc) continue;
               const char* const priced = true_price ? ", recompute at the true link" : "";
-              for (int chains : {0, 1, 2}) {  // none, deep, deep across the peak
+              for (int chains : {0, 1, 2, 3}) {  // none, deep, deep across the peak, and pulled
                 if (chains > 0 && (without || !deep)) continue;
-                if (chains == 2 && !opts.recompute_across_peak) continue;
-                PlannerTuning t = tuned(slack, farthest, without, chains > 0, chains == 2);
+                if (chains >= 2 && !opts.recompute_across_peak) continue;
+                PlannerTuning t = tuned(slack, farthest, without, chains > 0, chains >= 2);
+                if (chains == 3) t.pull_window = kPullWindow;
                 if (true_price) t.recompute_factor *= f;
-                add(fmt::format("stretch {:.2f}{}{}{}{}, slack {}", f, priced,
+                add(fmt::format("stretch {:.2f}{}{}{}{}{}, slack {}", f, priced,
                                 chains == 0 ? "" : chains == 1 ? ", deep recompute" : ", " + std::string(kAcrossPeak),
-                                farthest ? kFarthest : "", without ? kWithoutReads : "", slack),
+                                chains == 3 ? kPulled : "", farthest ? kFarthest : "", without ? kWithoutReads : "",
+                                slack),
                     o, t);
               }
             }

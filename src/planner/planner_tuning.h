@@ -40,6 +40,10 @@ struct PlannerTuning {
   // plan_best variants (with revive_dead_inputs) unless PlannerOptions::recompute_across_peak is
   // false.
   bool recompute_across_peak = false;
+  // Across the peak, a recompute's point is pulled back to the point of a recompute that reads it
+  // (through dead inputs) when that is at most this many kernels before its own next use, so one
+  // rerun serves both (Note [Points pulled to their readers'], planner.cpp). 0: off.
+  uint32_t pull_window = 0;
   // A recompute's input that the trace has dead by the point (and that is not revived) is kept:
   // read at the point, so it lives on to it and the moves may carry it away and back meanwhile
   // (Note [Inputs kept for a recompute], planner.cpp). Default on; off, such a recompute is not

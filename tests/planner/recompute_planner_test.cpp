@@ -500,6 +500,69 @@ TEST(RecomputePlanner, AcrossThePeakAForwardGapIsLeftToTheMoves) {
   }
 }
 
+// Note [Points pulled to their readers']: A (0.5 GB) is made from R at 0 by a slow kernel (0.3 s,
+// under its own 0.5 s on the 1 GB/s link), B (0.25 GB) from A at 1 by a fast one; kernels 2..7 use
+// C (2.4 GB, the peak); the backward reads B at 8 and A at 10. Both must be away over the peak (a
+// budget of 2.6 GB). B's recompute at 8 needs A there: without the pull A would be made at 8 for
+// it and again at 10 for itself, a chain priced at 0.3 s for B's 0.25 s of link: not taken, B is
+// moved. Pulled to 8, A is made once, and B's recompute costs its own kernel.
+TEST(RecomputePlanner, AcrossThePeakAnInputIsMadeOnceAtItsReadersPoint) {
+  Trace t;
+  const TensorId r = t.add_tensor({1 << 20, TensorKind::parameter, true, "R"});
+  auto made = [&](const char* name, uint64_t bytes, KernelIndex producer) {
+    TensorInfo x{bytes, TensorKind::activation, false, name};
+    x.producer = producer;
+    x.recomputable = true;
+    return t.add_tensor(x);
+  };
+  const TensorId a = made("A", kGB / 2, 0), b = made("B", kGB / 4, 1);
+  const TensorId c = t.add_tensor({24 * kGB / 10, TensorKind::temporary, false, "C"});
+  t.add_kernel("aten::f", 300'000, std::vector<TensorId>{r, a});
+  t.add_kernel("aten::g", 10, std::vector<TensorId>{a, b});
+  for (int k = 2; k < 8; ++k) t.add_kernel("mid", 100'000, std::vector<TensorId>{c});
+  t.add_kernel("bwd_b", 100'000, std::vector<TensorId>{b});
+  t.add_kernel("other", 100'000, std::vector<TensorId>{r});
+  t.add_kernel("bwd_a", 100'000, std::vector<TensorId>{a});
+  const auto points = [](const Plan& p, TensorId x) {
+    std::vector<KernelIndex> v;
+    for (const Move& m : p.moves) {
+      if (m.op == MoveOp::recompute && m.tensor == x) v.push_back(m.deadline);
+    }
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  planner_detail::PlannerTuning tuning;
+  tuning.revive_dead_inputs = true;
+  tuning.recompute_across_peak = true;
+  const auto plan = [&](uint32_t window) {
+    tuning.pull_window = window;
+    Plan p = planner_detail::make_plan_tuned(t, peak_options(), tuning, nullptr, nullptr);
+    expect_valid(t, p);
+    EXPECT_LE(simulate(t, p).peak_bytes, peak_options().budget_bytes);
+    return p;
+  };
+  const Plan split = plan(0);
+  EXPECT_EQ(points(split, a), (std::vector<KernelIndex>{10}));
+  EXPECT_TRUE(points(split, b).empty());
+  EXPECT_EQ(count(split, MoveOp::offload, b), 1u) << "B moved over the link";
+  const Plan pulled = plan(2);
+  EXPECT_EQ(points(pulled, a), (std::vector<KernelIndex>{8})) << "A made once, where B needs it";
+  EXPECT_EQ(points(pulled, b), (std::vector<KernelIndex>{8}));
+  EXPECT_EQ(count(pulled, MoveOp::offload, b), 0u);
+  EXPECT_EQ(simulate(t, pulled).recomputes, 2u);
+  // A window shorter than A's wait (8 to 10) leaves it as it was.
+  EXPECT_TRUE(points(plan(1), b).empty());
+  // The search offers it.
+  PlannerOptions o = peak_options();
+  o.deep_recompute = true;
+  bool listed = false;
+  for (const PlanVariant& v : make_plan_variants(t, o)) {
+    listed |= v.name.find("points pulled to their readers") != std::string::npos;
+    expect_valid(t, v.plan);
+  }
+  EXPECT_TRUE(listed);
+}
+
 // The budgets a plan can have: from the largest kernel's own tensors to the unplanned peak.
 std::pair<uint64_t, uint64_t> budget_range(const Trace& t, const Lifetimes& life) {
   const std::vector<uint64_t> curve = memory_curve(t, life);
