@@ -5,6 +5,7 @@
 # Ideal: 58214318592 B), each with the search as it is ("peak") and with
 # TERAIO_RECOMPUTE_ACROSS_PEAK=0 ("nopeak"), in the order 1/2 peak, 1/2 nopeak, 1/4 peak, 1/4
 # nopeak. WARMUP warm-up steps (default 12), 3 measured. Results in $OUT/MODE-1ofF.tar (res_recompute/).
+# MODES (default "peak nopeak") picks the modes; no run starts after STOP_AFTER_S seconds (420).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/call47b.sh [FRACS]
 set -u
 cd "$(dirname "$0")/.."
@@ -14,7 +15,9 @@ source bench/h200_env.sh
 ensure_teraio_logged "$OUT/log_install.txt"
 nvidia-smi --query-gpu=name --format=csv,noheader
 for frac in ${1:-2 4}; do
-  for mode in peak nopeak; do
+  for mode in ${MODES:-peak nopeak}; do
+    # A run takes 2-3 minutes: none is started past STOP_AFTER_S (the device call's limit is 600 s).
+    ((SECONDS > ${STOP_AFTER_S:-420})) && { echo "skipped $mode 1/$frac: ${SECONDS} s gone"; continue; }
     o=$OUT/$mode-1of$frac
     off=1; [[ $mode == nopeak ]] && off=0
     TERAIO_RECOMPUTE_ACROSS_PEAK=$off OUT=$o WARMUP=${WARMUP:-12} FOOTPRINT_llama_3b_amp=${FOOTPRINT_llama_3b_amp:-58214318592} \
@@ -23,8 +26,8 @@ for frac in ${1:-2 4}; do
     xz -T0 -f "$o"/res_*/trace-*.json "$o"/res_*/plan-*.json 2>/dev/null
     rm -f "$o"/h200_*.tgz
     for f in "$o"/res_*/teraio-*.json; do [[ -e $f ]] && { echo "$mode 1/$frac"; python3 bench/run_summary.py "$f"; }; done
+    # One file back per run (the device call returns a limited number of files).
+    (cd "$OUT" && tar cf "$mode-1of$frac.tar" "$mode-1of$frac" && rm -rf "$mode-1of$frac")
   done
 done
-# One file back per run (the device call returns a limited number of files).
-(cd "$OUT" && for d in */; do tar cf "${d%/}.tar" "$d" && rm -rf "$d"; done)
 true

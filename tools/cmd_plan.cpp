@@ -187,7 +187,7 @@ const Registration kPlan{{
                      "tensors smaller than this move only when nothing else fits the budget")
           ->capture_default_str();
       sub.add_flag("--search", args->search,
-                   "plan with several settings of the heuristics (60 to 400 variants), simulate each, "
+                   "plan with several settings of the heuristics (60 to 450 variants), simulate each, "
                    "keep the fastest; with recomputable tensors, the six fastest settings that "
                    "recompute are planned again with more and less recompute; variants are planned "
                    "and simulated on parallel threads");
