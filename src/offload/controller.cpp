@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <system_error>
 
 #include "schedule.h"
 #include "teraio/error.h"
@@ -231,7 +233,7 @@ bool Controller::note_host_scale() {
 // says what happened ("planned again for host times xS of the recording's", then whether it was
 // kept); plan_path gets the plan in use.
 void Controller::replan_for_host() {
-  if (!active_ || !active_->trace || !active_->plan || active_->on_trial ||
+  if (!active_ || !active_->trace || !active_->plan || active_->on_trial || pending_search_ ||
       host_samples_.size() < kMinHostSamples || step_us_.size() < kMinHostSamples ||
       active_->host_replans_tried >= kMaxHostReplans)
     return;
@@ -249,42 +251,112 @@ void Controller::replan_for_host() {
   host_replan_searches_++;
   slot.tried_scale = scale;
   slot.tried_runner_us = runner_us_used_;
-  if (plan_again(slot, scale, planned_again(scale))) host_replans_++;
+  plan_again(slot, scale, planned_again(scale), /*for_host=*/true);
 }
 
 // Plans the slot's trace again with its host times scaled by `scale` and the slot's planner
 // options, ranking with the runner's host time; when the new plan's replay is more than 2% faster
 // than the active one's, puts it on trial (judge_host_replan keeps it or brings the old one back)
-// and returns true. `why` ends the variant ("planned again for ..."). A planner error keeps the
-// active plan.
-bool Controller::plan_again(CachedPlan& slot, double scale, const std::string& why) {
-  if (step_us_.size() < kMinHostSamples) return false;  // no measured step to judge a trial by
+// and returns true (counted in host_replans_ when `for_host`). `why` ends the variant ("planned
+// again for ..."). A planner error keeps the active plan. With background_search the search runs
+// on a thread of its own and this returns false (Note [Searches in the background]).
+bool Controller::plan_again(CachedPlan& slot, double scale, const std::string& why, bool for_host) {
+  if (step_us_.size() < kMinHostSamples || pending_search_) return false;  // no step to judge a trial by
+  const auto here = [&] {
+    const bool tried =
+        try_plan(slot, search_again(*slot.trace, slot.planner_options, *slot.plan, scale, runner_us_used_), why);
+    if (tried && for_host) host_replans_++;
+    return tried;
+  };
+  if (!options_.background_search) return here();
+  PendingSearch p;
+  p.signature = slot.iteration_signature;
+  p.plan = slot.plan;
+  p.why = why;
+  p.for_host = for_host;
+  try {  // copies (the trace and plan are shared and immutable): the steps go on meanwhile
+    p.result = std::async(std::launch::async, [this, trace = slot.trace, plan = slot.plan,
+                                               po = slot.planner_options, scale, runner = runner_us_used_] {
+      return search_again(*trace, po, *plan, scale, runner);
+    });
+  } catch (const std::system_error&) {
+    return here();  // no thread to be had: searched here, as without background_search
+  }
+  pending_search_ = std::move(p);
+  return false;
+}
+
+// The search of plan_again: the scaled trace planned, and both plans replayed on it.
+Controller::Search Controller::search_again(const Trace& trace, const PlannerOptions& po, const Plan& active,
+                                            double scale, double runner_us) const {
+  Search found;
   try {
-    const Trace scaled = with_host_times_scaled(*slot.trace, scale);
-    std::string variant;
-    Plan plan = plan_for(scaled, slot.planner_options, &variant, runner_us_used_);
-    const double active_us = steady_iteration_us(scaled, *slot.plan, runner_us_used_, false);
-    const double new_us = steady_iteration_us(scaled, plan, runner_us_used_, false);
-    if (!(new_us < 0.98 * active_us)) return false;
+    const Trace scaled = with_host_times_scaled(trace, scale);
+    found.plan = plan_for(scaled, po, &found.variant, runner_us);
+    found.active_us = steady_iteration_us(scaled, active, runner_us, false);
+    found.new_us = steady_iteration_us(scaled, found.plan, runner_us, false);
+    found.predicted_us = steady_iteration_us(scaled, found.plan);
+    found.ok = true;
+  } catch (const std::exception&) {
+    found.ok = false;  // the active plan stays
+  }
+  return found;
+}
+
+// Puts the plan a search found on trial in place of the slot's when its replay is more than 2%
+// faster; returns whether it did.
+bool Controller::try_plan(CachedPlan& slot, Search found, const std::string& why) {
+  if (!found.ok || !(found.new_us < 0.98 * found.active_us)) return false;
+  try {
     Recording rec;
     rec.trace = *slot.trace;
     rec.tensors = slot.tensors;
     std::vector<uint64_t> signatures;  // the recorded iteration's, as the active schedule has them
     for (const runtime::Schedule::Operator& op : slot.schedule->operators) signatures.push_back(op.signature);
-    auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, plan, signatures));
+    auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, found.plan, signatures));
     CachedPlan::Replaced replaced{slot.schedule, slot.plan, slot.predicted_us, slot.variant,
                                   best_step_us(step_us_), why};
-    slot.predicted_us = steady_iteration_us(scaled, plan);
-    if (!options_.plan_path.empty()) write_plan(plan, options_.plan_path);
+    slot.predicted_us = found.predicted_us;
+    if (!options_.plan_path.empty()) write_plan(found.plan, options_.plan_path);
     slot.schedule = std::move(schedule);
-    slot.plan = std::make_shared<const Plan>(std::move(plan));
-    slot.variant = fmt::format("{}; {}", variant, why);
+    slot.plan = std::make_shared<const Plan>(std::move(found.plan));
+    slot.variant = fmt::format("{}; {}", found.variant, why);
     slot.on_trial = std::move(replaced);
     install(&slot);  // the same slot: the host samples stay
     return true;
   } catch (const std::exception&) {
     return false;  // the active plan stays
   }
+}
+
+// Note [Searches in the background]
+// A plan made again for the host or the link in use (Notes [Plans for the host that runs them],
+// [Plans for the link in use]) comes from a full search of the trace, about a second on an H100's
+// host for llama-3b (438 variants), and the first planned steps ask for two or three of them: run
+// inside end_step, each made one step last a second more (session 48's H100 runs: warm-up steps of
+// 1.35 s among steps of 0.34 s, and a measured one of 1.315 s). With
+// ControllerOptions::background_search the search runs on a thread of its own (std::async, with
+// copies of what it reads: the shared trace and plan, the planner options, the scale and the
+// runner's host time) while the steps go on under the active plan; each step's end polls it, and
+// when it has ended, its plan goes on trial as before, provided it still applies: the same shape
+// is active, with the same plan, not on trial. Otherwise it is dropped (the try counted). One
+// search at a time: no other is started, and the link's figures are not corrected (which would
+// plan again), while one is in flight. The search's own threads share the host with the training
+// loop meanwhile; the trial measures only steps run under the new plan (install clears them).
+void Controller::finish_search(bool wait) {
+  if (!pending_search_) return;
+  if (!wait && pending_search_->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+  PendingSearch p = std::move(*pending_search_);
+  pending_search_.reset();
+  Search found = p.result.get();  // search_again catches the planner's errors
+  if (!active_ || active_->on_trial || active_->iteration_signature != p.signature) return;
+  CachedPlan* slot = active_slot();
+  if (!slot || slot->plan != p.plan) return;
+  if (try_plan(*slot, std::move(found), p.why) && p.for_host) host_replans_++;
+}
+
+void Controller::wait_for_search() {
+  if (pending_search_) pending_search_->result.wait();
 }
 
 void Controller::set_link_measured(size_t i, bool read, bool write, bool duplex) {
@@ -312,7 +384,8 @@ void Controller::set_link_measured(size_t i, bool read, bool write, bool duplex)
 // simulator.md, "Duplex links"), which the plan models already.
 // Given figures are the user's and stay. At most kMaxLinkReplans corrections per Session.
 void Controller::note_link_in_use() {
-  if (!active_ || active_->on_trial || link_replans_ >= kMaxLinkReplans || link_.empty()) return;
+  if (!active_ || active_->on_trial || link_replans_ >= kMaxLinkReplans || link_.empty() || pending_search_)
+    return;
   const runtime::EngineStats e = engine_.stats();
   std::string what;
   for (size_t i = 0; i < link_.size() && i < e.tiers.size(); ++i) {
@@ -369,7 +442,7 @@ void Controller::note_link_in_use() {
   CachedPlan* active = active_slot();
   if (!active) return;
   const double scale = host_scale_used_ <= 0.9 ? host_scale_used_ : 1.0;
-  plan_again(*active, scale, fmt::format("planned again for the link in use: {}", what));
+  plan_again(*active, scale, fmt::format("planned again for the link in use: {}", what), /*for_host=*/false);
 }
 
 // Note [Plans for the host that runs them]: the trial of a plan made again, once it has run
@@ -579,6 +652,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
       if (note_host_scale() || runner_changed) predict_active();
       judge_host_replan();
       note_link_in_use();
+      finish_search(false);  // Note [Searches in the background]
       replan_for_host();
     }
     const auto cached = options_.planning ? cache_.find(sig) : cache_.end();

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -62,6 +63,11 @@ struct ControllerOptions {
   // PlannerOptions::recompute_across_peak (on; the Session clears it with
   // TERAIO_RECOMPUTE_ACROSS_PEAK=0).
   bool recompute_across_peak = true;
+  // Plans made again (for the host, for the link in use) are searched on a thread of their own
+  // while the steps go on, and put on trial at the end of the first step after the search ends
+  // (Note [Searches in the background]); off, inside the step that asks for them, as the tests
+  // want them (deterministic). The PyTorch Session turns it on unless TERAIO_BACKGROUND_SEARCH=0.
+  bool background_search = false;
   // Bytes a direction of a tier must have moved in timed copies before its figure is compared
   // with their rate (Note [Plans for the link in use]); tests give less.
   uint64_t link_min_bytes = 256ull << 20;
@@ -179,6 +185,9 @@ class Controller {
   uint64_t host_replans() const { return host_replans_; }
   uint64_t host_replans_reverted() const { return host_replans_reverted_; }
   uint64_t host_replan_searches() const { return host_replan_searches_; }
+  // Note [Searches in the background]: waits for a search in flight to end (its plan is put on
+  // trial at the next step's end, if it still applies); tests use it to be deterministic.
+  void wait_for_search();
 
   // --- steps --------------------------------------------------------------------------------
   // Begins a step: resets its errors, puts tensors within the budget and where the plan starts.
@@ -294,7 +303,19 @@ class Controller {
                              bool as_planned = true, double recompute_host_us = 0) const;
   bool note_runner_host_us();
   void note_link_in_use();
-  bool plan_again(CachedPlan& slot, double scale, const std::string& why);
+  // Note [Searches in the background]: a plan made again, as the search found it.
+  struct Search {
+    bool ok = false;  // false: the planner failed (the active plan stays)
+    Plan plan;
+    std::string variant;
+    double active_us = 0, new_us = 0;  // the replays that decide (the scaled trace's)
+    double predicted_us = 0;
+  };
+  Search search_again(const Trace& trace, const PlannerOptions& po, const Plan& active, double scale,
+                      double runner_us) const;
+  bool try_plan(CachedPlan& slot, Search found, const std::string& why);
+  bool plan_again(CachedPlan& slot, double scale, const std::string& why, bool for_host);
+  void finish_search(bool wait);
   void predict_active();
   void install(const CachedPlan* p);
   void uninstall(Mode mode);
@@ -408,6 +429,18 @@ class Controller {
   // The largest operator of this step whose own tensors exceed the budget, and what to say of it.
   uint64_t step_need_bytes_ = 0;
   std::string step_need_error_, step_need_hint_;
+
+  // Note [Searches in the background]: the search in flight, for the plan `plan` of the shape
+  // `signature`. Last of the members: destroyed first, its future waits for the search, which
+  // reads this controller's options, to end.
+  struct PendingSearch {
+    uint64_t signature = 0;
+    std::shared_ptr<const Plan> plan;
+    std::string why;
+    bool for_host = false;  // counted in host_replans_ when put on trial
+    std::future<Search> result;
+  };
+  std::optional<PendingSearch> pending_search_;
 };
 
 // Mixes v into the running hash h (operator and iteration signatures).

@@ -70,6 +70,7 @@ class ControllerTest : public ::testing::Test {
         std::vector<runtime::EngineTier>{{"host", host_.get(), 8 << 20}});
     o.budget_bytes = budget;
     o.plan_search = search_;  // by default make_plan alone: quicker, same transitions
+    o.background_search = background_;
     o.tiers = {{"host", 8 << 20, link_gbps_, link_gbps_}};
     if (step_us_) o.clock_us = [this] { return now_us_; };
     ctl_ = std::make_unique<Controller>(*engine_, o);
@@ -252,6 +253,7 @@ class ControllerTest : public ::testing::Test {
   bool rerunnable_ = false;  // outputs reported as made by a rerunnable operator (recomputable)
   double link_gbps_ = 10;
   bool search_ = false;  // plan_best (the Session's default) instead of make_plan
+  bool background_ = false;  // Note [Searches in the background] (the Session's default)
   // Note [Plans for the host that runs them]: a Session with the plan search on ControllerChain at
   // kHostReplanBudget over a 0.003 GB/s link, recorded at `host_us` per operator, whose steps take
   // `step_us`(plan_variant) of the fake clock; runs its 2 profiled and first planned step and
@@ -410,6 +412,52 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
   EXPECT_NE(back.plan_variant.find("planned again for host times"), std::string::npos) << back.plan_variant;
   EXPECT_EQ(back.drift_events, 2u);
   EXPECT_EQ(back.budget_violations, 0u);
+  EXPECT_TRUE(persistent_intact());
+}
+
+// Note [Searches in the background]: the same, with the search made again on a thread of its own.
+// The step whose end starts it does not wait for it; its plan goes on trial at the end of the
+// first step after it has ended, and is kept as above. A search whose shape is no longer the
+// active one when it ends is dropped.
+TEST_F(ControllerTest, APlanMadeAgainIsSearchedWhileTheStepsGoOn) {
+  background_ = true;
+  start_host_replan(200000, [](const std::string& variant) {
+    return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
+  });
+  ASSERT_FALSE(HasFailure());
+  int started = -1;
+  for (int i = 3; i < 9 && started < 0; ++i) {
+    ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+    if (stats().host_replan_searches > 0) started = i;
+  }
+  ASSERT_GE(started, 0) << "a search was started";
+  EXPECT_EQ(ctl_->host_replans(), 0u) << "in flight: nothing on trial yet";
+  EXPECT_EQ(stats().plan_variant.find("planned again"), std::string::npos) << stats().plan_variant;
+  ctl_->wait_for_search();
+  ASSERT_EQ(run(ControllerChain()), "");
+  EXPECT_EQ(ctl_->host_replans(), 1u) << "on trial from the step after the search ended";
+  EXPECT_NE(stats().plan_variant.find("planned again for host times"), std::string::npos);
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(run(ControllerChain()), "") << "trial step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
+  EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos) << s.plan_variant;
+  expect_host_replan_steps_sound(s);
+
+  // Dropped: started for ControllerChain, ended while another shape runs.
+  start_host_replan(200000, [](const std::string& variant) {
+    return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
+  });
+  ASSERT_FALSE(HasFailure());
+  for (int i = 3; i < 9 && stats().host_replan_searches == 0; ++i) ASSERT_EQ(run(ControllerChain()), "");
+  ASSERT_EQ(stats().host_replan_searches, 1u);
+  ctl_->wait_for_search();
+  std::vector<FakeOp> longer = ControllerChain();
+  longer.push_back({"extra", {"w1"}, {{"x", 8 << 10}}});
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(run(longer), "") << "longer step " << i;
+  ASSERT_EQ(stats().mode, "planned") << "its planned steps' ends took the search's result";
+  EXPECT_EQ(ctl_->host_replans(), 0u) << "the search's shape was not the active one";
+  EXPECT_EQ(stats().plan_variant.find("planned again"), std::string::npos) << stats().plan_variant;
+  EXPECT_EQ(stats().budget_violations, 0u);
   EXPECT_TRUE(persistent_intact());
 }
 
