@@ -2,9 +2,10 @@
 # Runs every test that needs no GPU: the release build with warnings as errors, the PyTorch
 # integration on CPU (torch 2.11 from PyPI into the project's .venv, `pip install .`, pytest,
 # `teraio-train` end to end and the libtorch example), the sanitizer builds (AddressSanitizer+UBSan
-# for everything, ThreadSanitizer for the threaded storage and migration engines and the parallel
-# plan search) and the format fuzzers for a bounded time. Every python3 it runs, the tests'
-# included, is the .venv's (scripts/venv.sh; PYTHON=... overrides).
+# for everything, ThreadSanitizer for the threaded storage and migration engines, the parallel plan
+# search and the controller's searches in the background) and the format fuzzers for a bounded
+# time. Every python3 it runs, the tests' included, is the .venv's (scripts/venv.sh; PYTHON=...
+# overrides).
 # Usage: scripts/test.sh [--quick]  (--quick: the release build's tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,12 +40,17 @@ cmake --preset asan >/dev/null
 cmake --build build-asan -j"$JOBS"
 ctest --test-dir build-asan -L cpu --output-on-failure -j"$JOBS"
 
-echo "== ThreadSanitizer (the threaded storage engine, the migration engine, the parallel plan search)"
+echo "== ThreadSanitizer (the threaded storage engine, the migration engine, the parallel plan search, searches in the background)"
 cmake --preset tsan >/dev/null
-cmake --build build-tsan -j"$JOBS" --target storage_conformance_test storage_unit_test runtime_tests core_tests sim_tests
+cmake --build build-tsan -j"$JOBS" --target storage_conformance_test storage_unit_test runtime_tests core_tests sim_tests \
+  offload_tests
 for t in storage_conformance_test storage_unit_test runtime_tests core_tests sim_tests; do
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/$t --gtest_brief=1
 done
+# The controller's plans made again, searched in and outside the step (the link tests time real
+# copies, which TSan slows past their figures: run without it above).
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/bin/offload_tests --gtest_brief=1 \
+  --gtest_filter='ControllerTest.APlanMadeAgain*:ControllerTest.APlanMadeForTheRecordedHost*'
 
 if [[ -d fuzz ]]; then
   echo "== fuzzing the trace and plan readers (bounded)"
