@@ -345,8 +345,8 @@ void Planner::add_back(const Gap& g, uint32_t first, uint32_t count) {
 // and resident until its use, as activation checkpointing makes a layer's activations once at the
 // start of its backward. The bytes held over the window are not priced; the window bounds them
 // (kPullWindow, about a decoder layer's backward: 80-150 kernels on those profiles). A variant:
-// plan_best keeps it where the simulator finds it fastest (docs/planner.md, "Recompute across the
-// peak").
+// plan_best keeps it where the simulator finds it fastest (docs/planner.md, "Points pulled to their
+// readers").
 // Note [Inputs kept for a recompute]
 // PlannerTuning::keep_dead_inputs: a recompute's input that the trace has dead by the point d (a
 // temporary its producer read once) need not be made there: the recompute's recipe holds it at run
