@@ -261,7 +261,8 @@ void Controller::replan_for_host() {
 // again for ..."). A planner error keeps the active plan. With background_search the search runs
 // on a thread of its own and this returns false (Note [Searches in the background]).
 bool Controller::plan_again(CachedPlan& slot, double scale, const std::string& why, bool for_host) {
-  if (step_us_.size() < kMinHostSamples || pending_search_) return false;  // no step to judge a trial by
+  // No measured step to judge a trial by, or a search in flight already.
+  if (step_us_.size() < kMinHostSamples || pending_search_) return false;
   const auto here = [&] {
     const bool tried =
         try_plan(slot, search_again(*slot.trace, slot.planner_options, *slot.plan, scale, runner_us_used_), why);
@@ -343,9 +344,9 @@ bool Controller::try_plan(CachedPlan& slot, Search found, const std::string& why
 // search at a time: no other is started, and the link's figures are not corrected (which would
 // plan again), while one is in flight. The search's own threads share the host with the training
 // loop meanwhile; the trial measures only steps run under the new plan (install clears them).
-void Controller::finish_search(bool wait) {
-  if (!pending_search_) return;
-  if (!wait && pending_search_->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+void Controller::finish_search() {
+  if (!pending_search_ || pending_search_->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return;
   PendingSearch p = std::move(*pending_search_);
   pending_search_.reset();
   Search found = p.result.get();  // search_again catches the planner's errors
@@ -652,7 +653,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
       if (note_host_scale() || runner_changed) predict_active();
       judge_host_replan();
       note_link_in_use();
-      finish_search(false);  // Note [Searches in the background]
+      finish_search();  // Note [Searches in the background]
       replan_for_host();
     }
     const auto cached = options_.planning ? cache_.find(sig) : cache_.end();

@@ -315,7 +315,7 @@ class Controller {
                       double runner_us) const;
   bool try_plan(CachedPlan& slot, Search found, const std::string& why);
   bool plan_again(CachedPlan& slot, double scale, const std::string& why, bool for_host);
-  void finish_search(bool wait);
+  void finish_search();
   void predict_active();
   void install(const CachedPlan* p);
   void uninstall(Mode mode);

@@ -1621,7 +1621,7 @@ Session::Session(SessionOptions options) : impl_(std::make_unique<Impl>()) {
   co.writebacks = !env_off("TERAIO_WRITEBACKS") && s.options.clean_offloads;
   co.deep_recompute = !env_off("TERAIO_DEEP_RECOMPUTE");
   co.recompute_across_peak = !env_off("TERAIO_RECOMPUTE_ACROSS_PEAK");  // docs/pytorch.md, "Recompute"
-  // Plans made again are searched while the steps go on (docs/pytorch.md, "Plans made again").
+  // Plans made again are searched while the steps go on (docs/pytorch.md, "Operator times").
   co.background_search = !env_off("TERAIO_BACKGROUND_SEARCH");
   co.tiers = std::move(tier_specs);
   s.ctl = std::make_unique<offload::Controller>(*s.engine, std::move(co));

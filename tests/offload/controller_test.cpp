@@ -421,9 +421,10 @@ TEST_F(ControllerTest, APlanMadeForTheRecordedHostIsMadeAgainForTheMeasuredOne) 
 // active one when it ends is dropped.
 TEST_F(ControllerTest, APlanMadeAgainIsSearchedWhileTheStepsGoOn) {
   background_ = true;
-  start_host_replan(200000, [](const std::string& variant) {
+  const auto step_us = [](const std::string& variant) {
     return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
-  });
+  };
+  start_host_replan(200000, step_us);
   ASSERT_FALSE(HasFailure());
   int started = -1;
   for (int i = 3; i < 9 && started < 0; ++i) {
@@ -444,9 +445,7 @@ TEST_F(ControllerTest, APlanMadeAgainIsSearchedWhileTheStepsGoOn) {
   expect_host_replan_steps_sound(s);
 
   // Dropped: started for ControllerChain, ended while another shape runs.
-  start_host_replan(200000, [](const std::string& variant) {
-    return variant.find("planned again") == std::string::npos ? 20000.0 : 15000.0;
-  });
+  start_host_replan(200000, step_us);
   ASSERT_FALSE(HasFailure());
   for (int i = 3; i < 9 && stats().host_replan_searches == 0; ++i) ASSERT_EQ(run(ControllerChain()), "");
   ASSERT_EQ(stats().host_replan_searches, 1u);

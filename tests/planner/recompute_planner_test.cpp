@@ -64,6 +64,16 @@ size_t count(const Plan& p, MoveOp op, TensorId t) {
   return n;
 }
 
+// The kernels before which the plan makes t again, in order.
+std::vector<KernelIndex> recompute_points(const Plan& p, TensorId t) {
+  std::vector<KernelIndex> v;
+  for (const Move& m : p.moves) {
+    if (m.op == MoveOp::recompute && m.tensor == t) v.push_back(m.deadline);
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
 void expect_valid(const Trace& t, const Plan& p) {
   const PlanCheck c = check_plan(t, Lifetimes(t), p);
   EXPECT_TRUE(c.valid) << (c.errors.empty() ? "" : c.errors.front());
@@ -368,12 +378,7 @@ TEST(RecomputePlanner, AShortGapDoesNotChainALongRecompute) {
   expect_valid(t, deep);
   EXPECT_EQ(count(deep, MoveOp::recompute, o), 1u);
   EXPECT_EQ(count(deep, MoveOp::recompute, n), 2u);
-  std::vector<KernelIndex> points;
-  for (const Move& m : deep.moves) {
-    if (m.op == MoveOp::recompute && m.tensor == n) points.push_back(m.deadline);
-  }
-  std::sort(points.begin(), points.end());
-  EXPECT_EQ(points, (std::vector<KernelIndex>{4, 10}));
+  EXPECT_EQ(recompute_points(deep, n), (std::vector<KernelIndex>{4, 10}));
   sim = simulate(t, deep);
   EXPECT_LE(sim.peak_bytes, opts.budget_bytes);
   EXPECT_NEAR(sim.iteration_us, sim.ideal_us + 30, 1e-6) << "N twice and O rerun: nothing crosses the link";
@@ -404,17 +409,18 @@ Trace norm_chain_trace(bool expensive) {
 }
 
 // The options of the tests below (a 1 GB/s link, a budget of 2.6 GB), and make_plan with deep
-// chains, across the peak or not.
+// chains, across the peak or not (and with points pulled within `pull_window` kernels).
 PlannerOptions peak_options() {
   PlannerOptions o = options();
   o.budget_bytes = 26 * kGB / 10;
   return o;
 }
 
-Plan deep_plan(const Trace& t, bool across_peak) {
+Plan deep_plan(const Trace& t, bool across_peak, uint32_t pull_window = 0) {
   planner_detail::PlannerTuning tuning;
   tuning.revive_dead_inputs = true;
   tuning.recompute_across_peak = across_peak;
+  tuning.pull_window = pull_window;
   return planner_detail::make_plan_tuned(t, peak_options(), tuning, nullptr, nullptr);
 }
 
@@ -523,35 +529,23 @@ TEST(RecomputePlanner, AcrossThePeakAnInputIsMadeOnceAtItsReadersPoint) {
   t.add_kernel("bwd_b", 100'000, std::vector<TensorId>{b});
   t.add_kernel("other", 100'000, std::vector<TensorId>{r});
   t.add_kernel("bwd_a", 100'000, std::vector<TensorId>{a});
-  const auto points = [](const Plan& p, TensorId x) {
-    std::vector<KernelIndex> v;
-    for (const Move& m : p.moves) {
-      if (m.op == MoveOp::recompute && m.tensor == x) v.push_back(m.deadline);
-    }
-    std::sort(v.begin(), v.end());
-    return v;
-  };
-  planner_detail::PlannerTuning tuning;
-  tuning.revive_dead_inputs = true;
-  tuning.recompute_across_peak = true;
   const auto plan = [&](uint32_t window) {
-    tuning.pull_window = window;
-    Plan p = planner_detail::make_plan_tuned(t, peak_options(), tuning, nullptr, nullptr);
+    Plan p = deep_plan(t, true, window);
     expect_valid(t, p);
     EXPECT_LE(simulate(t, p).peak_bytes, peak_options().budget_bytes);
     return p;
   };
   const Plan split = plan(0);
-  EXPECT_EQ(points(split, a), (std::vector<KernelIndex>{10}));
-  EXPECT_TRUE(points(split, b).empty());
+  EXPECT_EQ(recompute_points(split, a), (std::vector<KernelIndex>{10}));
+  EXPECT_TRUE(recompute_points(split, b).empty());
   EXPECT_EQ(count(split, MoveOp::offload, b), 1u) << "B moved over the link";
   const Plan pulled = plan(2);
-  EXPECT_EQ(points(pulled, a), (std::vector<KernelIndex>{8})) << "A made once, where B needs it";
-  EXPECT_EQ(points(pulled, b), (std::vector<KernelIndex>{8}));
+  EXPECT_EQ(recompute_points(pulled, a), (std::vector<KernelIndex>{8})) << "A made once, where B needs it";
+  EXPECT_EQ(recompute_points(pulled, b), (std::vector<KernelIndex>{8}));
   EXPECT_EQ(count(pulled, MoveOp::offload, b), 0u);
   EXPECT_EQ(simulate(t, pulled).recomputes, 2u);
   // A window shorter than A's wait (8 to 10) leaves it as it was.
-  EXPECT_TRUE(points(plan(1), b).empty());
+  EXPECT_TRUE(recompute_points(plan(1), b).empty());
   // The search offers it.
   PlannerOptions o = peak_options();
   o.deep_recompute = true;
