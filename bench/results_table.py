@@ -5,7 +5,8 @@ Usage: python3 bench/results_table.py [--ideal SECONDS] RESULT ... (JSON files, 
 the .tgz archives bench/h200_run.sh writes). --ideal is the Ideal step of the same model and
 dtype, for the "% of Ideal" column (left out: the column says "–"). Runs that failed are rows with
 their error. Columns: run, step median [min, max], tokens/s, % of Ideal, the Session's prediction
-(and its error against the median), the run's floor and its bound, step / floor, GiB written
+(and its error against the median), the run's floor and its bound, step / floor (and / the floor
+with the link busy both ways at its probed both-ways rate, where that is higher), GiB written
 (offloads and writebacks) / read / discarded per measured step, recomputes per measured step (their time), GPU max allocated against
 the budget, and the plan variant the Session kept. --kinds prints instead, per run, the plan's GiB
 per step offloaded / prefetched / recomputed for each kind of tensor (which bytes cross the link).
@@ -55,7 +56,11 @@ def row(name, r, ideal):
     cells.append(cell)
     fl = r.get("floor") or {}
     if fl.get("floor_s"):
-        cells += [f"{fl['floor_s']:.3f} s, {fl['bound']}", f"{med / fl['floor_s']:.2f}x"]
+        ratio = f"{med / fl['floor_s']:.2f}x"
+        if fl.get("floor_duplex_s") and fl["floor_duplex_s"] > fl["floor_s"] * 1.005:
+            # the link with both directions busy at the probe's both-ways rate (llm_bench step_floor)
+            ratio += f" ({med / fl['floor_duplex_s']:.2f}x of {fl['floor_duplex_s']:.3f} s both ways)"
+        cells += [f"{fl['floor_s']:.3f} s, {fl['bound']}", ratio]
     else:
         cells += ["–", "–"]
     d = stats and r["system_info"].get("measured_delta") or {}
