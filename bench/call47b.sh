@@ -5,7 +5,8 @@
 # Ideal: 58214318592 B), each with the search as it is ("peak") and with
 # TERAIO_RECOMPUTE_ACROSS_PEAK=0 ("nopeak"), in the order 1/2 peak, 1/2 nopeak, 1/4 peak, 1/4
 # nopeak. WARMUP warm-up steps (default 12), 3 measured. Results in $OUT/MODE-1ofF.tar (res_recompute/).
-# MODES (default "peak nopeak") picks the modes ("norecompute": Session(recompute=False)); no run
+# MODES (default "peak nopeak") picks the modes ("norecompute": Session(recompute=False); "bgoff": the
+# search as it is with plans made again searched inside the step, TERAIO_BACKGROUND_SEARCH=0); no run
 # starts after STOP_AFTER_S seconds (420).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/call47b.sh [FRACS]
 set -u
@@ -22,7 +23,8 @@ for frac in ${1:-2 4}; do
     o=$OUT/$mode-1of$frac
     off=1; [[ $mode == nopeak ]] && off=0
     flags=step-in-backward+adamw=fused; [[ $mode == norecompute ]] && flags+=+no-recompute
-    TERAIO_RECOMPUTE_ACROSS_PEAK=$off OUT=$o WARMUP=${WARMUP:-12} FOOTPRINT_llama_3b_amp=${FOOTPRINT_llama_3b_amp:-58214318592} \
+    bg=1; [[ $mode == bgoff ]] && bg=0
+    TERAIO_BACKGROUND_SEARCH=$bg TERAIO_RECOMPUTE_ACROSS_PEAK=$off OUT=$o WARMUP=${WARMUP:-12} FOOTPRINT_llama_3b_amp=${FOOTPRINT_llama_3b_amp:-58214318592} \
       RC_MODEL=llama-3b RC_DTYPES=amp RC_FRACS=$frac RC_MODES="$flags" \
       bash bench/h200_run.sh recompute > /dev/null 2>&1
     xz -T0 -f "$o"/res_*/trace-*.json "$o"/res_*/plan-*.json 2>/dev/null
