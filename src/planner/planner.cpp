@@ -157,6 +157,8 @@ class Planner {
   void force();
   void force_at(uint32_t gi, uint32_t x);
   void prune_and_hoist();
+  void hoist();
+  void make_offloads_due_when_needed();
   Plan emit() const;
 };
 
@@ -1104,7 +1106,11 @@ void Planner::prune_and_hoist() {
       ++diag_.pruned;
     }
   }
-  if (!tuning_.hoist_prefetch) return;
+  if (tuning_.hoist_prefetch) hoist();
+  if (tuning_.offloads_due_when_needed) make_offloads_due_when_needed();
+}
+
+void Planner::hoist() {
   std::vector<uint32_t> order;
   for (uint32_t i = 0; i < pairs_.size(); ++i) {
     // One-way pairs and recomputes have no prefetch to hoist.
@@ -1129,6 +1135,57 @@ void Planner::prune_and_hoist() {
     add_back(g, new_begin, pr.begin - new_begin);
     pr.begin = new_begin;
     ++diag_.hoisted;
+  }
+}
+
+// Note [Offloads due when memory needs them]
+// An offload is due (Move::deadline) where the slot model's window of write slots ends: the write
+// is planned to take the link then, and the tensor counts as absent from there. But a kernel waits
+// at an offload's deadline for its copy to end (the engine frees the memory only then, and the
+// simulator models that), and the link often runs behind the slot model: with both directions busy
+// each moves at the both-ways rate, a stretched variant's slots are wider than the link (Note
+// [Planning for a stretched iteration]), and the Session issues transfers in due order (docs/
+// simulator.md, "Issue order"). A deadline earlier than memory needs the bytes away then makes a
+// kernel wait for room nothing uses yet: on session 48's H100 llama-3b autocast run at 1/2 (its
+// profile with the Session's host times), 164 backward kernels waited 39 ms a step for AdamW states
+// going out and forward kernels 30 ms for weights and activations. So after hoisting, each offload is made due as
+// late as memory allows: the kernel before the first one where keeping the tensor would exceed the
+// budget, and at least a kernel before its prefetch begins (a period needs one absent kernel) -
+// the mirror of hoisting a prefetch to where memory first allows it. Latest first: a later offload
+// sits further back in its link's queue, so it takes the room near it before an earlier one does.
+// That run's search then replays at 299.3 ms instead of 323.9 (docs/benchmarks.md, "Where llama-3b's
+// autocast steps wait, and offloads due when memory needs them, predicted").
+void Planner::make_offloads_due_when_needed() {
+  std::vector<uint32_t> order;
+  for (uint32_t i = 0; i < pairs_.size(); ++i) {
+    const Pair& pr = pairs_[i];
+    if (!pr.live || pr.recompute || gaps_[pr.gap].idle || discardable(gaps_[pr.gap])) continue;
+    order.push_back(i);
+  }
+  auto done_at = [&](uint32_t i) { return (gaps_[pairs_[i].gap].start + pairs_[i].done) % n_; };
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return done_at(a) > done_at(b); });
+  for (uint32_t i : order) {
+    Pair& pr = pairs_[i];
+    const Gap& g = gaps_[pr.gap];
+    // At most begin - 2: a kernel between done and begin stays absent.
+    const uint32_t limit = pr.begin >= 2 ? pr.begin - 2 : 0;
+    if (limit <= pr.done) continue;
+    const uint32_t first = pr.done + 1;
+    const Pieces p = pieces(n_, uint64_t{g.start} + first, limit - first + 1);
+    uint32_t new_done = limit;
+    for (size_t j = 0; j < p.n; ++j) {
+      const size_t k = mem_.first_above(p.lo[j], p.hi[j], budget_ - g.bytes);
+      if (k != SIZE_MAX) {
+        const uint32_t dist = static_cast<uint32_t>((k + n_ - g.start) % n_);
+        new_done = dist - 1;
+        break;
+      }
+    }
+    if (new_done <= pr.done) continue;
+    const Pieces q = pieces(n_, uint64_t{g.start} + first, new_done - pr.done);
+    for (size_t j = 0; j < q.n; ++j) mem_.range_add(q.lo[j], q.hi[j], g.bytes);
+    pr.done = new_done;
+    ++diag_.offloads_due_later;
   }
 }
 

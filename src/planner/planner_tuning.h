@@ -22,6 +22,9 @@ struct PlannerTuning {
   // of the best remaining upper bound (0 = exact greedy order). Default 0.1: see docs/planner.md.
   double lazy_slack = 0.1;
   bool hoist_prefetch = true;
+  // After hoisting, make each offload due as late as memory allows (Note [Offloads due when memory
+  // needs them], planner.cpp). Default on.
+  bool offloads_due_when_needed = true;
   // A recomputable gap is recomputed when its producer's kernel time is at most this factor times
   // the time its bytes take on the fastest tier's slower link (and moving cannot relieve as much).
   // Default 1: recompute what is cheaper than one crossing of the link.
@@ -74,6 +77,7 @@ struct PlannerDiagnostics {
   double estimated_stall_us = 0;        // unhidden bytes / link bandwidth (the planner's own model)
   size_t pruned = 0;                    // pairs dropped by the prune pass
   size_t hoisted = 0;                   // prefetches started earlier than planned
+  size_t offloads_due_later = 0;        // offloads made due later than planned
   size_t rescores = 0;                  // candidate evaluations in the greedy loop
   double setup_seconds = 0, greedy_seconds = 0, force_seconds = 0, finish_seconds = 0;
 };

@@ -63,7 +63,8 @@ bool has_move(const Plan& plan, TensorId t, MoveOp op, KernelIndex start, Kernel
 }
 
 // W (persistent, 100 MiB) is used at kernels 0 and 10; A (100 MiB) lives over kernels 3..7.
-// Budget 150 MiB: W must be away over 3..7. With fast links the offload takes kernel 1, the
+// Budget 150 MiB: W must be away over 3..7. With fast links the offload takes kernel 1 and is due
+// at kernel 2, the last before A needs the room (Note [Offloads due when memory needs them]); the
 // prefetch is hoisted to kernel 8 (the first kernel where W fits again).
 TEST(PlannerGolden, OneBigTensorOffloadedInItsGap) {
   Trace trace;
@@ -73,7 +74,7 @@ TEST(PlannerGolden, OneBigTensorOffloadedInItsGap) {
   PlannerStats stats;
   const Plan plan = make_plan(trace, options(150 * kMiB, 1000), &stats);
   ASSERT_EQ(plan.moves.size(), 2u);
-  EXPECT_TRUE(has_move(plan, 0, MoveOp::offload, 0, 1));
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::offload, 0, 2));
   EXPECT_TRUE(has_move(plan, 0, MoveOp::prefetch, 8, 10));
   EXPECT_EQ(stats.chosen, 1u);
   EXPECT_EQ(stats.forced, 0u);
@@ -87,7 +88,7 @@ TEST(PlannerGolden, OneBigTensorOffloadedInItsGap) {
 // B1 (100 MiB) and B2 (300 MiB) fit the 400 MiB budget; A (100 MiB) over kernels 3..7 pushes M to
 // 500 MiB there. B1 can be away over all five kernels; B2 over four of them only (3..6): B2 saves
 // more byte-time in total, but B1 saves more per byte and alone resolves the pressure, so only B1
-// moves (and its prefetch is hoisted to kernel 8, where it fits again).
+// moves (due at kernel 2, before A; its prefetch hoisted to kernel 8, where it fits again).
 TEST(PlannerGolden, BetterBenefitPerByteWins) {
   Trace trace;
   tensor(trace, "B1", 100 * kMiB, true);
@@ -97,9 +98,39 @@ TEST(PlannerGolden, BetterBenefitPerByteWins) {
   PlannerStats stats;
   const Plan plan = make_plan(trace, options(400 * kMiB, 1e6), &stats);
   ASSERT_EQ(plan.moves.size(), 2u);
-  EXPECT_TRUE(has_move(plan, 0, MoveOp::offload, 0, 1));
+  EXPECT_TRUE(has_move(plan, 0, MoveOp::offload, 0, 2));
   EXPECT_TRUE(has_move(plan, 0, MoveOp::prefetch, 8, 10));
   EXPECT_TRUE(check(trace, plan).valid);
+}
+
+// Note [Offloads due when memory needs them]: W (100 MiB) is used at kernels 0 and 30 and A (100
+// MiB) lives over 20..25, budget 150 MiB. The slot model has W's write done by kernel 1 (100 MiB
+// at 1 TB/s takes 0.1 ms of kernel 1's 1 ms), but nothing needs the room before kernel 20: the
+// offload is due at 19. On a write link a hundred times slower than planned (10.5 ms for the
+// write) the step then waits for nothing, where an offload due at kernel 1 holds kernel 2 for 9 ms.
+TEST(PlannerGolden, AnOffloadIsDueWhereMemoryNeedsItsRoom) {
+  Trace trace;
+  tensor(trace, "W", 100 * kMiB, true);
+  tensor(trace, "A", 100 * kMiB, false);
+  kernels(trace, 40, 1000, {{0, 30}, {20, 21, 22, 23, 24, 25}});
+  planner_detail::PlannerTuning early;
+  early.offloads_due_when_needed = false;
+  const PlannerOptions o = options(150 * kMiB, 1000);
+  const Plan due_late = planner_detail::make_plan_tuned(trace, o, {}, nullptr, nullptr);
+  const Plan due_early = planner_detail::make_plan_tuned(trace, o, early, nullptr, nullptr);
+  EXPECT_TRUE(has_move(due_late, 0, MoveOp::offload, 0, 19));
+  EXPECT_TRUE(has_move(due_early, 0, MoveOp::offload, 0, 1));
+  for (const Plan* p : {&due_late, &due_early}) {
+    const PlanCheck c = check(trace, *p);
+    EXPECT_TRUE(c.valid) << describe(c);
+    EXPECT_LE(c.peak_bytes, 150 * kMiB);
+  }
+  auto on_slow_link = [&](Plan p) {
+    for (TierSpec& t : p.tiers) t.write_gbps = 10;  // 100 MiB in 10.5 ms
+    return simulate(trace, p);
+  };
+  EXPECT_LT(on_slow_link(due_late).stall_us, 1.0);
+  EXPECT_GT(on_slow_link(due_early).stall_us, 8000.0);
 }
 
 // Same as the first case, but the link moves 1 KB per kernel: nothing can be hidden, and the plan
