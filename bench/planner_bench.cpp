@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
     fmt::print("phases (last run): setup {:.3f} greedy {:.3f} force {:.3f} finish {:.3f} s; rescores {}\n",
                diag.setup_seconds, diag.greedy_seconds, diag.force_seconds, diag.finish_seconds, diag.rescores);
     fmt::print("candidates {}, ", stats.candidates);
-    fmt::print("pairs: {} chosen, {} forced; {} moved; pruned {}, hoisted {}\n", stats.chosen, stats.forced,
-               format_bytes(static_cast<double>(diag.bytes_offloaded)), diag.pruned, diag.hoisted);
+    fmt::print("pairs: {} chosen, {} forced; {} moved; pruned {}, hoisted {}, offloads due later {}\n",
+               stats.chosen, stats.forced, format_bytes(static_cast<double>(diag.bytes_offloaded)), diag.pruned,
+               diag.hoisted, diag.offloads_due_later);
 
     if (compare) {
       struct Variant {

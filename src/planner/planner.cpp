@@ -1182,8 +1182,7 @@ void Planner::make_offloads_due_when_needed() {
       }
     }
     if (new_done <= pr.done) continue;
-    const Pieces q = pieces(n_, uint64_t{g.start} + first, new_done - pr.done);
-    for (size_t j = 0; j < q.n; ++j) mem_.range_add(q.lo[j], q.hi[j], g.bytes);
+    add_back(g, first, new_done - pr.done);
     pr.done = new_done;
     ++diag_.offloads_due_later;
   }
