@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <system_error>
 
 #include "schedule.h"
@@ -151,9 +152,12 @@ std::string planned_again(double scale) {
   return fmt::format("planned again for host times x{:.2f} of the recording's", scale);
 }
 
-// The fastest of a schedule's planned steps, its first (which aligns to the plan) left out.
-double best_step_us(const std::vector<double>& step_us) {
-  return *std::min_element(step_us.begin() + 1, step_us.end());
+// The fastest of a schedule's planned steps: on the host clock its first (which aligns to the
+// plan) left out; the device's periods leave it out already (Note [Steps timed on the device]).
+double best_step_us(const std::vector<double>& step_us, bool on_device) {
+  const auto first = step_us.begin() + (on_device ? 0 : 1);
+  return first < step_us.end() ? *std::min_element(first, step_us.end())
+                               : std::numeric_limits<double>::infinity();
 }
 
 // The trace with every operator's host time times `scale` (Note [Host times of planned steps]).
@@ -307,7 +311,8 @@ Controller::Search Controller::search_again(const Trace& trace, const PlannerOpt
 // Puts the plan a search found on trial in place of the slot's when its replay is more than 2%
 // faster; returns whether it did.
 bool Controller::try_plan(CachedPlan& slot, Search found, const std::string& why) {
-  if (!found.ok || !(found.new_us < 0.98 * found.active_us)) return false;
+  const double active_best_us = best_step_us(step_us_, steps_on_device_);
+  if (!found.ok || !(found.new_us < 0.98 * found.active_us) || !std::isfinite(active_best_us)) return false;
   try {
     Recording rec;
     rec.trace = *slot.trace;
@@ -316,7 +321,7 @@ bool Controller::try_plan(CachedPlan& slot, Search found, const std::string& why
     for (const runtime::Schedule::Operator& op : slot.schedule->operators) signatures.push_back(op.signature);
     auto schedule = std::make_shared<const runtime::Schedule>(compile_schedule(rec, found.plan, signatures));
     CachedPlan::Replaced replaced{slot.schedule, slot.plan, slot.predicted_us, slot.variant,
-                                  best_step_us(step_us_), why};
+                                  active_best_us, why};
     slot.predicted_us = found.predicted_us;
     if (!options_.plan_path.empty()) write_plan(found.plan, options_.plan_path);
     slot.schedule = std::move(schedule);
@@ -347,6 +352,9 @@ bool Controller::try_plan(CachedPlan& slot, Search found, const std::string& why
 void Controller::finish_search() {
   if (!pending_search_ || pending_search_->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
     return;
+  // Taken once the active plan has steps to judge the new one against (a drift's reinstall of the
+  // same plan clears them; the device's periods come a step or two late).
+  if (step_us_.size() < kMinHostSamples && collecting_steps()) return;
   PendingSearch p = std::move(*pending_search_);
   pending_search_.reset();
   Search found = p.result.get();  // search_again catches the planner's errors
@@ -457,6 +465,19 @@ void Controller::note_link_in_use() {
 // ran 0.175 s steps against the first plan's 0.194 s, but 137 against 126 ms inside the steps, so
 // it was not kept (docs/benchmarks.md, "Issue 15's autocast peer three times, the probe fixed, and
 // deferred updates tried, on an H100"). A loop's own time between steps counts for both plans alike.
+//
+// Note [Steps timed on the device]: on the host clock, a step's period from the end of the step
+// before carries that step's device tail in place of its own, and the first step of a schedule
+// (which aligns to it) ends with a short one: on an H100 (session 49, llama-3b in autocast at 1/2)
+// the second planned step of each plan timed 50-60 ms under the steps llm_bench timed between
+// synchronizes (332 against 386 ms, 345 against 393-399), so a trial's figures were the host's, not
+// the steps'. Where the binding can time the device (CUDA), it marks each step's end with an event
+// on the stream the step ran on, and the trial takes the device's time between consecutive marks:
+// the end of one step's work to the end of the next's, idle time waiting for the host included,
+// read once the later mark has passed (a step or two late; nothing waits for it). Marks carry the
+// schedule's install count, so a period whose earlier step ran another schedule (the step that
+// aligns), or that spans a step not measured (a drift, a smaller shape), is never taken. Without
+// device timing (CPU, tests) the host clock's periods stand, whose steps have no tail.
 void Controller::judge_host_replan() {
   if (!active_ || !active_->on_trial || step_us_.size() < kMinHostSamples) return;
   CachedPlan* active = active_slot();
@@ -464,7 +485,7 @@ void Controller::judge_host_replan() {
   CachedPlan& slot = *active;
   CachedPlan::Replaced old = std::move(*slot.on_trial);
   slot.on_trial.reset();
-  const double best_us = best_step_us(step_us_);
+  const double best_us = best_step_us(step_us_, steps_on_device_);
   if (best_us < 0.99 * old.best_step_us) {
     slot.variant += fmt::format(", kept: {} a step against {}", format_us(best_us), format_us(old.best_step_us));
     plan_variant_ = slot.variant;
@@ -520,6 +541,7 @@ void Controller::install(const CachedPlan* p) {
   active_ = p;
   p->last_used = iteration_;
   step_us_.clear();  // the steps of this schedule, from its first (which aligns to it)
+  schedule_epoch_++;  // Note [Steps timed on the device]: its steps' label
   plan_variant_ = p->variant;  // a cache hit's too
   predict_active();
   engine_.set_schedule(p->schedule);
@@ -606,6 +628,20 @@ void Controller::begin_step(StepBinding& binding) {
 //     that the next step of another shape plans.
 // Steps of a failed shape that are larger than the budget still raise their own error each time
 // (an operator larger than the budget: Note [Budget policy]).
+// A period of the active schedule's steps (Notes [Steps timed end to end], [Steps timed on the
+// device]), kept only while a plan made again for the host may still be tried or is on trial (a
+// long run's steps must not pile up).
+bool Controller::collecting_steps() const {
+  return active_ && (active_->on_trial || active_->host_replans_tried < kMaxHostReplans ||
+                     link_replans_ < kMaxLinkReplans);
+}
+
+void Controller::add_step_sample(double us) {
+  if (!collecting_steps()) return;
+  step_us_.push_back(us);
+  if (step_us_.size() > kMaxStepSamples) step_us_.erase(step_us_.begin() + (steps_on_device_ ? 0 : 1));
+}
+
 StepErrors Controller::end_step(StepBinding& binding) {
   TERAIO_CHECK(in_step(), "Session.step(): no step is running");
   collect_faults(true);
@@ -623,6 +659,15 @@ StepErrors Controller::end_step(StepBinding& binding) {
       iteration_reactive_ = true;  // the iteration ended early or late: drift
       drift_events_++;
     }
+    // Note [Steps timed on the device]: every step is marked, the planned ones that are measured
+    // with their schedule's label, so that no period spans a step of another kind.
+    const bool timed = mode_ == Mode::kPlanned && !iteration_reactive_ && !step_within_ && active_ &&
+                       active_->recorded_host_us > 0;
+    device_periods_.clear();
+    steps_on_device_ = binding.mark_step_end(timed ? schedule_epoch_ : 0, &device_periods_);
+    if (steps_on_device_ && active_)
+      for (const auto& [label, us] : device_periods_)
+        if (label == schedule_epoch_) add_step_sample(us);
     if (mode_ == Mode::kPlanned && !iteration_reactive_ && step_within_) {
       steps_on_larger_plans_++;  // Note [Smaller shapes on a larger shape's plan]: not measured
     } else if (mode_ == Mode::kPlanned && !iteration_reactive_ && active_) {
@@ -640,14 +685,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
         const double step_us = end_us - step_wall_us0_;
         host_samples_.push_back(std::max(0.0, step_us - std::max(0.0, hook_us)) / active_->recorded_host_us);
         // Note [Steps timed end to end]
-        const double period_us = last_step_end_us_ > 0 ? end_us - last_step_end_us_ : step_us;
-        // Kept only while a plan made again for the host may still be tried or is on trial (a long
-        // run's steps must not pile up).
-        if (active_->on_trial || active_->host_replans_tried < kMaxHostReplans ||
-            link_replans_ < kMaxLinkReplans) {
-          step_us_.push_back(period_us);
-          if (step_us_.size() > kMaxStepSamples) step_us_.erase(step_us_.begin() + 1);
-        }
+        if (!steps_on_device_) add_step_sample(last_step_end_us_ > 0 ? end_us - last_step_end_us_ : step_us);
       }
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "budget.h"
@@ -86,6 +87,17 @@ class StepBinding : public TensorSource {
   // runner's own cost per operator in planned steps (Note [The runner's host time] in
   // controller.cpp). 0: not measured.
   virtual double runner_host_us() const { return 0; }
+  // Note [Steps timed on the device] (controller.cpp): marks where this step's work ends on the
+  // device (an event on the stream its operators ran on), labelled `label` (0: a step not to be
+  // timed), and appends to *periods, oldest first and each once, {label, microseconds} for every
+  // pair of consecutive marks with one nonzero label whose later mark the device has passed: the
+  // device's time from the end of one step to the end of the next. Never blocks. False when the
+  // binding cannot time the device (CPU): the host clock's periods stand.
+  virtual bool mark_step_end(uint64_t label, std::vector<std::pair<uint64_t, double>>* periods) {
+    (void)label;
+    (void)periods;
+    return false;
+  }
 };
 
 // An operator's shape as the binding sees it at its start (Note [Smaller shapes on a larger
@@ -396,6 +408,14 @@ class Controller {
   // end]), the plan made again and its trial.
   std::vector<double> step_us_;
   double last_step_end_us_ = 0;
+  // Note [Steps timed on the device]: installs so far (a schedule's steps are labelled with it),
+  // whether step_us_ holds the device's periods (else the host clock's), and the binding's last
+  // periods.
+  uint64_t schedule_epoch_ = 0;
+  bool steps_on_device_ = false;
+  std::vector<std::pair<uint64_t, double>> device_periods_;
+  void add_step_sample(double us);
+  bool collecting_steps() const;
   CachedPlan* active_slot();
   void replan_for_host();
   void judge_host_replan();

@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -794,6 +795,36 @@ struct Session::Impl final : offload::StepBinding {
     for (const auto& [si, b] : storages)
       if (!b.weak.expired()) out.push_back(b.id);
     return out;
+  }
+#ifdef TERAIO_TORCH_CUDA
+  // Note [Steps timed on the device] (controller.cpp): the last steps' end marks, oldest first.
+  std::deque<std::pair<uint64_t, at::cuda::CUDAEvent>> step_marks;
+#endif
+  bool mark_step_end(uint64_t label, std::vector<std::pair<uint64_t, double>>* periods) override {
+#ifdef TERAIO_TORCH_CUDA
+    if (!measuring_device()) return false;
+    try {
+      step_marks.emplace_back(label, at::cuda::CUDAEvent(cudaEventDefault));  // timing enabled
+      step_marks.back().second.record(c10::cuda::getCurrentCUDAStream(device->index()));
+      while (step_marks.size() >= 2 && step_marks[1].second.query()) {
+        const auto& [l0, e0] = step_marks[0];
+        const auto& [l1, e1] = step_marks[1];
+        if (l0 != 0 && l0 == l1) {
+          const double us = 1e3 * e0.elapsed_time(e1);
+          if (us > 0) periods->emplace_back(l1, us);  // not on one stream: no period
+        }
+        step_marks.pop_front();
+      }
+      while (step_marks.size() > 8) step_marks.pop_front();  // a device far behind: its oldest go
+    } catch (const std::exception&) {
+      step_marks.clear();  // CUDA could not say: no period this time, the next marks start afresh
+    }
+    return true;
+#else
+    (void)label;
+    (void)periods;
+    return false;
+#endif
   }
   bool host_times() const override { return measuring_device(); }
   double operator_time_us(size_t k, double host_us) const override {

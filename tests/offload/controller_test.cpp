@@ -50,6 +50,25 @@ class FakeBinding : public StepBinding {
     return host_us > 0 ? 100 : measured_us;
   }
 
+  // Note [Steps timed on the device]: with device_us set, the step's device time (the device's
+  // clock advances by it at each mark), and the marks pass one step late (a device behind the host).
+  bool mark_step_end(uint64_t label, std::vector<std::pair<uint64_t, double>>* periods) override {
+    if (!device_us) return false;
+    device_clock_us += device_us();
+    marks.emplace_back(label, device_clock_us);
+    while (passed + 2 < marks.size()) {  // every mark but the newest has passed
+      const auto [l0, t0] = marks[passed];
+      const auto [l1, t1] = marks[passed + 1];
+      if (l0 != 0 && l0 == l1) periods->emplace_back(l1, t1 - t0);
+      passed++;
+    }
+    return true;
+  }
+  std::function<double()> device_us;
+  double device_clock_us = 0;
+  std::vector<std::pair<uint64_t, double>> marks;
+  size_t passed = 0;  // marks[passed] is the earlier of the next pair
+
   double host_us = 0;
   std::map<FakeTensor*, LogicalId> ids;
   std::vector<std::shared_ptr<FakeTensor>> id_tensor;
@@ -168,6 +187,10 @@ class ControllerTest : public ::testing::Test {
       t->data.clear();
     }
     if (step_us_) now_us_ += step_us_(stats().plan_variant);
+    if (device_us_) {
+      const double us = device_us_(stats().plan_variant);
+      b_.device_us = [us] { return us; };
+    }
     const StepErrors errors = ctl_->end_step(b_);
     if (between_us_) now_us_ += between_us_(stats().plan_variant);
     for (auto it = b_.ids.begin(); it != b_.ids.end();) {  // forget storages that died
@@ -269,6 +292,9 @@ class ControllerTest : public ::testing::Test {
   // And, when set, the time that passes after each step's end before the next begins (a device
   // still running the step's kernels while the loop waits: Note [Steps timed end to end]).
   std::function<double(const std::string&)> between_us_;
+  // And, when set, the device's time for each step, which the binding reports (Note [Steps timed
+  // on the device]).
+  std::function<double(const std::string&)> device_us_;
   double now_us_ = 0;
 };
 
@@ -508,6 +534,44 @@ TEST_F(ControllerTest, APlanMadeAgainIsJudgedByItsStepsFromEndToEnd) {
   EXPECT_NE(s.plan_variant.find("kept: 15.00 ms a step against 22.00 ms"), std::string::npos) << s.plan_variant;
   EXPECT_LT(s.plan_predicted_us, first.plan_predicted_us);
   expect_host_replan_steps_sound(s);
+}
+
+// Note [Steps timed on the device]: where the binding times the device, the trial takes the
+// device's periods, not the host clock's. Here the plan made again ends its steps sooner on the host
+// (15 against 20 ms) but its work takes the device longer (25 against 21 ms), so it is not kept; and
+// the first step of each schedule, whose device time is made short here (5 ms, as if it aligned
+// with little work), is never a period of the schedule's.
+TEST_F(ControllerTest, APlanMadeAgainIsJudgedByTheDevicesTimeWhereTheBindingHasIt) {
+  auto again = [](const std::string& variant) {
+    return variant.find("planned again") != std::string::npos && variant.find("not kept") == std::string::npos;
+  };
+  std::string last;
+  device_us_ = [&](const std::string& variant) {
+    const bool first = variant != last;
+    last = variant;
+    return first ? 5000.0 : again(variant) ? 25000.0 : 21000.0;
+  };
+  const SessionStats first =
+      start_host_replan(200000, [&](const std::string& variant) { return again(variant) ? 15000.0 : 20000.0; });
+  ASSERT_FALSE(HasFailure());
+  for (int i = 3; i < 16; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  const SessionStats s = stats();
+  EXPECT_EQ(ctl_->host_replans(), 1u) << "tried once";
+  EXPECT_EQ(ctl_->host_replans_reverted(), 1u);
+  EXPECT_EQ(s.plan_variant.rfind(first.plan_variant, 0), 0u) << "the first plan again: " << s.plan_variant;
+  EXPECT_NE(s.plan_variant.find("it ran 25.00 ms a step against 21.00 ms: not kept"), std::string::npos)
+      << s.plan_variant;
+  expect_host_replan_steps_sound(s);
+
+  // Without the device's figures (a CPU binding) the host clock's keep it.
+  device_us_ = nullptr;
+  b_.device_us = nullptr;
+  start_host_replan(200000, [&](const std::string& variant) { return again(variant) ? 15000.0 : 20000.0; });
+  ASSERT_FALSE(HasFailure());
+  for (int i = 3; i < 16; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
+  EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
+  EXPECT_NE(stats().plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos)
+      << stats().plan_variant;
 }
 
 // The same, where the steps of the plan made again measure slower than the first plan's (the model
