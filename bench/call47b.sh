@@ -7,7 +7,8 @@
 # nopeak. WARMUP warm-up steps (default 12), 3 measured. Results in $OUT/MODE-1ofF.tar (res_recompute/).
 # MODES (default "peak nopeak") picks the modes ("norecompute": Session(recompute=False); "bgoff": the
 # search as it is with plans made again searched inside the step, TERAIO_BACKGROUND_SEARCH=0); no run
-# starts after STOP_AFTER_S seconds (420).
+# starts after STOP_AFTER_S seconds (420). A mode may carry a suffix after a dot to repeat it
+# ("peak.2": peak again, in its own folder).
 # Usage (repo root on the GPU machine, build-gpudeps/ carried): bash bench/call47b.sh [FRACS]
 set -u
 cd "$(dirname "$0")/.."
@@ -21,9 +22,10 @@ for frac in ${1:-2 4}; do
     # A run takes 2-3 minutes: none is started past STOP_AFTER_S (the device call's limit is 600 s).
     ((SECONDS > ${STOP_AFTER_S:-420})) && { echo "skipped $mode 1/$frac: ${SECONDS} s gone"; continue; }
     o=$OUT/$mode-1of$frac
-    off=1; [[ $mode == nopeak ]] && off=0
-    flags=step-in-backward+adamw=fused; [[ $mode == norecompute ]] && flags+=+no-recompute
-    bg=1; [[ $mode == bgoff ]] && bg=0
+    base=${mode%%.*}
+    off=1; [[ $base == nopeak ]] && off=0
+    flags=step-in-backward+adamw=fused; [[ $base == norecompute ]] && flags+=+no-recompute
+    bg=1; [[ $base == bgoff ]] && bg=0
     TERAIO_BACKGROUND_SEARCH=$bg TERAIO_RECOMPUTE_ACROSS_PEAK=$off OUT=$o WARMUP=${WARMUP:-12} FOOTPRINT_llama_3b_amp=${FOOTPRINT_llama_3b_amp:-58214318592} \
       RC_MODEL=llama-3b RC_DTYPES=amp RC_FRACS=$frac RC_MODES="$flags" \
       bash bench/h200_run.sh recompute > /dev/null 2>&1
