@@ -132,6 +132,12 @@ struct SessionStats {
   // iterations 2 to 7; the plan file's `predicted` is the 2-iteration mean of `teraio simulate`).
   // 0 before a plan.
   double predicted_iteration_us = 0;
+  // The plan in use, measured: the median of its last five planned steps, each from the end of the
+  // step before to its own end; on CUDA the GPU's time between marks at the steps' ends, read a
+  // step or two late (Note [Steps timed on the device] in src/offload/controller.cpp), elsewhere
+  // the host clock's, the plan's first step left out. 0 before, and after a plan change until
+  // measured again. Compare with predicted_iteration_us.
+  double measured_step_us = 0;
   // Note [The runner's host time] (src/offload/controller.cpp): the Session's own callback host
   // time per operator in planned steps (the median of the last five, stalls excluded), which
   // predicted_iteration_us includes once measured (0 before), and the plan's replay without it.
@@ -267,6 +273,7 @@ constexpr void for_each_stats_field(F&& f) {
   f("plan_budget_bytes", &S::plan_budget_bytes, K::kGauge);
   f("plan_variant", &S::plan_variant, K::kText);
   f("predicted_iteration_us", &S::predicted_iteration_us, K::kGauge);
+  f("measured_step_us", &S::measured_step_us, K::kGauge);
   f("plan_predicted_us", &S::plan_predicted_us, K::kGauge);
   f("runner_host_us_per_operator", &S::runner_host_us_per_operator, K::kGauge);
   f("recompute_host_us_per_step", &S::recompute_host_us_per_step, K::kGauge);

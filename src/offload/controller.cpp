@@ -542,6 +542,9 @@ void Controller::install(const CachedPlan* p) {
   p->last_used = iteration_;
   step_us_.clear();  // the steps of this schedule, from its first (which aligns to it)
   schedule_epoch_++;  // Note [Steps timed on the device]: its steps' label
+  periods_since_install_ = 0;
+  recent_steps_.clear();
+  measured_step_us_ = 0;
   plan_variant_ = p->variant;  // a cache hit's too
   predict_active();
   engine_.set_schedule(p->schedule);
@@ -637,7 +640,15 @@ bool Controller::collecting_steps() const {
 }
 
 void Controller::add_step_sample(double us) {
-  if (!collecting_steps()) return;
+  // stats()["measured_step_us"]: the active schedule's last steps, its first on the host clock
+  // (which aligns to it) left out.
+  if (steps_on_device_ || periods_since_install_ > 0) {
+    recent_steps_.push_back(us);
+    measured_step_us_ = median_of_last(recent_steps_);
+  }
+  periods_since_install_++;
+  // Trials only where the trace has host times (CUDA: Note [Plans for the host that runs them]).
+  if (active_->recorded_host_us <= 0 || !collecting_steps()) return;
   step_us_.push_back(us);
   if (step_us_.size() > kMaxStepSamples) step_us_.erase(step_us_.begin() + (steps_on_device_ ? 0 : 1));
 }
@@ -661,8 +672,7 @@ StepErrors Controller::end_step(StepBinding& binding) {
     }
     // Note [Steps timed on the device]: every step is marked, the planned ones that are measured
     // with their schedule's label, so that no period spans a step of another kind.
-    const bool timed = mode_ == Mode::kPlanned && !iteration_reactive_ && !step_within_ && active_ &&
-                       active_->recorded_host_us > 0;
+    const bool timed = mode_ == Mode::kPlanned && !iteration_reactive_ && !step_within_ && active_;
     device_periods_.clear();
     steps_on_device_ = binding.mark_step_end(timed ? schedule_epoch_ : 0, &device_periods_);
     if (steps_on_device_ && active_)
@@ -679,14 +689,13 @@ StepErrors Controller::end_step(StepBinding& binding) {
         runner_samples_.push_back(std::max(0.0, hook_us - stall_us - recompute_us) / ops_run);
         recompute_samples_.push_back(recompute_us);
       }
+      const double end_us = now_us();
+      const double step_us = end_us - step_wall_us0_;
       // Note [Host times of planned steps]
-      if (active_->recorded_host_us > 0) {
-        const double end_us = now_us();
-        const double step_us = end_us - step_wall_us0_;
+      if (active_->recorded_host_us > 0)
         host_samples_.push_back(std::max(0.0, step_us - std::max(0.0, hook_us)) / active_->recorded_host_us);
-        // Note [Steps timed end to end]
-        if (!steps_on_device_) add_step_sample(last_step_end_us_ > 0 ? end_us - last_step_end_us_ : step_us);
-      }
+      // Note [Steps timed end to end]
+      if (!steps_on_device_) add_step_sample(last_step_end_us_ > 0 ? end_us - last_step_end_us_ : step_us);
       const bool runner_changed = note_runner_host_us();
       if (note_host_scale() || runner_changed) predict_active();
       judge_host_replan();
@@ -1113,6 +1122,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->plan_budget_bytes = plan_budget_bytes_;
   r->plan_variant = plan_variant_;
   r->predicted_iteration_us = predicted_iteration_us_;
+  r->measured_step_us = measured_step_us_;
   r->plan_predicted_us = plan_predicted_us_;
   r->runner_host_us_per_operator = runner_us_used_;
   r->recompute_host_us_per_step = recompute_us_used_;

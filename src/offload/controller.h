@@ -413,6 +413,10 @@ class Controller {
   // periods.
   uint64_t schedule_epoch_ = 0;
   bool steps_on_device_ = false;
+  // stats()["measured_step_us"]: the median of the active schedule's last periods (recent_steps_).
+  std::vector<double> recent_steps_;
+  double measured_step_us_ = 0;
+  size_t periods_since_install_ = 0;
   std::vector<std::pair<uint64_t, double>> device_periods_;
   void add_step_sample(double us);
   bool collecting_steps() const;

@@ -561,17 +561,22 @@ TEST_F(ControllerTest, APlanMadeAgainIsJudgedByTheDevicesTimeWhereTheBindingHasI
   EXPECT_EQ(s.plan_variant.rfind(first.plan_variant, 0), 0u) << "the first plan again: " << s.plan_variant;
   EXPECT_NE(s.plan_variant.find("it ran 25.00 ms a step against 21.00 ms: not kept"), std::string::npos)
       << s.plan_variant;
+  EXPECT_EQ(first.measured_step_us, 0) << "no period of a planned step has passed yet";
+  EXPECT_EQ(s.measured_step_us, 21000) << "the plan in use, as the device ran it";
   expect_host_replan_steps_sound(s);
 
   // Without the device's figures (a CPU binding) the host clock's keep it.
   device_us_ = nullptr;
   b_.device_us = nullptr;
-  start_host_replan(200000, [&](const std::string& variant) { return again(variant) ? 15000.0 : 20000.0; });
+  const SessionStats host_first =
+      start_host_replan(200000, [&](const std::string& variant) { return again(variant) ? 15000.0 : 20000.0; });
   ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(host_first.measured_step_us, 0) << "the plan's first step is left out";
   for (int i = 3; i < 16; ++i) ASSERT_EQ(run(ControllerChain()), "") << "step " << i;
   EXPECT_EQ(ctl_->host_replans_reverted(), 0u);
   EXPECT_NE(stats().plan_variant.find("kept: 15.00 ms a step against 20.00 ms"), std::string::npos)
       << stats().plan_variant;
+  EXPECT_EQ(stats().measured_step_us, 15000);
 }
 
 // The same, where the steps of the plan made again measure slower than the first plan's (the model

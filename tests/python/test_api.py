@@ -2,6 +2,7 @@
 import os
 
 import pytest
+import time
 import torch
 
 import teraio
@@ -141,6 +142,25 @@ def test_predictions_include_the_sessions_own_host_time(tmp_path):
     assert runner > 0, st
     extra = st["predicted_iteration_us"] - st["plan_predicted_us"]
     assert 0 < extra <= st["operators"] * runner * (1 + 1e-9), (extra, st)
+
+
+def test_measured_step_is_the_loops_step_under_the_plan(tmp_path):
+    """stats()["measured_step_us"] is 0 until planned steps have run, then the median of the plan's
+    steps from one step's end to the next (on the CPU the host clock's, the plan's first step left
+    out): never more than the loop's slowest step under the plan, never less than its fastest."""
+    ends = []
+    with teraio.Session(budget="6MiB", tiers=[teraio.HostTier("256MiB")]) as s:
+        def after_step(i):
+            ends.append(time.perf_counter())
+            st = s.stats()
+            if i <= 2:  # profiled, then the first planned step (which aligns to the plan)
+                assert st["measured_step_us"] == 0, (i, st)
+        train_linears(s, 9, after_step)
+        st = s.stats()
+    assert st["mode"] == "planned" and st["drift_events"] == 0 and st["host_replans"] == 0, st
+    # The planned steps after the first, each timed by the loop from the step before's end.
+    periods_us = [1e6 * (b - a) for a, b in zip(ends[2:], ends[3:])]
+    assert 0.9 * min(periods_us) <= st["measured_step_us"] <= 1.1 * max(periods_us), (periods_us, st)
 
 
 def test_budget_smaller_than_one_operator(tmp_path):
