@@ -26,6 +26,7 @@ for path in sys.argv[1:]:
     if st:  # teraio
         d, n = r["system_info"]["measured_delta"], len(r["step_s"])
         line += ["predicted %.3f s" % (st["predicted_iteration_us"] / 1e6),
+                 "Session measured %.3f s" % (st.get("measured_step_us", 0) / 1e6),
                  "(plan-time %.3f s, runner %.1f us/op, recomputes' host %.1f ms/step)" % (
                      st.get("plan_predicted_us", 0) / 1e6, st.get("runner_host_us_per_operator", 0),
                      st.get("recompute_host_us_per_step", 0) / 1e3),
