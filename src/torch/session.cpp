@@ -33,7 +33,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -47,6 +46,7 @@
 #include "engine.h"
 #include "kernel_timer.h"
 #include "recorder.h"
+#include "step_marks.h"
 #include "teraio/error.h"
 #include "teraio/storage.h"
 #include "teraio/units.h"
@@ -797,25 +797,19 @@ struct Session::Impl final : offload::StepBinding {
     return out;
   }
 #ifdef TERAIO_TORCH_CUDA
-  // Note [Steps timed on the device] (controller.cpp): the last steps' end marks, oldest first.
-  std::deque<std::pair<uint64_t, at::cuda::CUDAEvent>> step_marks;
+  // Note [Steps timed on the device] (controller.cpp): the steps' end marks not yet paired.
+  offload::StepMarks<at::cuda::CUDAEvent> step_marks;
 #endif
   bool mark_step_end(uint64_t label, std::vector<std::pair<uint64_t, double>>* periods) override {
 #ifdef TERAIO_TORCH_CUDA
     if (!measuring_device()) return false;
     try {
-      step_marks.emplace_back(label, at::cuda::CUDAEvent(cudaEventDefault));  // timing enabled
-      step_marks.back().second.record(c10::cuda::getCurrentCUDAStream(device->index()));
-      while (step_marks.size() >= 2 && step_marks[1].second.query()) {
-        const auto& [l0, e0] = step_marks[0];
-        const auto& [l1, e1] = step_marks[1];
-        if (l0 != 0 && l0 == l1) {
-          const double us = 1e3 * e0.elapsed_time(e1);
-          if (us > 0) periods->emplace_back(l1, us);  // not on one stream: no period
-        }
-        step_marks.pop_front();
-      }
-      while (step_marks.size() > 8) step_marks.pop_front();  // a device far behind: its oldest go
+      at::cuda::CUDAEvent e(cudaEventDefault);  // timing enabled
+      e.record(c10::cuda::getCurrentCUDAStream(device->index()));
+      step_marks.add(
+          label, std::move(e), [](const at::cuda::CUDAEvent& m) { return m.query(); },
+          [](const at::cuda::CUDAEvent& a, const at::cuda::CUDAEvent& b) { return 1e3 * a.elapsed_time(b); },
+          periods);
     } catch (const std::exception&) {
       step_marks.clear();  // CUDA could not say: no period this time, the next marks start afresh
     }

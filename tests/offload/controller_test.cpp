@@ -10,6 +10,7 @@
 
 #include "../common/fake_memory.h"
 #include "controller.h"
+#include "step_marks.h"
 #include "teraio/error.h"
 
 namespace teraio::offload {
@@ -19,6 +20,12 @@ using test::FakeMemory;
 using test::FakeTensor;
 using test::intact;
 using test::make_tensor;
+
+// Note [Steps timed on the device]: a fake device event, passed once `n` is not the newest mark.
+struct FakeMark {
+  double at_us;  // when the device reaches it
+  size_t n;      // the how-manieth mark
+};
 
 // One operator of a fake iteration: inputs are named tensors (persistent ones, or outputs of
 // earlier operators of the same iteration); outputs are new tensors of the given sizes.
@@ -55,19 +62,16 @@ class FakeBinding : public StepBinding {
   bool mark_step_end(uint64_t label, std::vector<std::pair<uint64_t, double>>* periods) override {
     if (!device_us) return false;
     device_clock_us += device_us();
-    marks.emplace_back(label, device_clock_us);
-    while (passed + 2 < marks.size()) {  // every mark but the newest has passed
-      const auto [l0, t0] = marks[passed];
-      const auto [l1, t1] = marks[passed + 1];
-      if (l0 != 0 && l0 == l1) periods->emplace_back(l1, t1 - t0);
-      passed++;
-    }
+    const size_t n = marks_made++;
+    marks.add(
+        label, FakeMark{device_clock_us, n}, [&](const FakeMark& m) { return m.n + 1 < marks_made; },
+        [](const FakeMark& a, const FakeMark& b) { return b.at_us - a.at_us; }, periods);
     return true;
   }
   std::function<double()> device_us;
   double device_clock_us = 0;
-  std::vector<std::pair<uint64_t, double>> marks;
-  size_t passed = 0;  // marks[passed] is the earlier of the next pair
+  StepMarks<FakeMark> marks;
+  size_t marks_made = 0;
 
   double host_us = 0;
   std::map<FakeTensor*, LogicalId> ids;
@@ -1116,6 +1120,45 @@ TEST(ControllerModes, Names) {
   EXPECT_STREQ(mode_name(Mode::kReactive), "reactive");
   EXPECT_EQ(group_hint("aten::add"), "");
   EXPECT_NE(group_hint("aten::_fused_adamw_").find("fused=False"), std::string::npos);
+}
+
+// Note [Steps timed on the device]: marks pair into periods only once the later one has passed,
+// only within one nonzero label, each pair once, and a pair without a positive time (marks on two
+// streams) is dropped; a device far behind loses its oldest marks, never more than kMaxWaiting wait.
+TEST(StepMarks, PairsConsecutivePassedMarksOfOneLabel) {
+  StepMarks<FakeMark> marks;
+  size_t made = 0, passed_upto = 0;  // marks below passed_upto have passed
+  std::vector<std::pair<uint64_t, double>> got;
+  auto add = [&](uint64_t label, double at_us) {
+    marks.add(
+        label, FakeMark{at_us, made++}, [&](const FakeMark& m) { return m.n < passed_upto; },
+        [](const FakeMark& a, const FakeMark& b) { return b.at_us - a.at_us; }, &got);
+  };
+  add(7, 100);
+  add(7, 130);
+  EXPECT_TRUE(got.empty()) << "nothing passed yet";
+  passed_upto = 2;
+  add(7, 170);  // the pair (100, 130) has passed; (130, 170) not yet
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], (std::pair<uint64_t, double>{7, 30}));
+  add(8, 200);  // another schedule: (170, 200) spans two labels
+  add(0, 260);  // a step not timed
+  add(8, 300);
+  passed_upto = made;
+  add(8, 350);
+  ASSERT_EQ(got.size(), 2u) << "(130,170) only: the pairs across labels or with label 0 are not periods";
+  EXPECT_EQ(got[1], (std::pair<uint64_t, double>{7, 40}));
+  add(8, 340);  // recorded on another stream: no positive time
+  add(8, 400);
+  passed_upto = made;
+  add(8, 460);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[2], (std::pair<uint64_t, double>{8, 50})) << "(300, 350)";
+  EXPECT_EQ(got[3], (std::pair<uint64_t, double>{8, 60})) << "(340, 400); (350, 340) dropped";
+  // Nothing passes for a while: at most kMaxWaiting marks wait.
+  for (int i = 0; i < 20; ++i) add(8, 500 + i);
+  EXPECT_EQ(marks.waiting(), StepMarks<FakeMark>::kMaxWaiting);
+  EXPECT_EQ(got.size(), 4u);
 }
 
 }  // namespace
