@@ -614,23 +614,6 @@ void Controller::begin_step(StepBinding& binding) {
   }
 }
 
-// Note [A shape that cannot be planned]: a plan is made per iteration signature (the operators'
-// names and input shapes), and one shape can fail where the others plan: a batch of longer
-// sequences whose attention kernel alone is larger than the budget, or whose workspaces leave
-// nothing for tensors. Such a failure used to make the whole Session reactive for good, so one
-// long batch in a run of variable-length ones (a DataLoader without padding to a fixed length)
-// slowed every later step. Now the failure is the shape's alone: its signature is remembered
-// (unplannable_) and never planned again, the error is raised once at the end of that step (the
-// step's results stand), and
-//   - after a drift, the plan installed before stays: the next step of its shape runs it (or starts
-//     another cached plan: Note [A step that starts as another cached plan]), a step of the failed
-//     shape drifts and runs reactively;
-//   - otherwise (the first shape of the Session) the mode is reactive; at the end of a reactive step
-//     a cached plan of its shape is installed, and a shape neither planned nor failed has its next
-//     step profiled and then planned. A profiled step of a failed shape stays in profiling mode, so
-//     that the next step of another shape plans.
-// Steps of a failed shape that are larger than the budget still raise their own error each time
-// (an operator larger than the budget: Note [Budget policy]).
 // A period of the active schedule's steps (Notes [Steps timed end to end], [Steps timed on the
 // device]), kept only while a plan made again for the host may still be tried or is on trial (a
 // long run's steps must not pile up).
@@ -653,6 +636,23 @@ void Controller::add_step_sample(double us) {
   if (step_us_.size() > kMaxStepSamples) step_us_.erase(step_us_.begin() + (steps_on_device_ ? 0 : 1));
 }
 
+// Note [A shape that cannot be planned]: a plan is made per iteration signature (the operators'
+// names and input shapes), and one shape can fail where the others plan: a batch of longer
+// sequences whose attention kernel alone is larger than the budget, or whose workspaces leave
+// nothing for tensors. Such a failure used to make the whole Session reactive for good, so one
+// long batch in a run of variable-length ones (a DataLoader without padding to a fixed length)
+// slowed every later step. Now the failure is the shape's alone: its signature is remembered
+// (unplannable_) and never planned again, the error is raised once at the end of that step (the
+// step's results stand), and
+//   - after a drift, the plan installed before stays: the next step of its shape runs it (or starts
+//     another cached plan: Note [A step that starts as another cached plan]), a step of the failed
+//     shape drifts and runs reactively;
+//   - otherwise (the first shape of the Session) the mode is reactive; at the end of a reactive step
+//     a cached plan of its shape is installed, and a shape neither planned nor failed has its next
+//     step profiled and then planned. A profiled step of a failed shape stays in profiling mode, so
+//     that the next step of another shape plans.
+// Steps of a failed shape that are larger than the budget still raise their own error each time
+// (an operator larger than the budget: Note [Budget policy]).
 StepErrors Controller::end_step(StepBinding& binding) {
   TERAIO_CHECK(in_step(), "Session.step(): no step is running");
   collect_faults(true);
