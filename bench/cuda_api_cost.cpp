@@ -1,9 +1,9 @@
 // Host cost of the CUDA runtime calls a planned step makes per transfer (docs/benchmarks.md, "What a
 // transfer costs the host"): the host tier's submit_to_lane creates two timed events and, with a
 // ready stream, a third it records and destroys, waits on it, records two, queues the copy; the
-// lane's thread destroys them. On the H100, llama-3b in autocast at 1/2 makes about 1,900 moves a
-// step and the Session's callbacks cost 8.4 us an operator (session 49), so each microsecond a
-// transfer costs is about 2 ms a step. Measured here per call, on the GPU machine's host, with the
+// lane's thread destroys them. On the H100, llama-3b in autocast at 1/2 makes about 660 transfers
+// a step and the Session's callbacks cost 8.4 us for each of its 5,861 operators (session 49), so
+// each microsecond a transfer costs is about 0.7 ms a step. Measured here per call, on the GPU machine's host, with the
 // GPU idle and with the calls made as the tier makes them, events created afresh or taken from a
 // pool. Build and run on the GPU machine (no PyTorch; its image has nvcc):
 //   nvcc -O2 -std=c++20 bench/cuda_api_cost.cpp -o /tmp/cuda_api_cost && /tmp/cuda_api_cost [N]
