@@ -30,7 +30,8 @@ for path in sys.argv[1:]:
                  "(plan-time %.3f s, runner %.1f us/op, recomputes' host %.1f ms/step)" % (
                      st.get("plan_predicted_us", 0) / 1e6, st.get("runner_host_us_per_operator", 0),
                      st.get("recompute_host_us_per_step", 0) / 1e3),
-                 "hook %.1f ms/step" % (d["hook_us"] / n / 1e3),
+                 "hook %.1f ms/step (controller %.1f, submits %.1f)" % (
+                     d["hook_us"] / n / 1e3, d.get("controller_us", 0) / n / 1e3, d.get("submit_us", 0) / n / 1e3),
                  "waits ms/step: read %.1f (at a use %.1f), write %.1f (due %.1f, read back %.1f, writeback %.1f), room %.1f" % tuple(
                      d.get(k, 0) / n / 1e3 for k in ("stall_read_us", "stall_read_use_us", "stall_write_us", "stall_write_due_us",
                                                      "stall_write_readback_us", "stall_writeback_us",

@@ -189,6 +189,12 @@ struct SessionStats {
   // read ran)
   double stall_read_use_us = 0;  // reads an operator about to use the tensor waited for
   double hook_us = 0;  // host time inside teraio's operator callbacks in steps (stalls included)
+  // Parts of hook_us: the time inside the controller's per-operator calls (the plan's moves issued,
+  // waits, recomputes, budget checks; the rest of hook_us is the binding's own: tensors looked up,
+  // writes watched, recipes captured), and within that, inside the tiers' submit calls (on CUDA
+  // the calls that queue each copy and its events).
+  double controller_us = 0;
+  double submit_us = 0;
   uint64_t plan_moves = 0;
   uint64_t skipped_moves = 0;
   uint64_t full_sweeps = 0;  // scans of every tracked tensor for dead ones (host time each)
@@ -298,6 +304,8 @@ constexpr void for_each_stats_field(F&& f) {
   f("stall_write_readback_us", &S::stall_write_readback_us, K::kCounter);
   f("stall_writeback_us", &S::stall_writeback_us, K::kCounter);
   f("hook_us", &S::hook_us, K::kCounter);
+  f("controller_us", &S::controller_us, K::kCounter);
+  f("submit_us", &S::submit_us, K::kCounter);
   f("plan_moves", &S::plan_moves, K::kCounter);
   f("skipped_moves", &S::skipped_moves, K::kCounter);
   f("full_sweeps", &S::full_sweeps, K::kCounter);

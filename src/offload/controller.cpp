@@ -1138,6 +1138,7 @@ void Controller::fill_stats(const runtime::EngineStats& e, SessionStats* r) cons
   r->bytes_offloaded = e.bytes_offloaded;
   r->bytes_prefetched = e.bytes_prefetched;
   r->stall_us = e.stall_us;
+  r->submit_us = e.submit_us;
   r->stall_read_us = e.stall_read_us;
   r->stall_write_us = e.stall_write_us;
   r->stall_room_us = e.stall_room_us;

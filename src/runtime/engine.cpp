@@ -317,7 +317,7 @@ bool Engine::complete_prefetch_locked(Entry& e) {
     req.ready_stream = e.memory->stream();
     req.priority = storage::Priority::kUrgent;
     req.after = e.read_after;
-    e.pending = tiers_[e.tier].tier->submit(req);
+    e.pending = submit_locked(e.tier, req);
   }
   if (t0 != 0) add_stall_locked(Wait::kReadUse, t0, e.tier);
   // The write this read followed (prefetch_locked): checked if it has ended, else later.
@@ -626,7 +626,7 @@ bool Engine::offload_locked(Entry& e, uint32_t tier, bool urgent) {
   req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
   req.ready_stream = e.memory->stream();
   try {
-    e.pending = tiers_[tier].tier->submit(req);
+    e.pending = submit_locked(tier, req);
   } catch (...) {
     e.memory->attach();
     extents_[tier]->free(*ext);
@@ -702,7 +702,7 @@ bool Engine::writeback_locked(Entry& e, uint32_t tier) {
   req.priority = storage::Priority::kNormal;
   req.ready_stream = e.memory->stream();
   try {
-    e.pending = tiers_[tier].tier->submit(req);
+    e.pending = submit_locked(tier, req);
   } catch (...) {
     extents_[tier]->free(*ext);
     e.memory->end_view();
@@ -902,7 +902,7 @@ bool Engine::prefetch_locked(Entry& e, bool urgent, Room room, std::span<const L
   req.priority = urgent ? storage::Priority::kUrgent : storage::Priority::kNormal;
   if (e.write_in_flight) req.after = e.pending;
   try {
-    storage::Completion read = tiers_[e.tier].tier->submit(req);
+    storage::Completion read = submit_locked(e.tier, req);
     if (e.write_in_flight) {
       e.read_after = std::move(e.pending);
       e.write_in_flight = false;
@@ -1060,6 +1060,17 @@ void Engine::touch(std::span<const LogicalId> ids) {
 // sweeps run where that could matter: before memory is taken past the target (make_room_locked,
 // and before_operator's reads when they would cross it) and when the device's untracked bytes are
 // measured (forget_dead). Elsewhere touch() sweeps a few entries per call.
+// A transfer handed to its tier, its host time counted (EngineStats::submit_us).
+storage::Completion Engine::submit_locked(size_t tier, const storage::IoRequest& req) {
+  const double t0 = steady_us();
+  struct Count {
+    double t0;
+    double* sum;
+    ~Count() { *sum += steady_us() - t0; }
+  } count{t0, &stats_.submit_us};
+  return tiers_[tier].tier->submit(req);
+}
+
 void Engine::sweep_dead_locked(size_t max_entries) {
   const size_t n = entries_.size();
   if (n == 0) return;

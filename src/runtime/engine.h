@@ -173,6 +173,8 @@ struct EngineStats {
   uint64_t recomputes = 0;         // tensors made again by their recipe (planned and urgent)
   uint64_t urgent_recomputes = 0;  // of which before a use the plan did not expect
   double recompute_us = 0;         // host time spent running recipes (on CUDA: launching them)
+  // Host time inside the tiers' submit(): on CUDA the calls that queue each copy and its events.
+  double submit_us = 0;
   double stall_us = 0;  // time spent waiting for data (urgent fetches, late prefetches, evictions)
   // stall_us by what was waited for (Note [Where the CPU waits]): reads (a prefetch not yet
   // arrived, or not yet on a copy stream), writes due at their planned deadline (or before the
@@ -473,6 +475,7 @@ class Engine {
   void forget_locked(Entry& e);
   void note_resident_locked();
   void sweep_dead_locked(size_t max_entries);
+  storage::Completion submit_locked(size_t tier, const storage::IoRequest& req);
   static constexpr size_t kSweepPerCall = 8;
   static constexpr int kReadRetries = 2;  // Note [Read retries]
   size_t sweep_cursor_ = 0;

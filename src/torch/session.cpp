@@ -701,6 +701,14 @@ struct Session::Impl final : offload::StepBinding {
   // caching allocator (Note [Host times of a recording]): stats()["profiled_allocator_waits"].
   uint64_t allocator_wait_ops = 0, profiled_allocator_waits = 0;
   std::atomic<double> hook_us{0};  // host time inside the operator callbacks (stats()["hook_us"])
+  // The part of it inside the controller's begin_operator / end_operator (stats()["controller_us"]).
+  std::atomic<double> controller_us{0};
+  struct ControllerTime {
+    explicit ControllerTime(std::atomic<double>& s) : sum(s), t0(steady_us()) {}
+    ~ControllerTime() { sum.fetch_add(steady_us() - t0, std::memory_order_relaxed); }
+    std::atomic<double>& sum;
+    double t0;
+  };
   double runner_host_us() const override {
     return hook_us.load(std::memory_order_relaxed);
   }
@@ -1046,8 +1054,11 @@ struct Session::Impl final : offload::StepBinding {
       if (collective) pin_collective(ctx->ids);
       return ctx;
     }
-    ctl->begin_operator(k, sig, shape.shape(), fn.name(), ctx->ids, op_bytes, collective,
-                        &ctx->violation, *this);
+    {
+      ControllerTime timed(controller_us);
+      ctl->begin_operator(k, sig, shape.shape(), fn.name(), ctx->ids, op_bytes, collective,
+                          &ctx->violation, *this);
+    }
     if (const std::vector<LogicalId>* later = ctl->captures(k)) {
       ctx->capture = capture(fn, ctx->ids);  // null: its own outputs cannot be remade
       ctx->captures = *later;                // some may be made by a nested operator
@@ -1201,6 +1212,7 @@ struct Session::Impl final : offload::StepBinding {
 #ifdef TERAIO_TORCH_CUDA
     if (rec && measuring_device()) ctl->note_device_peak(device_allocated(device->index()).second);
 #endif
+    ControllerTime timed(controller_us);
     ctl->end_operator(k, fn.name(), ctx->ids, outs, offload::is_collective(fn.name()),
                       &ctx->violation);
   }
@@ -1836,6 +1848,7 @@ SessionStats Session::stats() const {
   r.profiled_allocator_waits = s.profiled_allocator_waits;
   r.tracked_tensors = s.storages.size();
   r.hook_us = s.hook_us.load(std::memory_order_relaxed);
+  r.controller_us = s.controller_us.load(std::memory_order_relaxed);
   r.owner_resizes = s.owner_resizes;
   r.tiers = s.tier_stats;
   for (size_t i = 0; i < r.tiers.size(); ++i) {

@@ -163,6 +163,23 @@ def test_measured_step_is_the_loops_step_under_the_plan(tmp_path):
     assert 0.9 * min(periods_us) <= st["measured_step_us"] <= 1.1 * max(periods_us), (periods_us, st)
 
 
+def test_callbacks_say_where_their_time_goes(tmp_path):
+    """stats()["controller_us"] is the part of hook_us inside the controller's per-operator calls,
+    and stats()["submit_us"] the host time inside the tiers' submit calls: nothing submitted, none
+    counted."""
+    with teraio.Session(budget="6MiB", tiers=[teraio.HostTier("256MiB")]) as s:
+        train_linears(s, 5)
+        st = s.stats()
+    assert st["plan_moves"] > 0 and st["bytes_offloaded"] > 0, st
+    assert 0 < st["controller_us"] <= st["hook_us"], st
+    assert st["submit_us"] > 0, st
+    with teraio.Session(budget="1GiB", tiers=[teraio.HostTier("256MiB")]) as s:
+        train_linears(s, 5)
+        st = s.stats()
+    assert st["plan_moves"] == 0 and st["bytes_offloaded"] == 0 and st["submit_us"] == 0, st
+    assert 0 <= st["controller_us"] <= st["hook_us"], st
+
+
 def test_budget_smaller_than_one_operator(tmp_path):
     a = torch.randn(256, 256, requires_grad=True)  # 256 KiB; a parameter-like leaf sets the device
     b = torch.randn(256, 256)
