@@ -149,7 +149,9 @@ double median_of_last(std::vector<double>& samples) {
 
 // How plan_variant names a plan made again for the host (Note [Plans for the host that runs them]).
 std::string planned_again(double scale) {
-  return fmt::format("planned again for host times x{:.2f} of the recording's", scale);
+  // Two decimals, or three digits below 0.1 (where two would not tell a probe from its try).
+  return scale >= 0.1 ? fmt::format("planned again for host times x{:.2f} of the recording's", scale)
+                      : fmt::format("planned again for host times x{:.3g} of the recording's", scale);
 }
 
 // The fastest of a schedule's planned steps: on the host clock its first (which aligns to the
@@ -241,22 +243,45 @@ void Controller::replan_for_host() {
       host_samples_.size() < kMinHostSamples || step_us_.size() < kMinHostSamples ||
       active_->host_replans_tried >= kMaxHostReplans)
     return;
-  const double scale = host_scale_used_ <= 0.9 ? host_scale_used_ : kProbeHostScale;
+  const double measured = host_scale_used_ <= 0.9 ? host_scale_used_ : kProbeHostScale;
+  double scale = measured;
   auto moved = [](double now, double then) {
     return then > 0 ? std::abs(now - then) > kHostReplanMoved * then : now > 0;
   };
-  if (active_->host_replans_tried > 0 && !moved(scale, active_->tried_scale) &&
-      !moved(runner_us_used_, active_->tried_runner_us))
-    return;
+  bool probe = false;
+  if (active_->host_replans_tried > 0 && !moved(measured, active_->tried_scale) &&
+      !moved(runner_us_used_, active_->tried_runner_us)) {
+    // Note [A faster host after a lost trial]
+    if (!active_->lost_trial || active_->probed_after_loss) return;
+    scale = active_->tried_at_scale * kProbeHostScale;
+    probe = true;
+  }
   CachedPlan* active = active_slot();
   if (!active) return;
   CachedPlan& slot = *active;
   slot.host_replans_tried++;
   host_replan_searches_++;
-  slot.tried_scale = scale;
+  slot.tried_scale = measured;  // what the next try's host is compared with
+  slot.tried_at_scale = scale;
   slot.tried_runner_us = runner_us_used_;
+  slot.probed_after_loss = slot.probed_after_loss || probe;
   plan_again(slot, scale, planned_again(scale), /*for_host=*/true);
 }
+
+// Note [A faster host after a lost trial]: the host time a planned step measures is the host's own
+// only where the GPU keeps up; where the step waits for the GPU or the link, the host blocks inside
+// operators (a full launch queue) and measures slow (Note [Plans for the host that runs them]), so
+// a plan made again for that scale is made for a slower host than the machine's, and may run no
+// faster than the plan it replaces. On an H100 (session 49, llama-3b in autocast at 1/2, one
+// machine) the run that kept its first plan measured the host at x0.50-0.57 of its recording and
+// its plan made for x0.51 ran no faster (0.393-0.399 s against 0.386-0.387), while the run beside
+// it, whose plans were made for x0.65 and then x0.46, ran at 0.308 s with the host measured at
+// x0.40. So once a plan made again has lost its trial and the host measures the same after, the
+// trace is planned once more for a faster host, kProbeHostScale times the scale of the plan that
+// lost, on trial like the others (within kMaxHostReplans per plan): where the host really is that
+// slow the new plan's replay is rarely 2% faster and nothing runs, and where its steps run slower
+// the trial sends it back after kMinHostSamples steps. Trials time steps on the GPU (Note [Steps
+// timed on the device]), so the exploration is judged by what the steps did.
 
 // Plans the slot's trace again with its host times scaled by `scale` and the slot's planner
 // options, ranking with the runner's host time; when the new plan's replay is more than 2% faster
@@ -487,11 +512,13 @@ void Controller::judge_host_replan() {
   slot.on_trial.reset();
   const double best_us = best_step_us(step_us_, steps_on_device_);
   if (best_us < 0.99 * old.best_step_us) {
+    slot.lost_trial = false;
     slot.variant += fmt::format(", kept: {} a step against {}", format_us(best_us), format_us(old.best_step_us));
     plan_variant_ = slot.variant;
     return;
   }
   host_replans_reverted_++;
+  slot.lost_trial = true;  // Note [A faster host after a lost trial]
   slot.schedule = std::move(old.schedule);
   slot.plan = std::move(old.plan);
   slot.predicted_us = old.predicted_us;

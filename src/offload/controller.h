@@ -283,6 +283,10 @@ class Controller {
     PlannerOptions planner_options;
     int host_replans_tried = 0;
     double tried_scale = 0, tried_runner_us = 0;
+    // Note [A faster host after a lost trial]: the scale the last try planned for, whether its plan
+    // lost its trial, and whether the probe that follows such a loss was made.
+    double tried_at_scale = 0;
+    bool lost_trial = false, probed_after_loss = false;
     // While a plan made again for the host is on trial: the plan it replaced, and that plan's
     // best measured step (Note [Plans for the host that runs them]).
     struct Replaced {
