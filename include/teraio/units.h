@@ -28,6 +28,22 @@ std::string format_us(double us);
 // The steady clock in microseconds since an arbitrary epoch: for measuring durations.
 double steady_us();
 
+// Adds to `sum` (a double, or a std::atomic<double> several threads add to) the microseconds from
+// its making to the end of its scope, however the scope ends.
+template <class Sum>
+class AddElapsedUs {
+ public:
+  explicit AddElapsedUs(Sum& sum) : sum_(sum), t0_(steady_us()) {}
+  ~AddElapsedUs() { sum_ += steady_us() - t0_; }
+  AddElapsedUs(const AddElapsedUs&) = delete;
+  AddElapsedUs& operator=(const AddElapsedUs&) = delete;
+  double t0() const { return t0_; }
+
+ private:
+  Sum& sum_;
+  double t0_;
+};
+
 // Parses a strictly positive finite decimal number; throws naming `what` otherwise.
 double parse_positive_double(std::string_view text, std::string_view what);
 

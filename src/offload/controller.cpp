@@ -700,14 +700,14 @@ StepErrors Controller::end_step(StepBinding& binding) {
     // Note [Steps timed on the device]: every step is marked, the planned ones that are measured
     // with their schedule's label, so that no period spans a step of another kind.
     const bool timed = mode_ == Mode::kPlanned && !iteration_reactive_ && !step_within_ && active_;
-    device_periods_.clear();
-    steps_on_device_ = binding.mark_step_end(timed ? schedule_epoch_ : 0, &device_periods_);
+    std::vector<std::pair<uint64_t, double>> device_periods;
+    steps_on_device_ = binding.mark_step_end(timed ? schedule_epoch_ : 0, &device_periods);
     if (steps_on_device_ && active_)
-      for (const auto& [label, us] : device_periods_)
+      for (const auto& [label, us] : device_periods)
         if (label == schedule_epoch_) add_step_sample(us);
     if (mode_ == Mode::kPlanned && !iteration_reactive_ && step_within_) {
       steps_on_larger_plans_++;  // Note [Smaller shapes on a larger shape's plan]: not measured
-    } else if (mode_ == Mode::kPlanned && !iteration_reactive_ && active_) {
+    } else if (timed) {
       const double hook_us = binding.runner_host_us() - step_hook_us0_;
       const double stall_us = engine_.stats().stall_us - step_stall_us0_;
       // the recomputes run inside the callbacks: priced apart (Note [The recomputes' host time])

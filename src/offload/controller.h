@@ -413,15 +413,13 @@ class Controller {
   std::vector<double> step_us_;
   double last_step_end_us_ = 0;
   // Note [Steps timed on the device]: installs so far (a schedule's steps are labelled with it),
-  // whether step_us_ holds the device's periods (else the host clock's), and the binding's last
-  // periods.
+  // and whether step_us_ holds the device's periods (else the host clock's).
   uint64_t schedule_epoch_ = 0;
   bool steps_on_device_ = false;
   // stats()["measured_step_us"]: the median of the active schedule's last periods (recent_steps_).
   std::vector<double> recent_steps_;
   double measured_step_us_ = 0;
   size_t periods_since_install_ = 0;
-  std::vector<std::pair<uint64_t, double>> device_periods_;
   void add_step_sample(double us);
   bool collecting_steps() const;
   CachedPlan* active_slot();

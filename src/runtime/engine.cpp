@@ -1050,6 +1050,12 @@ void Engine::touch(std::span<const LogicalId> ids) {
   sweep_dead_locked(kSweepPerCall);
 }
 
+// A transfer handed to its tier, its host time counted (EngineStats::submit_us).
+storage::Completion Engine::submit_locked(size_t tier, const storage::IoRequest& req) {
+  AddElapsedUs timed(stats_.submit_us);
+  return tiers_[tier].tier->submit(req);
+}
+
 // Forgets up to `max_entries` dead tensors (all when 0), resuming where the last sweep stopped, so
 // that freed tensors stop counting as resident soon after they die at O(1) cost per operator.
 // Note [Sweeps where they matter]: a full sweep asks every bound tensor's storage whether it
@@ -1060,17 +1066,6 @@ void Engine::touch(std::span<const LogicalId> ids) {
 // sweeps run where that could matter: before memory is taken past the target (make_room_locked,
 // and before_operator's reads when they would cross it) and when the device's untracked bytes are
 // measured (forget_dead). Elsewhere touch() sweeps a few entries per call.
-// A transfer handed to its tier, its host time counted (EngineStats::submit_us).
-storage::Completion Engine::submit_locked(size_t tier, const storage::IoRequest& req) {
-  const double t0 = steady_us();
-  struct Count {
-    double t0;
-    double* sum;
-    ~Count() { *sum += steady_us() - t0; }
-  } count{t0, &stats_.submit_us};
-  return tiers_[tier].tier->submit(req);
-}
-
 void Engine::sweep_dead_locked(size_t max_entries) {
   const size_t n = entries_.size();
   if (n == 0) return;

@@ -703,12 +703,6 @@ struct Session::Impl final : offload::StepBinding {
   std::atomic<double> hook_us{0};  // host time inside the operator callbacks (stats()["hook_us"])
   // The part of it inside the controller's begin_operator / end_operator (stats()["controller_us"]).
   std::atomic<double> controller_us{0};
-  struct ControllerTime {
-    explicit ControllerTime(std::atomic<double>& s) : sum(s), t0(steady_us()) {}
-    ~ControllerTime() { sum.fetch_add(steady_us() - t0, std::memory_order_relaxed); }
-    std::atomic<double>& sum;
-    double t0;
-  };
   double runner_host_us() const override {
     return hook_us.load(std::memory_order_relaxed);
   }
@@ -1055,7 +1049,7 @@ struct Session::Impl final : offload::StepBinding {
       return ctx;
     }
     {
-      ControllerTime timed(controller_us);
+      AddElapsedUs timed(controller_us);
       ctl->begin_operator(k, sig, shape.shape(), fn.name(), ctx->ids, op_bytes, collective,
                           &ctx->violation, *this);
     }
@@ -1212,7 +1206,7 @@ struct Session::Impl final : offload::StepBinding {
 #ifdef TERAIO_TORCH_CUDA
     if (rec && measuring_device()) ctl->note_device_peak(device_allocated(device->index()).second);
 #endif
-    ControllerTime timed(controller_us);
+    AddElapsedUs timed(controller_us);
     ctl->end_operator(k, fn.name(), ctx->ids, outs, offload::is_collective(fn.name()),
                       &ctx->violation);
   }
@@ -1451,13 +1445,6 @@ namespace {
 
 std::atomic<Session::Impl*> g_session{nullptr};
 
-// Adds the host time of one callback to Session::Impl::hook_us (stats()["hook_us"]).
-struct HookTime {
-  Session::Impl* s;
-  double t0;
-  ~HookTime() { s->hook_us.fetch_add(steady_us() - t0, std::memory_order_relaxed); }
-};
-
 std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
   Session::Impl* s = g_session.load(std::memory_order_acquire);
   if (!s) return nullptr;
@@ -1500,7 +1487,7 @@ std::unique_ptr<at::ObserverContext> on_start_cb(const at::RecordFunction& fn) {
       return nullptr;
     }
   }
-  HookTime timed{s, steady_us()};
+  AddElapsedUs timed(s->hook_us);  // stats()["hook_us"]
   try {
     if (s->ctl->fast() && s->ctl->in_step() &&
         (tl_step_thread || tl_backward > 0) && s->fast_path(fn)) {
@@ -1534,13 +1521,13 @@ void on_end_cb(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (tl_depth > 0) tl_depth--;
   Session::Impl* s = g_session.load(std::memory_order_acquire);
   if (!s) return;
-  HookTime timed{s, steady_us()};
+  AddElapsedUs timed(s->hook_us);  // stats()["hook_us"]
   try {
     auto* nested = dynamic_cast<NestedCtx*>(ctx);
     if (ctx == nullptr || nested != nullptr) {
       if (tl_depth > 0 && (tl_top != nullptr || nested != nullptr)) {
         s->on_nested_end(fn, tl_top, nested);
-        tl_nested_hook_us += steady_us() - timed.t0;
+        tl_nested_hook_us += steady_us() - timed.t0();
       }
       return;
     }
